@@ -1,0 +1,53 @@
+"""sagaguard's effect ledger: calls that change the world happen once.
+
+See DESIGN.md sections 3-4. The public API is re-exported here; backends live in
+``idempotency.stores``.
+"""
+
+from idempotency.errors import (
+    AlreadyInProgress,
+    CodecError,
+    ConfigurationError,
+    IdempotencyError,
+    KeyConflict,
+    LostOwnership,
+    NoScope,
+    OutcomeUnknown,
+    RecordNotFound,
+    ReplayedFailure,
+    StoreError,
+    StoreUnavailable,
+)
+from idempotency.keys import EffectIdentity, Scope, current_scope, derive_key, fingerprint, scope
+from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from idempotency.store import IdempotencyStore
+from idempotency.stores import MemoryStore, open_store
+
+__all__ = [
+    "AlreadyInProgress",
+    "ClaimOutcome",
+    "ClaimResult",
+    "CodecError",
+    "ConfigurationError",
+    "Disposition",
+    "EffectIdentity",
+    "IdempotencyError",
+    "IdempotencyStore",
+    "KeyConflict",
+    "LostOwnership",
+    "MemoryStore",
+    "NoScope",
+    "OutcomeUnknown",
+    "Record",
+    "RecordNotFound",
+    "ReplayedFailure",
+    "Scope",
+    "State",
+    "StoreError",
+    "StoreUnavailable",
+    "current_scope",
+    "derive_key",
+    "fingerprint",
+    "open_store",
+    "scope",
+]

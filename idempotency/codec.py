@@ -1,0 +1,113 @@
+"""JSON codec for recorded results and errors. No pickle, ever.
+
+A result is stored as JSON text and read back as the effect's declared return type. The codec is built
+from that type when the effect is decorated, so a type that cannot round-trip through JSON is an error
+at definition time, not a lost result after the card was charged.
+
+Supported: ``None``, ``bool``, ``int``, ``float``, ``str``, ``Decimal``, ``datetime``/``date``, ``UUID``,
+enums, ``list``/``tuple``/``dict``/``set`` of supported types, ``Optional``/unions, dataclasses,
+``TypedDict``, pydantic models (SQLModel models included). Everything pydantic can validate *and*
+serialise; arbitrary classes are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from typing import Any, Generic, TypeVar
+
+from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from idempotency.errors import CodecError
+
+__all__ = ["Codec", "ErrorInfo", "decode_error", "encode_error"]
+
+T = TypeVar("T")
+
+
+class Codec(Generic[T]):
+    """Encodes values of one type to JSON text and decodes them back.
+
+    Raises:
+        CodecError: at construction, when ``tp`` cannot round-trip through JSON.
+    """
+
+    __slots__ = ("_adapter", "_name")
+
+    def __init__(self, tp: Any) -> None:
+        self._name = getattr(tp, "__name__", repr(tp))
+        if tp is None or tp is type(None):
+            tp = type(None)
+        try:
+            self._adapter: TypeAdapter[T] = TypeAdapter(tp)
+        except (PydanticSchemaGenerationError, TypeError, NameError) as exc:
+            raise CodecError(
+                f"results of type {self._name} cannot be stored as JSON: {exc}. "
+                "Return a dataclass, a pydantic model or plain JSON types."
+            ) from exc
+
+    @classmethod
+    def for_return_of(cls, hints: dict[str, Any]) -> Codec[Any]:
+        """The codec for a function's return annotation (``Any`` when it has none)."""
+        return cls(hints.get("return", Any))
+
+    def encode(self, value: T) -> str:
+        """Value to JSON text.
+
+        Raises:
+            CodecError: the value does not fit the declared type or contains something unstorable.
+        """
+        try:
+            return self._adapter.dump_json(value).decode("utf-8")
+        except (PydanticSerializationError, ValueError, TypeError) as exc:
+            raise CodecError(f"cannot store a result as {self._name}: {exc}") from exc
+
+    def decode(self, text: str) -> T:
+        """JSON text to a value of the declared type.
+
+        Raises:
+            CodecError: the text does not validate as the declared type (the type changed since the
+                result was recorded, or the record was edited by hand).
+        """
+        try:
+            return self._adapter.validate_json(text)
+        except ValidationError as exc:
+            raise CodecError(f"recorded result does not read back as {self._name}: {exc}") from exc
+
+
+class ErrorInfo(typing.NamedTuple):
+    """A recorded failure: the exception's qualified type name, message and JSON-able args."""
+
+    type_name: str
+    message: str
+    args: list[Any]
+
+
+def qualified_name(tp: type[BaseException]) -> str:
+    """``module.QualName`` of an exception type."""
+    return f"{tp.__module__}.{tp.__qualname__}"
+
+
+def encode_error(exc: BaseException) -> str:
+    """An exception as JSON text. Arguments that are not JSON are kept as their ``str``."""
+    args: list[Any] = []
+    for arg in exc.args:
+        try:
+            json.dumps(arg, allow_nan=False)
+            args.append(arg)
+        except (TypeError, ValueError):
+            args.append(str(arg))
+    return json.dumps(
+        {"type": qualified_name(type(exc)), "message": str(exc), "args": args},
+        ensure_ascii=False,
+    )
+
+
+def decode_error(text: str) -> ErrorInfo:
+    """JSON text written by :func:`encode_error` back to its parts (never to code)."""
+    try:
+        data = json.loads(text)
+        return ErrorInfo(str(data["type"]), str(data["message"]), list(data.get("args", [])))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CodecError(f"recorded error is not readable: {exc}") from exc

@@ -1,0 +1,156 @@
+"""Errors raised by the idempotency layer.
+
+Every error derives from one root, so callers can catch the whole package at once::
+
+    IdempotencyError
+    ├── ConfigurationError        bad input found before anything ran (definition time or call time)
+    │   ├── CodecError            a value cannot be stored as JSON, or read back as its declared type
+    │   └── NoScope               a guarded call has neither a scope nor an explicit key
+    ├── KeyConflict               same key, other arguments (Stripe: 400, IETF draft: 422)
+    ├── AlreadyInProgress         a live duplicate holds the claim past the wait bound (IETF draft: 409)
+    ├── OutcomeUnknown            a crash or ambiguous error left the effect in doubt, and policy forbids a re-run
+    ├── LostOwnership             a fenced write carried a stale token: another worker took the record over
+    ├── RecordNotFound            an operator named a key that the store does not hold (also a LookupError)
+    ├── ReplayedFailure           replay of a recorded permanent failure whose exception type is not registered
+    └── StoreError                the backend failed
+        └── StoreUnavailable      the backend cannot be reached; transient, the effect was not run
+
+Errors carry their data as attributes (``key``, ``record``), never only in the message.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from idempotency.records import Record
+
+__all__ = [
+    "AlreadyInProgress",
+    "CodecError",
+    "ConfigurationError",
+    "IdempotencyError",
+    "KeyConflict",
+    "LostOwnership",
+    "NoScope",
+    "OutcomeUnknown",
+    "RecordNotFound",
+    "ReplayedFailure",
+    "StoreError",
+    "StoreUnavailable",
+]
+
+
+class IdempotencyError(Exception):
+    """Root of every error this package raises."""
+
+
+class ConfigurationError(IdempotencyError, ValueError):
+    """A definition or call is malformed; found before any effect ran."""
+
+
+class CodecError(ConfigurationError):
+    """A value cannot be encoded to JSON, or decoded back to its declared type."""
+
+
+class NoScope(ConfigurationError):
+    """A guarded call has no scope to derive its key from and no explicit ``key=``.
+
+    Silently running such a call unguarded is the failure this library exists to end, so it is an
+    error (compare Powertools, which skips idempotency when the key is missing).
+    """
+
+
+class KeyConflict(IdempotencyError):
+    """The key is already recorded with a different argument fingerprint.
+
+    Attributes:
+        key: the effect key.
+        recorded_fingerprint: the fingerprint stored with the record.
+        fingerprint: the fingerprint of this call's arguments.
+    """
+
+    def __init__(self, key: str, recorded_fingerprint: str, fingerprint: str) -> None:
+        super().__init__(
+            f"effect key {key[:16]}... was recorded with other arguments "
+            f"(fingerprint {recorded_fingerprint[:12]} != {fingerprint[:12]})"
+        )
+        self.key = key
+        self.recorded_fingerprint = recorded_fingerprint
+        self.fingerprint = fingerprint
+
+
+class AlreadyInProgress(IdempotencyError):
+    """Another live worker holds the claim and did not finish within the wait bound.
+
+    Safe to retry later: nothing was recorded for this attempt.
+    """
+
+    def __init__(self, record: Record) -> None:
+        super().__init__(
+            f"effect {record.name!r} (key {record.key[:16]}...) is in progress elsewhere "
+            f"(token {record.token})"
+        )
+        self.record = record
+        self.key = record.key
+
+
+class OutcomeUnknown(IdempotencyError):
+    """The effect may or may not have happened, and the effect's policy forbids running it again.
+
+    The record stays IN_DOUBT for an operator (``sagaguard effects resolve``) or a later reconciler.
+    """
+
+    def __init__(self, record: Record, reason: str = "") -> None:
+        text = f"effect {record.name!r} (key {record.key[:16]}...) is in doubt"
+        super().__init__(f"{text}: {reason}" if reason else text)
+        self.record = record
+        self.key = record.key
+
+
+class LostOwnership(IdempotencyError):
+    """A fenced write was refused: the caller's token is stale or the record changed state.
+
+    A worker whose lease lapsed gets this instead of overwriting the worker that took over.
+    """
+
+    def __init__(self, key: str, token: int, detail: str = "") -> None:
+        super().__init__(
+            f"lost ownership of effect key {key[:16]}... (token {token})"
+            + (f": {detail}" if detail else "")
+        )
+        self.key = key
+        self.token = token
+
+
+class RecordNotFound(IdempotencyError, LookupError):
+    """No record is stored under the given key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"no effect record under key {key}")
+        self.key = key
+
+
+class ReplayedFailure(IdempotencyError):
+    """Replay of a recorded permanent failure whose exception type cannot be rebuilt.
+
+    Exception types named in the effect's ``permanent=`` list are rebuilt and re-raised as themselves;
+    any other recorded failure is raised as this error, carrying the original type name and message.
+    """
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.message = message
+
+
+class StoreError(IdempotencyError):
+    """The backing store failed. ``transient`` says whether retrying may help."""
+
+    transient: bool = False
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached. Transient. Fails closed: no effect runs unclaimed."""
+
+    transient = True

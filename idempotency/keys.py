@@ -1,0 +1,196 @@
+"""Effect identity: scope + name + ordinal -> key, and argument fingerprints.
+
+A framework re-runs an interrupted unit (saga step, graph node, agent turn) from its first line, so an
+effect is identified by the unit's durable identity (the *scope*) plus the call's position in it (the
+*ordinal* among calls of the same *name*). The key is a hash of a versioned, length-prefixed encoding of
+those parts: fixed length, no separator collisions, no personal data, far under Stripe's 255 characters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from idempotency.errors import CodecError, ConfigurationError, NoScope
+
+__all__ = [
+    "KEY_VERSION",
+    "EffectIdentity",
+    "Scope",
+    "current_scope",
+    "derive_key",
+    "fingerprint",
+    "provider_key",
+    "scope",
+]
+
+KEY_VERSION = 1
+"""Bumped whenever the key encoding changes, so old and new keys never collide."""
+
+_MAX_PART = 4096
+
+
+def _encode_parts(*parts: str | int) -> bytes:
+    """Length-prefix every part, so ("a:b", "c") and ("a", "b:c") encode differently."""
+    out = bytearray()
+    for part in parts:
+        raw = str(part).encode("utf-8")
+        out += len(raw).to_bytes(4, "big")
+        out += raw
+    return bytes(out)
+
+
+def derive_key(namespace: str, scope: str, name: str, ordinal: int) -> str:
+    """The effect key for an identity: ``sg1_`` followed by 64 hex digits (68 characters).
+
+    Raises:
+        ConfigurationError: a part is empty where it must not be, too long, or the ordinal is negative.
+    """
+    if not name:
+        raise ConfigurationError("an effect needs a non-empty name")
+    if ordinal < 0:
+        raise ConfigurationError(f"ordinal must be >= 0, got {ordinal}")
+    for label, part in (("namespace", namespace), ("scope", scope), ("name", name)):
+        if len(part) > _MAX_PART:
+            raise ConfigurationError(f"{label} is longer than {_MAX_PART} characters")
+    digest = hashlib.sha256(_encode_parts("sagaguard.key", KEY_VERSION, namespace, scope, name, ordinal))
+    return f"sg{KEY_VERSION}_{digest.hexdigest()}"
+
+
+def provider_key(key: str) -> str:
+    """The key to hand to a provider that deduplicates (Stripe ``Idempotency-Key``, an HTTP header).
+
+    Derived from the effect key (not equal to it, so a leaked provider key reveals nothing of the
+    store), stable across processes: a re-send after an in-doubt crash is absorbed by the provider.
+    """
+    digest = hashlib.sha256(_encode_parts("sagaguard.provider", KEY_VERSION, key))
+    return f"sg{KEY_VERSION}p_{digest.hexdigest()[:48]}"
+
+
+def _canonical(value: Any) -> Any:
+    """Convert to plain JSON types so that equal arguments encode to equal text."""
+    from pydantic_core import to_jsonable_python
+
+    try:
+        return to_jsonable_python(value)
+    except Exception as exc:
+        raise CodecError(
+            f"cannot fingerprint an argument of type {type(value).__name__}: {exc}"
+        ) from exc
+
+
+def fingerprint(arguments: Mapping[str, Any]) -> str:
+    """A versioned hash of the canonical JSON of ``arguments``.
+
+    Canonical: keys sorted at every depth, no insignificant white space, unicode kept as is, so the
+    fingerprint does not depend on dict order or formatting.
+
+    Raises:
+        CodecError: an argument cannot be converted to JSON.
+    """
+    try:
+        text = json.dumps(
+            _canonical(dict(arguments)),
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (TypeError, ValueError) as exc:
+        raise CodecError(f"cannot fingerprint arguments: {exc}") from exc
+    digest = hashlib.sha256(_encode_parts("sagaguard.fingerprint", KEY_VERSION, text))
+    return f"f{KEY_VERSION}_{digest.hexdigest()}"
+
+
+@dataclass(frozen=True, slots=True)
+class EffectIdentity:
+    """Who an effect is: the readable parts and the key derived from them.
+
+    The readable parts are stored beside the key for listing and reconciliation; they never go on
+    spans.
+    """
+
+    namespace: str
+    scope: str
+    name: str
+    ordinal: int
+    key: str
+
+    @classmethod
+    def of(cls, namespace: str, scope: str, name: str, ordinal: int) -> EffectIdentity:
+        """Build an identity and derive its key."""
+        return cls(namespace, scope, name, ordinal, derive_key(namespace, scope, name, ordinal))
+
+    @classmethod
+    def explicit(cls, namespace: str, key: str, name: str) -> EffectIdentity:
+        """An identity for a caller-given key. The namespace still enters the hash (tenants)."""
+        if not key:
+            raise ConfigurationError("an explicit key must not be empty")
+        return cls(namespace, key, name, 0, derive_key(namespace, key, "sagaguard.explicit", 0))
+
+    @property
+    def provider_key(self) -> str:
+        """See :func:`provider_key`."""
+        return provider_key(self.key)
+
+
+@dataclass(slots=True)
+class Scope:
+    """The durable identity of a unit of work that may be re-run from its start.
+
+    Holds a per-name call counter, so the n-th call of an effect name in the scope gets ordinal n.
+    The counter is only meaningful for sequential code; parallel calls need a discriminator in the
+    scope or an explicit key.
+    """
+
+    id: str
+    _counters: dict[str, int] = field(default_factory=dict)
+
+    def next_ordinal(self, name: str) -> int:
+        """Return the ordinal for the next call of ``name`` and advance the counter."""
+        n = self._counters.get(name, 0)
+        self._counters[name] = n + 1
+        return n
+
+
+_current: ContextVar[Scope | None] = ContextVar("sagaguard_scope", default=None)
+
+
+def current_scope() -> Scope:
+    """The scope set by the innermost :func:`scope` (or a saga runner or framework adapter).
+
+    Raises:
+        NoScope: no scope is set.
+    """
+    found = _current.get()
+    if found is None:
+        raise NoScope(
+            "no effect scope is set: wrap the unit of work in `with scope('run-id'):` "
+            "or pass key= explicitly"
+        )
+    return found
+
+
+@contextlib.contextmanager
+def scope(scope_id: str) -> Iterator[Scope]:
+    """Run a block as the unit of work ``scope_id``.
+
+    Every guarded call inside derives its key from ``scope_id``, its name and its ordinal, so running
+    the same block again (after a crash) maps each call to the record of its first run.
+
+    Raises:
+        ConfigurationError: ``scope_id`` is empty.
+    """
+    if not scope_id:
+        raise ConfigurationError("a scope id must not be empty")
+    unit = Scope(scope_id)
+    token = _current.set(unit)
+    try:
+        yield unit
+    finally:
+        _current.reset(token)

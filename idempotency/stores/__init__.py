@@ -1,0 +1,51 @@
+"""Store backends and a factory that opens one from a URL.
+
+Backends import their driver only in their own module, so ``import idempotency`` needs neither redis
+nor psycopg: ``from idempotency.stores.redis import RedisStore`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from idempotency.errors import ConfigurationError
+from idempotency.store import IdempotencyStore
+from idempotency.stores.memory import MemoryStore
+
+__all__ = ["DEFAULT_URL", "MemoryStore", "open_store"]
+
+DEFAULT_URL = "sqlite:///sagaguard.db"
+"""The embedded default: a SQLite file in the working directory."""
+
+
+def open_store(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = None) -> IdempotencyStore:
+    """Open the store a URL names.
+
+    - ``memory://``: :class:`MemoryStore` (one process, nothing survives it).
+    - ``sqlite:///path.db`` (or ``sqlite://`` for a private in-memory database),
+      ``postgresql://user@host/db`` (psycopg 3; ``postgresql+psycopg://`` too): :class:`SqlStore`.
+    - ``redis://host:port/db`` or ``rediss://``: :class:`RedisStore`.
+
+    Args:
+        url: where the records live.
+        clock: inject a clock (tests); by default the store uses its server's own time.
+
+    Raises:
+        ConfigurationError: the scheme is unknown.
+        StoreUnavailable: the backend cannot be reached.
+    """
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "memory":
+        return MemoryStore(clock=clock)
+    if scheme.startswith(("sqlite", "postgres")):
+        from idempotency.stores.sql import SqlStore
+
+        return SqlStore(url, clock=clock)
+    if scheme in ("redis", "rediss", "unix"):
+        from idempotency.stores.redis import RedisStore
+
+        return RedisStore(url, clock=clock)
+    raise ConfigurationError(
+        f"unknown store URL scheme {scheme or url!r}: use memory://, sqlite:///file.db, "
+        "postgresql://... or redis://..."
+    )
