@@ -4,6 +4,17 @@ See DESIGN.md sections 3-4. The public API is re-exported here; backends live in
 ``idempotency.stores``.
 """
 
+from idempotency.effect import (
+    NOT_APPLIED,
+    Applied,
+    EffectContext,
+    NotAppliedResolution,
+    Policy,
+    ReconcileRequest,
+    Retry,
+    Unknown,
+    current_effect,
+)
 from idempotency.errors import (
     AlreadyInProgress,
     CodecError,
@@ -12,18 +23,31 @@ from idempotency.errors import (
     KeyConflict,
     LostOwnership,
     NoScope,
+    NotApplied,
     OutcomeUnknown,
     RecordNotFound,
     ReplayedFailure,
     StoreError,
     StoreUnavailable,
 )
+from idempotency.guard import Guard
 from idempotency.keys import EffectIdentity, Scope, current_scope, derive_key, fingerprint, scope
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from idempotency.store import IdempotencyStore
 from idempotency.stores import MemoryStore, open_store
 
 __all__ = [
+    "NOT_APPLIED",
+    "Applied",
+    "EffectContext",
+    "Guard",
+    "NotApplied",
+    "NotAppliedResolution",
+    "Policy",
+    "ReconcileRequest",
+    "Retry",
+    "Unknown",
+    "current_effect",
     "AlreadyInProgress",
     "ClaimOutcome",
     "ClaimResult",

@@ -4,14 +4,15 @@ Every error derives from one root, so callers can catch the whole package at onc
 
     IdempotencyError
     ├── ConfigurationError        bad input found before anything ran (definition time or call time)
-    │   ├── CodecError            a value cannot be stored as JSON, or read back as its declared type
+    │   ├── CodecError            a value cannot be stored as JSON or read back as its type
     │   └── NoScope               a guarded call has neither a scope nor an explicit key
+    ├── NotApplied                raised by an effect: refused before it changed anything
     ├── KeyConflict               same key, other arguments (Stripe: 400, IETF draft: 422)
-    ├── AlreadyInProgress         a live duplicate holds the claim past the wait bound (IETF draft: 409)
-    ├── OutcomeUnknown            a crash or ambiguous error left the effect in doubt, and policy forbids a re-run
-    ├── LostOwnership             a fenced write carried a stale token: another worker took the record over
+    ├── AlreadyInProgress         a live duplicate holds the claim past the wait bound (IETF: 409)
+    ├── OutcomeUnknown            a crash left the effect in doubt and policy forbids a re-run
+    ├── LostOwnership             a fenced write carried a stale token: another worker took over
     ├── RecordNotFound            an operator named a key that the store does not hold (also a LookupError)
-    ├── ReplayedFailure           replay of a recorded permanent failure whose exception type is not registered
+    ├── ReplayedFailure           replay of a recorded failure whose type is not registered
     └── StoreError                the backend failed
         └── StoreUnavailable      the backend cannot be reached; transient, the effect was not run
 
@@ -33,6 +34,7 @@ __all__ = [
     "KeyConflict",
     "LostOwnership",
     "NoScope",
+    "NotApplied",
     "OutcomeUnknown",
     "RecordNotFound",
     "ReplayedFailure",
@@ -59,6 +61,20 @@ class NoScope(ConfigurationError):
     Silently running such a call unguarded is the failure this library exists to end, so it is an
     error (compare Powertools, which skips idempotency when the key is missing).
     """
+
+
+class NotApplied(IdempotencyError):
+    """Raise from an effect to say the call was refused before it changed anything.
+
+    Args:
+        message: what happened.
+        retryable: True if trying again later may succeed (rate limited, service paused); False if it
+            never will (card declined, invalid request), which records the effect as FAILED.
+    """
+
+    def __init__(self, message: str = "not applied", *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class KeyConflict(IdempotencyError):
@@ -116,8 +132,7 @@ class LostOwnership(IdempotencyError):
 
     def __init__(self, key: str, token: int, detail: str = "") -> None:
         super().__init__(
-            f"lost ownership of effect key {key[:16]}... (token {token})"
-            + (f": {detail}" if detail else "")
+            f"lost ownership of effect key {key[:16]}... (token {token})" + (f": {detail}" if detail else "")
         )
         self.key = key
         self.token = token

@@ -16,6 +16,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 from idempotency.errors import CodecError, ConfigurationError, NoScope
 
 __all__ = [
@@ -74,14 +76,10 @@ def provider_key(key: str) -> str:
 
 def _canonical(value: Any) -> Any:
     """Convert to plain JSON types so that equal arguments encode to equal text."""
-    from pydantic_core import to_jsonable_python
-
     try:
         return to_jsonable_python(value)
     except Exception as exc:
-        raise CodecError(
-            f"cannot fingerprint an argument of type {type(value).__name__}: {exc}"
-        ) from exc
+        raise CodecError(f"cannot fingerprint an argument of type {type(value).__name__}: {exc}") from exc
 
 
 def fingerprint(arguments: Mapping[str, Any]) -> str:
@@ -170,8 +168,7 @@ def current_scope() -> Scope:
     found = _current.get()
     if found is None:
         raise NoScope(
-            "no effect scope is set: wrap the unit of work in `with scope('run-id'):` "
-            "or pass key= explicitly"
+            "no effect scope is set: wrap the unit of work in `with scope('run-id'):` or pass key= explicitly"
         )
     return found
 

@@ -107,9 +107,7 @@ class MemoryStore:
                 del self._records[key]
                 return None
             if disposition is Disposition.PERMANENT:
-                rec = rec.evolve(
-                    state=State.FAILED, error=error, expires_at=now + retention, updated_at=now
-                )
+                rec = rec.evolve(state=State.FAILED, error=error, expires_at=now + retention, updated_at=now)
             else:
                 rec = rec.evolve(state=State.IN_DOUBT, error=error, lease_until=0.0, updated_at=now)
             self._records[key] = rec

@@ -1,0 +1,295 @@
+"""The guard's decisions, written once, free of I/O.
+
+:func:`decide` maps a claim result to what the guard does next; it is a pure function and is
+table-tested. :class:`Flow` strings the decisions together as a generator that *yields* the I/O it
+needs (:class:`Claim`, :class:`Execute`, :class:`Complete`, ...) and receives the answers, so the sync
+and the async drivers in :mod:`idempotency.guard` are each a short loop (the httpx ``auth_flow``
+pattern) and can never drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
+
+from idempotency.codec import Codec, decode_error, encode_error
+from idempotency.effect import (
+    Applied,
+    Classifier,
+    NotApplied,
+    NotAppliedResolution,
+    Policy,
+    ReconcileRequest,
+    Resolution,
+    Retry,
+    classify,
+)
+from idempotency.errors import (
+    AlreadyInProgress,
+    CodecError,
+    KeyConflict,
+    OutcomeUnknown,
+    ReplayedFailure,
+)
+from idempotency.keys import EffectIdentity
+from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from idempotency.telemetry import Outcome
+
+__all__ = ["Action", "EffectSpec", "Flow", "decide"]
+
+T = TypeVar("T")
+
+_CRASH_NOTE = json.dumps(
+    {
+        "type": "sagaguard.crash",
+        "message": "the worker holding the claim stopped before recording an outcome",
+        "args": [],
+    }
+)
+
+
+class Action(enum.Enum):
+    """What the guard does with a claim result."""
+
+    EXECUTE = "execute"
+    """We own a fresh claim: run the effect."""
+    RESOLVE = "resolve"
+    """We took over an in-doubt record: resolve it before running anything."""
+    REPLAY = "replay"
+    """A recorded success: return its result."""
+    REPLAY_FAILURE = "replay_failure"
+    """A recorded permanent failure: raise it again."""
+    CONFLICT = "conflict"
+    """Same key, other arguments."""
+    WAIT = "wait"
+    """Someone else holds a live claim: wait, then claim again."""
+
+
+def decide(claim: ClaimResult, fingerprint: str) -> Action:
+    """The next action for a claim result. Pure."""
+    if claim.outcome is ClaimOutcome.CLAIMED:
+        return Action.EXECUTE
+    record = claim.record
+    if record.fingerprint != fingerprint:
+        return Action.CONFLICT
+    if claim.outcome is ClaimOutcome.TOOK_OVER:
+        return Action.RESOLVE
+    if record.state is State.SUCCEEDED:
+        return Action.REPLAY
+    if record.state is State.FAILED:
+        return Action.REPLAY_FAILURE
+    return Action.WAIT
+
+
+@dataclass(frozen=True, slots=True)
+class EffectSpec(Generic[T]):
+    """Everything the guard knows about one effect: fixed at decoration time."""
+
+    name: str
+    codec: Codec[T]
+    policy: Policy
+    provider_idempotent: bool
+    reconciler: Any | None
+    classifier: Classifier | None
+    permanent: tuple[type[BaseException], ...]
+    retryable: tuple[type[BaseException], ...]
+    retry: Retry
+    lease: float
+    retention: float
+    wait: float
+    """How long a duplicate waits, in total, for a live claim to finish before AlreadyInProgress."""
+
+    def disposition(self, exc: BaseException) -> Disposition:
+        """Classify an exception raised by this effect."""
+        return classify(exc, self.classifier, self.permanent, self.retryable)
+
+    def retries(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is retried inside the claim.
+
+        Not-applied retryable errors always are; ambiguous ones only when the provider deduplicates
+        on the provider key, so a re-send cannot apply twice.
+        """
+        disposition = self.disposition(exc)
+        return disposition is Disposition.RETRYABLE or (
+            disposition is Disposition.AMBIGUOUS and self.provider_idempotent
+        )
+
+    def rebuild_failure(self, text: str) -> BaseException:
+        """The exception a recorded permanent failure is replayed as.
+
+        Only types the effect declared (``permanent=``) and :class:`NotApplied` are rebuilt; a type
+        name read from storage is never imported.
+        """
+        info = decode_error(text)
+        for tp in (*self.permanent, NotApplied):
+            if f"{tp.__module__}.{tp.__qualname__}" == info.type_name:
+                try:
+                    return cast(BaseException, tp(*info.args))
+                except Exception:
+                    break
+        return ReplayedFailure(info.type_name, info.message)
+
+
+# The I/O a flow asks its driver for.
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Claim the key. Answer: :class:`ClaimResult`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """Record success. Answer: the record."""
+
+    token: int
+    result: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Record a failed attempt. Answer: the record or None."""
+
+    token: int
+    disposition: Disposition
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait before claiming again. Answer: None."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    """Run the effect body (with in-claim retries and heartbeats). Answer: :class:`Ran`."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    """Ask the effect's reconciler. Answer: a resolution; an exception counts as Unknown."""
+
+    request: ReconcileRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """The outcome of :class:`Execute`: a value, or the exception the body raised."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+Op = Claim | Complete | Fail | Sleep | Execute | Reconcile
+
+_WAIT_FIRST = 0.01
+_WAIT_MAX = 0.5
+
+
+class Flow(Generic[T]):
+    """One guarded call, as a generator of I/O requests.
+
+    ``outcome`` says what the call did once the generator has finished (for telemetry).
+    """
+
+    __slots__ = ("arguments", "fingerprint", "identity", "outcome", "spec")
+
+    def __init__(
+        self,
+        spec: EffectSpec[T],
+        identity: EffectIdentity,
+        fingerprint: str,
+        arguments: Mapping[str, Any],
+    ) -> None:
+        self.spec = spec
+        self.identity = identity
+        self.fingerprint = fingerprint
+        self.arguments = arguments
+        self.outcome = Outcome.EXECUTED
+
+    def run(self) -> Generator[Op, Any, T]:
+        """Claim, then execute, replay, wait or resolve; returns the result or raises."""
+        waited = 0.0
+        delay = _WAIT_FIRST
+        while True:
+            claim: ClaimResult = yield Claim()
+            action = decide(claim, self.fingerprint)
+            record = claim.record
+            if action is Action.EXECUTE:
+                return (yield from self._execute(record))
+            if action is Action.RESOLVE:
+                return (yield from self._resolve(record))
+            if action is Action.REPLAY:
+                self.outcome = Outcome.REPLAYED
+                return self.spec.codec.decode(record.result or "null")
+            if action is Action.REPLAY_FAILURE:
+                self.outcome = Outcome.REPLAYED
+                raise self.spec.rebuild_failure(record.error or "{}")
+            if action is Action.CONFLICT:
+                self.outcome = Outcome.CONFLICT
+                raise KeyConflict(record.key, record.fingerprint, self.fingerprint)
+            # WAIT: a live holder. Claiming again later replays its result once it finishes, or
+            # takes the record over if the holder's lease runs out meanwhile.
+            if waited >= self.spec.wait:
+                self.outcome = Outcome.BUSY
+                raise AlreadyInProgress(record)
+            pause = min(delay, self.spec.wait - waited)
+            yield Sleep(pause)
+            waited += pause
+            delay = min(delay * 2, _WAIT_MAX)
+
+    def _execute(self, record: Record) -> Generator[Op, Any, T]:
+        token = record.token
+        ran: Ran = yield Execute(token)
+        if ran.error is None:
+            try:
+                text = self.spec.codec.encode(ran.value)
+            except CodecError as codec_error:
+                # The effect happened but its result cannot be stored: leave the record in doubt
+                # (a reconciler or an operator settles it) rather than lose the fact that it ran.
+                yield Fail(token, Disposition.AMBIGUOUS, encode_error(codec_error))
+                self.outcome = Outcome.IN_DOUBT
+                raise
+            yield Complete(token, text)
+            return ran.value  # type: ignore[no-any-return]
+        exc = ran.error
+        disposition = self.spec.disposition(exc)
+        yield Fail(token, disposition, encode_error(exc))
+        if disposition is Disposition.AMBIGUOUS:
+            self.outcome = Outcome.IN_DOUBT
+            if not isinstance(exc, Exception):
+                # Cancellation and interrupts stay what they are once the doubt is recorded.
+                raise exc
+            raise OutcomeUnknown(record.evolve(state=State.IN_DOUBT), f"{type(exc).__name__}: {exc}") from exc
+        self.outcome = Outcome.FAILED
+        raise exc
+
+    def _resolve(self, record: Record) -> Generator[Op, Any, T]:
+        spec = self.spec
+        reason = "the previous attempt's outcome is unknown"
+        if spec.reconciler is not None:
+            request = ReconcileRequest(self.identity, self.identity.provider_key, self.arguments, record)
+            resolution: Resolution[Any] = yield Reconcile(request)
+            if isinstance(resolution, Applied):
+                text = spec.codec.encode(resolution.result)
+                yield Complete(record.token, text)
+                self.outcome = Outcome.RECONCILED
+                return resolution.result  # type: ignore[no-any-return]
+            if isinstance(resolution, NotAppliedResolution):
+                return (yield from self._execute(record))
+            reason = "the reconciler could not tell whether it happened"
+        if spec.provider_idempotent or spec.policy is Policy.AT_LEAST_ONCE:
+            # Re-send: the provider deduplicates on the same provider key, or the effect said it is
+            # harmless to repeat.
+            return (yield from self._execute(record))
+        # Release the lease and leave the record IN_DOUBT, for an operator or a later reconciler.
+        yield Fail(record.token, Disposition.AMBIGUOUS, record.error or _CRASH_NOTE)
+        self.outcome = Outcome.IN_DOUBT
+        raise OutcomeUnknown(record, reason)
