@@ -1,0 +1,129 @@
+"""An in-process journal: a real backend for one process (tests, notebooks, scripts).
+
+It keeps every promise of the contract within its process and none across a crash of it; use
+:class:`~saga.journals.sql.SqlJournal` (SQLite) for that.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection
+
+from saga.errors import LostSagaLease
+from saga.records import (
+    LIVE_STATES,
+    Phase,
+    SagaRecord,
+    SagaSnapshot,
+    SagaState,
+    StartOutcome,
+    StartResult,
+    StepRecord,
+)
+
+__all__ = ["MemoryJournal"]
+
+
+class MemoryJournal:
+    """Dicts under a lock. A :class:`~saga.journal.SagaJournal`.
+
+    Args:
+        clock: seconds since the epoch; inject one to test lease expiry without sleeping.
+    """
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock or time.time
+        self._sagas: dict[str, SagaRecord] = {}
+        self._steps: dict[str, dict[int, StepRecord]] = {}
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        """See :meth:`SagaJournal.now`."""
+        return self._clock()
+
+    def _snapshot(self, saga_id: str) -> SagaSnapshot:
+        steps = self._steps.get(saga_id, {})
+        return SagaSnapshot(self._sagas[saga_id], tuple(steps[i] for i in sorted(steps)))
+
+    def start(
+        self,
+        saga_id: str,
+        *,
+        name: str,
+        version: int,
+        input: str,
+        fingerprint: str,
+        lease: float,
+    ) -> StartResult:
+        """See :meth:`SagaJournal.start`."""
+        now = self._clock()
+        with self._lock:
+            old = self._sagas.get(saga_id)
+            if old is None:
+                self._sagas[saga_id] = SagaRecord(
+                    saga_id, name, version, fingerprint, input, SagaState.RUNNING, 1, now + lease, now, now
+                )
+                self._steps[saga_id] = {}
+                return StartResult(StartOutcome.CREATED, self._snapshot(saga_id))
+            if (
+                old.state in LIVE_STATES
+                and old.lease_until <= now
+                and (old.name, old.version, old.fingerprint) == (name, version, fingerprint)
+            ):
+                taken = old.evolve(token=old.token + 1, lease_until=now + lease, updated_at=now)
+                self._sagas[saga_id] = taken
+                return StartResult(StartOutcome.TOOK_OVER, self._snapshot(saga_id))
+            return StartResult(StartOutcome.EXISTING, self._snapshot(saga_id))
+
+    def load(self, saga_id: str) -> SagaSnapshot | None:
+        """See :meth:`SagaJournal.load`."""
+        with self._lock:
+            return self._snapshot(saga_id) if saga_id in self._sagas else None
+
+    def commit(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:
+        """See :meth:`SagaJournal.commit`."""
+        now = self._clock()
+        with self._lock:
+            old = self._sagas.get(saga_id)
+            if old is None:
+                raise LostSagaLease(saga_id, token, "saga is unknown")
+            if old.token != token:
+                raise LostSagaLease(saga_id, token, f"token is now {old.token}")
+            if old.state not in LIVE_STATES:
+                raise LostSagaLease(saga_id, token, f"saga is already {old.state}")
+            changes: dict[str, object] = {
+                "lease_until": now + phase.lease if phase.lease > 0 else 0.0,
+                "updated_at": now,
+            }
+            if phase.state is not None:
+                changes["state"] = phase.state
+                changes["error"] = phase.error
+            new = old.evolve(**changes)
+            steps = self._steps.setdefault(saga_id, {})
+            for row in phase.steps:
+                previous = steps.get(row.index)
+                started = previous.started_at if previous is not None else now
+                steps[row.index] = row.evolve(started_at=started, updated_at=now)
+            self._sagas[saga_id] = new
+            return new
+
+    def list(
+        self,
+        *,
+        states: Collection[SagaState] | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[SagaRecord]:
+        """See :meth:`SagaJournal.list`."""
+        with self._lock:
+            rows = sorted(self._sagas.values(), key=lambda r: r.saga_id)
+        if states is not None:
+            wanted = {SagaState(s) for s in states}
+            rows = [r for r in rows if r.state in wanted]
+        if after is not None:
+            rows = [r for r in rows if r.saga_id > after]
+        return rows[: max(0, limit)]
+
+    def close(self) -> None:
+        """Nothing to release."""

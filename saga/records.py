@@ -1,0 +1,232 @@
+"""What a saga journal holds: the saga row, its step rows and one atomic commit. Plain data, no I/O.
+
+State machine of a saga (DESIGN.md section 5)::
+
+    RUNNING --a step fails, something to undo--> COMPENSATING --all undone--> COMPENSATED
+    RUNNING --a step fails, nothing to undo--> FAILED
+    RUNNING --last step succeeds--> COMPLETED
+    RUNNING --after the pivot: forward retries exhausted; pivot failed ambiguously--> NEEDS_ATTENTION
+    COMPENSATING --a compensation exhausts its retries--> NEEDS_ATTENTION
+
+and of a step::
+
+    (no row) --started (compensation registered)--> STARTED --> SUCCEEDED | FAILED
+    SUCCEEDED | STARTED | FAILED(applied) --compensation--> COMPENSATED | COMPENSATION_FAILED
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from idempotency.codec import ErrorInfo
+from saga.errors import ResultUnavailable
+
+if TYPE_CHECKING:
+    from saga.definition import Step
+
+R = TypeVar("R")
+
+__all__ = [
+    "FINAL_STATES",
+    "LIVE_STATES",
+    "Phase",
+    "SagaOutcome",
+    "SagaRecord",
+    "SagaSnapshot",
+    "SagaState",
+    "StartOutcome",
+    "StartResult",
+    "StepKind",
+    "StepRecord",
+    "StepState",
+]
+
+
+class SagaState(enum.StrEnum):
+    """Where a saga instance stands."""
+
+    RUNNING = "running"
+    """Going forward, one step after the other."""
+    COMPENSATING = "compensating"
+    """A step failed: registered compensations run in reverse order."""
+    COMPLETED = "completed"
+    """Every step succeeded."""
+    COMPENSATED = "compensated"
+    """A step failed and every compensation that had to run succeeded."""
+    FAILED = "failed"
+    """A step failed before anything needed undoing (no compensation had to run)."""
+    NEEDS_ATTENTION = "needs_attention"
+    """Parked for an operator: a compensation could not succeed, forward recovery after the pivot
+    ran out of retries, or the pivot failed in a way that may have applied it. ``error`` says why."""
+
+
+LIVE_STATES = frozenset({SagaState.RUNNING, SagaState.COMPENSATING})
+"""States a runner drives (and may take over when the lease ran out)."""
+FINAL_STATES = frozenset({SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.FAILED})
+"""States nothing changes any more."""
+
+
+class StepKind(enum.StrEnum):
+    """Richardson's three kinds of saga transaction."""
+
+    COMPENSATABLE = "compensatable"
+    """Before the pivot; undone by its compensation when a later step fails."""
+    PIVOT = "pivot"
+    """The go/no-go point: once it succeeds, the saga only goes forward."""
+    RETRIABLE = "retriable"
+    """After the pivot; retried until it succeeds, never compensated."""
+
+
+class StepState(enum.StrEnum):
+    """Where one step of a saga instance stands."""
+
+    STARTED = "started"
+    """Its compensation is registered; the action may be running or may have crashed."""
+    SUCCEEDED = "succeeded"
+    """The action returned; its result is recorded."""
+    FAILED = "failed"
+    """The action failed for good; ``not_applied`` says whether it changed anything."""
+    COMPENSATED = "compensated"
+    """Its compensation succeeded."""
+    COMPENSATION_FAILED = "compensation_failed"
+    """Its compensation exhausted its retries; the saga needs attention."""
+
+
+@dataclass(frozen=True, slots=True)
+class SagaRecord:
+    """One saga instance as the journal holds it. Times are the journal's clock; JSON as text."""
+
+    saga_id: str
+    name: str
+    version: int
+    fingerprint: str
+    """Fingerprint of the input: the same saga id with another input is a conflict."""
+    input: str
+    state: SagaState
+    token: int
+    """Fencing token: grows on every take-over; every commit must carry the current one."""
+    lease_until: float
+    created_at: float
+    updated_at: float
+    error: str | None = None
+    """Why the saga left RUNNING (the failed step's or compensation's error), as JSON."""
+
+    def evolve(self, **changes: object) -> SagaRecord:
+        """A copy with ``changes`` applied."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of a saga instance. ``started_at``/``updated_at`` are stamped by the journal."""
+
+    index: int
+    name: str
+    kind: StepKind
+    state: StepState
+    compensation: str | None = None
+    """The registered compensation's name; None when the step has nothing to undo."""
+    result: str | None = None
+    error: str | None = None
+    not_applied: bool = False
+    """The failure was classified *not applied*: the step's own compensation is skipped."""
+    compensation_error: str | None = None
+    """Why the compensation failed (COMPENSATION_FAILED), as JSON."""
+    attempts: int = 0
+    compensation_attempts: int = 0
+    started_at: float = 0.0
+    updated_at: float = 0.0
+
+    def evolve(self, **changes: object) -> StepRecord:
+        """A copy with ``changes`` applied."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class SagaSnapshot:
+    """A saga row with its step rows, ordered by index."""
+
+    saga: SagaRecord
+    steps: tuple[StepRecord, ...] = ()
+
+    def step(self, index: int) -> StepRecord | None:
+        """The row of step ``index``, or None when it never started."""
+        for row in self.steps:
+            if row.index == index:
+                return row
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One atomic journal commit: everything here is written together or not at all.
+
+    The runner's typical phase is "step i-1 SUCCEEDED with its result + step i STARTED with its
+    compensation registered", so the compensation is durable before step i touches the world.
+    """
+
+    steps: tuple[StepRecord, ...] = ()
+    """Step rows to write, each replacing the row at its index (``started_at`` is kept)."""
+    state: SagaState | None = None
+    """The saga's new state; None keeps it."""
+    error: str | None = None
+    """Written with ``state`` (ignored without it): the cause of the new state, or None."""
+    lease: float = 0.0
+    """Seconds to extend the lease from now; 0 releases it (a phase that ends the run)."""
+
+
+class StartOutcome(enum.StrEnum):
+    """What :meth:`SagaJournal.start` did."""
+
+    CREATED = "created"
+    """No saga had this id: the caller owns a new RUNNING saga (token 1)."""
+    TOOK_OVER = "took_over"
+    """A live-state saga whose lease ran out, with the same name, version and input: the caller owns
+    it under a new token and resumes it."""
+    EXISTING = "existing"
+    """Anything else (finished, parked, leased by another runner, other input): unchanged."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartResult:
+    """The outcome of a start with the saga and its steps as they stand after it."""
+
+    outcome: StartOutcome
+    snapshot: SagaSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class SagaOutcome:
+    """What a saga run ended with (or, for a parked saga, where it stands).
+
+    Attributes:
+        saga_id: the caller-given id.
+        state: COMPLETED, COMPENSATED, FAILED or NEEDS_ATTENTION.
+        results: the decoded result of every step that recorded one, by step name.
+        error: why the saga did not complete (the failed step's or compensation's error), or None.
+        replayed: True when the outcome was already recorded before this call.
+    """
+
+    saga_id: str
+    state: SagaState
+    results: Mapping[str, Any] = field(default_factory=dict)
+    error: ErrorInfo | None = None
+    replayed: bool = False
+
+    @property
+    def completed(self) -> bool:
+        """Whether every step succeeded."""
+        return self.state is SagaState.COMPLETED
+
+    def result(self, step: Step[Any, R]) -> R:
+        """The recorded result of ``step``.
+
+        Raises:
+            ResultUnavailable: the step recorded no result.
+        """
+        if step.name not in self.results:
+            raise ResultUnavailable(step.name)
+        return self.results[step.name]  # type: ignore[no-any-return]

@@ -1,0 +1,181 @@
+"""The coordinator's pure decisions, table-tested: no journal, no guard, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from saga import DefinitionMismatch, Saga, SagaState, StepContext, StepKind, StepState
+from saga.coordinator import (
+    Compensate,
+    Done,
+    Next,
+    RunStep,
+    SetState,
+    StartAction,
+    StartStep,
+    apply,
+    decide,
+    decide_start,
+    failure_state,
+    needs_compensation,
+)
+from saga.records import Phase, SagaRecord, SagaSnapshot, StartOutcome, StartResult, StepRecord
+
+
+@dataclass
+class Order:
+    id: str
+
+
+def undo(ctx: StepContext, order: Order, result: object) -> None: ...
+
+
+def _saga() -> Saga[Order]:
+    s = Saga("trip", input=Order)
+    s.step(name="a", compensate=undo)(lambda ctx, o: None)
+    s.step(name="b", compensate=None)(lambda ctx, o: None)
+    s.step(name="c", compensate=undo)(lambda ctx, o: None)
+    s.pivot(name="p")(lambda ctx, o: None)
+    s.retriable(name="r")(lambda ctx, o: None)
+    return s.freeze()
+
+
+SAGA = _saga()
+KINDS = {
+    "a": StepKind.COMPENSATABLE,
+    "b": StepKind.COMPENSATABLE,
+    "c": StepKind.COMPENSATABLE,
+    "p": StepKind.PIVOT,
+    "r": StepKind.RETRIABLE,
+}
+NAMES = ["a", "b", "c", "p", "r"]
+
+
+def _record(state: SagaState = SagaState.RUNNING, **changes: object) -> SagaRecord:
+    base = SagaRecord("id-1", "trip", 1, "f1", "{}", state, 1, 100.0, 0.0, 0.0)
+    return base.evolve(**changes)
+
+
+def _row(index: int, state: StepState, *, not_applied: bool = False) -> StepRecord:
+    name = NAMES[index]
+    compensation = "undo" if name in ("a", "c") else None
+    return StepRecord(index, name, KINDS[name], state, compensation=compensation, not_applied=not_applied)
+
+
+S, OK, F, C, CF = (
+    StepState.STARTED,
+    StepState.SUCCEEDED,
+    StepState.FAILED,
+    StepState.COMPENSATED,
+    StepState.COMPENSATION_FAILED,
+)
+
+
+@pytest.mark.parametrize(
+    ("state", "rows", "expected"),
+    [
+        (SagaState.RUNNING, [], StartStep(0)),
+        (SagaState.RUNNING, [S], RunStep(0)),
+        (SagaState.RUNNING, [OK], StartStep(1)),
+        (SagaState.RUNNING, [OK, OK, S], RunStep(2)),
+        (SagaState.RUNNING, [OK, OK, OK, OK, OK], SetState(SagaState.COMPLETED)),
+        # compensation: reverse order, skipping steps without a compensation
+        (SagaState.COMPENSATING, [OK, OK, F], Compensate(2)),
+        (SagaState.COMPENSATING, [OK, OK, C], Compensate(0)),
+        (SagaState.COMPENSATING, [C, OK, C], SetState(SagaState.COMPENSATED)),
+        # a crash between the effect and its record: STARTED is compensated too
+        (SagaState.COMPENSATING, [OK, S], Compensate(0)),
+        (SagaState.COMPENSATING, [F], Compensate(0)),  # an applied failure undoes itself
+        (SagaState.COMPENSATING, [OK, OK, OK, F], Compensate(2)),
+        # finished and parked sagas are not driven
+        (SagaState.COMPLETED, [OK, OK, OK, OK, OK], Done()),
+        (SagaState.COMPENSATED, [C], Done()),
+        (SagaState.NEEDS_ATTENTION, [OK, CF], Done()),
+        (SagaState.FAILED, [], Done()),
+    ],
+)
+def test_decide(state: SagaState, rows: list[StepState], expected: Next) -> None:
+    snapshot = SagaSnapshot(_record(state), tuple(_row(i, s) for i, s in enumerate(rows)))
+    assert decide(SAGA, snapshot) == expected
+
+
+def test_not_applied_failure_skips_its_own_compensation() -> None:
+    rows = (_row(0, OK), _row(1, OK), _row(2, F, not_applied=True))
+    assert decide(SAGA, SagaSnapshot(_record(SagaState.COMPENSATING), rows)) == Compensate(0)
+    nothing = SagaSnapshot(_record(SagaState.COMPENSATING), (_row(0, F, not_applied=True),))
+    assert decide(SAGA, nothing) == SetState(SagaState.FAILED)
+
+
+@pytest.mark.parametrize(
+    ("kind", "not_applied", "expected"),
+    [
+        (StepKind.COMPENSATABLE, False, SagaState.COMPENSATING),
+        (StepKind.COMPENSATABLE, True, SagaState.COMPENSATING),
+        (StepKind.PIVOT, True, SagaState.COMPENSATING),
+        (StepKind.PIVOT, False, SagaState.NEEDS_ATTENTION),
+        (StepKind.RETRIABLE, False, SagaState.NEEDS_ATTENTION),
+        (StepKind.RETRIABLE, True, SagaState.NEEDS_ATTENTION),
+    ],
+)
+def test_failure_state(kind: StepKind, not_applied: bool, expected: SagaState) -> None:
+    assert failure_state(kind, not_applied) is expected
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        (_row(0, OK), True),
+        (_row(0, S), True),
+        (_row(0, F), True),
+        (_row(0, F, not_applied=True), False),
+        (_row(0, C), False),
+        (_row(0, CF), False),
+        (_row(1, OK), False),  # no compensation registered
+        (_row(3, OK), False),  # the pivot
+    ],
+)
+def test_needs_compensation(row: StepRecord, expected: bool) -> None:
+    assert needs_compensation(row) is expected
+
+
+@pytest.mark.parametrize(
+    ("outcome", "record", "expected"),
+    [
+        (StartOutcome.CREATED, _record(), StartAction.RESUME),
+        (StartOutcome.TOOK_OVER, _record(token=2), StartAction.RESUME),
+        (StartOutcome.EXISTING, _record(), StartAction.ATTACH),
+        (StartOutcome.EXISTING, _record(SagaState.COMPENSATING), StartAction.ATTACH),
+        (StartOutcome.EXISTING, _record(SagaState.COMPLETED), StartAction.REPLAY),
+        (StartOutcome.EXISTING, _record(SagaState.NEEDS_ATTENTION), StartAction.REPLAY),
+        (StartOutcome.EXISTING, _record(SagaState.COMPLETED, fingerprint="f2"), StartAction.CONFLICT),
+        (StartOutcome.EXISTING, _record(name="other"), StartAction.MISMATCH),
+        (StartOutcome.EXISTING, _record(version=2), StartAction.MISMATCH),
+    ],
+)
+def test_decide_start(outcome: StartOutcome, record: SagaRecord, expected: StartAction) -> None:
+    started = StartResult(outcome, SagaSnapshot(record))
+    assert decide_start(started, name="trip", version=1, fingerprint="f1") is expected
+
+
+def test_mismatched_journal_is_refused() -> None:
+    renamed = SagaSnapshot(_record(), (StepRecord(0, "zzz", StepKind.COMPENSATABLE, OK),))
+    with pytest.raises(DefinitionMismatch, match="zzz"):
+        decide(SAGA, renamed)
+    rows = (*(_row(i, OK) for i in range(5)), StepRecord(5, "extra", StepKind.RETRIABLE, S))
+    beyond = SagaSnapshot(_record(), rows)
+    with pytest.raises(DefinitionMismatch):
+        decide(SAGA, beyond)
+    with pytest.raises(DefinitionMismatch):
+        decide(SAGA, SagaSnapshot(_record(version=3)))
+
+
+def test_apply_is_what_the_journal_will_hold() -> None:
+    snapshot = SagaSnapshot(_record(), (_row(0, S),))
+    phase = Phase(steps=(_row(0, OK), _row(1, S)), state=None, lease=30)
+    after = apply(snapshot, phase)
+    assert [r.state for r in after.steps] == [OK, S]
+    assert after.saga.state is SagaState.RUNNING
+    failed = apply(after, Phase(steps=(_row(1, F),), state=SagaState.COMPENSATING, error="{}"))
+    assert failed.saga.state is SagaState.COMPENSATING and failed.saga.error == "{}"
