@@ -1,0 +1,576 @@
+"""The SQL store: one SQLModel table serving SQLite (the embedded default) and PostgreSQL.
+
+``claim`` is one ``INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE .. RETURNING`` statement and every
+write after it one fenced ``UPDATE`` (or ``DELETE``), so a new guarded call costs two commits and a
+replay one claim. On Postgres each primitive is one autocommit statement (one round trip); on
+SQLite each write is one ``BEGIN IMMEDIATE`` transaction.
+
+Times come from the database's own clock, read inside the statement that uses them (no extra round
+trip), unless a clock is injected: its value is then bound as a parameter.
+
+SQLite runs in WAL mode with ``synchronous=FULL`` and a 30 s busy timeout, and every write
+transaction starts with ``BEGIN IMMEDIATE``: a transaction that starts as a reader and later writes
+can fail with "database is locked" at once, whatever the timeout, so writers take the lock first.
+
+Schema version :data:`SCHEMA_VERSION`. The table is created when missing and never altered; a future
+version that changes it will ship a migration and bump the number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import types
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any, Final, cast
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import registry
+from sqlalchemy.pool import QueuePool, StaticPool
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlmodel import Field, SQLModel
+
+from idempotency.errors import ConfigurationError, LostOwnership, StoreError, StoreUnavailable
+from idempotency.keys import EffectIdentity
+from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+
+__all__ = [
+    "DEFAULT_TABLE",
+    "METADATA",
+    "SCHEMA_VERSION",
+    "EffectFields",
+    "EffectRow",
+    "SqlStore",
+    "effect_model",
+    "make_engine",
+]
+
+SCHEMA_VERSION: Final = 1
+"""Version of the effects table layout."""
+
+DEFAULT_TABLE: Final = "sagaguard_effects"
+
+_BUSY_TIMEOUT_MS = 30_000
+_CONNECT_TIMEOUT_S = 5
+_CLAIM_ATTEMPTS = 5
+_DDL_LOCK_ID = 0x5A6A_6775  # any constant: serialises concurrent CREATE TABLE on Postgres
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")  # 48 leaves room for index names (63)
+_COLUMNS = (
+    "key, namespace, scope, name, ordinal, fingerprint, state, token, lease_until, attempts, "
+    "created_at, updated_at, expires_at, result, error"
+)
+_LIVE = "('in_progress', 'in_doubt')"
+_FINISHED = "('succeeded', 'failed')"
+_DB_NOW = {  # the database's time in seconds since the epoch, as a double
+    "postgresql": "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+}
+
+
+class _SagaguardModel(SQLModel, registry=registry()):
+    """Base of sagaguard's tables: a registry of their own keeps them out of ``SQLModel.metadata``,
+    so an application's ``create_all``/``drop_all`` neither creates nor drops them by accident."""
+
+
+METADATA: Final = _SagaguardModel.metadata
+"""The metadata holding sagaguard's tables (give it to Alembic's ``target_metadata``)."""
+
+
+class EffectFields(_SagaguardModel):
+    """The columns of an effects table: :class:`~idempotency.records.Record`, one row per key."""
+
+    key: str = Field(primary_key=True, max_length=80)
+    namespace: str = Field(sa_type=sa.Text)
+    scope: str = Field(sa_type=sa.Text)
+    name: str = Field(sa_type=sa.Text)
+    ordinal: int
+    fingerprint: str = Field(max_length=80)
+    state: str = Field(max_length=16)
+    token: int = Field(sa_type=sa.BigInteger)
+    lease_until: float = Field(sa_type=sa.Double)
+    attempts: int
+    created_at: float = Field(sa_type=sa.Double)
+    updated_at: float = Field(sa_type=sa.Double)
+    expires_at: float | None = Field(default=None, sa_type=sa.Double, index=True)  # purge
+    result: str | None = Field(default=None, sa_type=sa.Text)
+    error: str | None = Field(default=None, sa_type=sa.Text)
+
+
+def _state_index(table_name: str) -> tuple[sa.Index]:
+    # (state, key), not (state): listing the IN_DOUBT records a page at a time, in key order,
+    # is then a range scan, where SQLite would otherwise walk the primary key through every row.
+    return (sa.Index(f"ix_{table_name}_state_key", "state", "key"),)
+
+
+class EffectRow(EffectFields, table=True):
+    """The default effects table, ``sagaguard_effects``."""
+
+    __tablename__ = DEFAULT_TABLE
+    __table_args__ = _state_index(DEFAULT_TABLE)
+
+
+_models: dict[str, type[EffectFields]] = {DEFAULT_TABLE: EffectRow}
+_models_lock = threading.Lock()
+
+
+def effect_model(table_name: str = DEFAULT_TABLE) -> type[EffectFields]:
+    """The SQLModel table class for the effects table named ``table_name`` (built once, cached).
+
+    Raises:
+        ConfigurationError: the name is not a plain identifier of at most 48 characters.
+    """
+    if not _TABLE_NAME.fullmatch(table_name):
+        raise ConfigurationError(
+            f"table name {table_name!r} must be a letter or _ then up to 47 letters, digits or _"
+        )
+    with _models_lock:
+        if table_name not in _models:
+            namespace = {"__tablename__": table_name, "__table_args__": _state_index(table_name)}
+            name, bases = f"EffectRow_{table_name}", (EffectFields,)
+            model = types.new_class(name, bases, {"table": True}, lambda ns: ns.update(namespace))
+            _models[table_name] = cast(type[EffectFields], model)
+        return _models[table_name]
+
+
+def _sqlite_on_connect(memory: bool) -> Callable[[Any, Any], None]:
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control from the sqlite3 module: BEGIN IMMEDIATE is ours to emit.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        try:
+            # busy_timeout first: switching to WAL needs a lock other connections may hold.
+            cursor.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            if not memory:
+                cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = FULL")
+        finally:
+            cursor.close()
+
+    return on_connect
+
+
+def _sqlite_on_begin(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str | sa.URL) -> sa.Engine:
+    """An engine configured the way :class:`SqlStore` needs it.
+
+    ``postgresql://`` and ``postgres://`` are rewritten to psycopg 3 (``postgresql+psycopg://``),
+    with a 5 s connect timeout. SQLite files get WAL, ``synchronous=FULL``, a 30 s busy timeout and
+    ``BEGIN IMMEDIATE`` for writes, on a thread-safe pool; ``sqlite://`` is a private in-memory
+    database on one shared connection. No pre-ping: it would cost a round trip on every call.
+
+    Raises:
+        ConfigurationError: the URL is malformed or names another database.
+    """
+    try:
+        parsed = sa.make_url(url)
+        backend = parsed.get_backend_name()
+        if backend in ("postgresql", "postgres"):
+            if parsed.drivername in ("postgresql", "postgres"):
+                parsed = parsed.set(drivername="postgresql+psycopg")
+            connect_args: dict[str, Any] = {"connect_timeout": _CONNECT_TIMEOUT_S}
+            return sa.create_engine(parsed, connect_args=connect_args, hide_parameters=True)
+        if backend != "sqlite":
+            raise ConfigurationError(f"SqlStore serves sqlite:// and postgresql://, not {backend}")
+        memory = parsed.database in (None, "", ":memory:")
+        engine = sa.create_engine(
+            parsed,
+            poolclass=StaticPool if memory else QueuePool,
+            connect_args={"check_same_thread": False, "timeout": _BUSY_TIMEOUT_MS / 1000},
+            hide_parameters=True,
+        )
+    except (sa_exc.ArgumentError, ImportError) as exc:  # malformed, or a driver not installed
+        raise ConfigurationError(f"cannot use store URL: {exc}") from exc
+    event.listen(engine, "connect", _sqlite_on_connect(memory))
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+class _Statement:
+    """SQL compiled once for the engine's driver (its paramstyle), to run on a raw DBAPI cursor.
+
+    A call through SQLAlchemy's ``Connection`` costs more than a commit on a fast disk, so the hot
+    path hands precompiled SQL and the bound values straight to the driver.
+    """
+
+    __slots__ = ("_order", "params", "sql")
+
+    def __init__(self, clause: sa.ClauseElement, dialect: sa.Dialect) -> None:
+        kwargs = {"render_postcompile": True}  # expand IN (...) lists into plain parameters
+        compiled = cast(SQLCompiler, clause.compile(dialect=dialect, compile_kwargs=kwargs))
+        self.sql = compiled.string
+        self.params = compiled.params  # the values bound in a Core clause
+        self._order = compiled.positiontup  # set for positional (qmark) drivers
+
+    def args(self, params: dict[str, Any]) -> Any:
+        """The values in the form the driver wants: by name, or in order."""
+        return params if self._order is None else tuple(params[k] for k in self._order)
+
+
+def _record(row: Sequence[Any]) -> Record:
+    """A row in ``_COLUMNS`` order (the order of Record's fields) as a Record."""
+    return Record(
+        row[0], row[1], row[2], row[3], int(row[4]), row[5], State(row[6]), int(row[7]),
+        float(row[8]), int(row[9]), float(row[10]), float(row[11]),
+        None if row[12] is None else float(row[12]), row[13], row[14],
+    )  # fmt: skip
+
+
+class SqlStore:
+    """An :class:`~idempotency.store.IdempotencyStore` on SQLite or PostgreSQL. Thread-safe.
+
+    On Postgres every primitive is one statement in autocommit (one round trip, no BEGIN/COMMIT);
+    on SQLite each write is one ``BEGIN IMMEDIATE`` transaction.
+
+    Args:
+        url_or_engine: a ``sqlite:///path.db``, ``sqlite://`` (private, in memory) or
+            ``postgresql://user@host/db`` URL, or an engine to use as it is (build one with
+            :func:`make_engine` to get the settings above; the store then does not dispose it).
+        clock: seconds since the epoch; inject one to test lease expiry without sleeping.
+            By default every time is the database's own, read inside the statement that uses it.
+        table_name: the effects table; several stores may share one database under other names.
+        create: create the table (and its indexes) when missing.
+
+    Raises:
+        ConfigurationError: bad URL or table name.
+        StoreUnavailable: ``create`` is set and the database cannot be reached.
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | sa.Engine,
+        *,
+        clock: Callable[[], float] | None = None,
+        table_name: str = DEFAULT_TABLE,
+        create: bool = True,
+    ) -> None:
+        model: Any = effect_model(table_name)
+        self._table: sa.Table = model.__table__
+        owned = isinstance(url_or_engine, str)
+        engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+        if (dialect := engine.dialect.name) not in _DB_NOW:
+            raise ConfigurationError(f"SqlStore serves SQLite and Postgres, not {dialect}")
+        self._engine = engine
+        self._owned = owned
+        self._clock = clock
+        self._postgres = engine.dialect.name == "postgresql"
+        dbapi = engine.dialect.loaded_dbapi  # PEP 249 says which of its errors are transient
+        self._dbapi_error: type[Exception] = dbapi.Error
+        self._transient = (
+            sa_exc.OperationalError,  # e.g. connecting failed (SQLAlchemy wraps that)
+            sa_exc.InterfaceError,
+            sa_exc.DisconnectionError,
+            sa_exc.TimeoutError,  # the pool had no connection to give in time
+            dbapi.OperationalError,  # e.g. server gone, SQLite "database is locked"
+            dbapi.InterfaceError,
+        )
+        # One shared connection (in-memory SQLite) must not interleave two threads' transactions.
+        self._lock: contextlib.AbstractContextManager[Any] = (
+            threading.RLock() if isinstance(engine.pool, StaticPool) else contextlib.nullcontext()
+        )
+        self._build_statements(engine.dialect.identifier_preparer.quote(table_name))
+        if create:
+            self.create_tables()
+
+    def _build_statements(self, table: str) -> None:
+        # Only identifiers are formatted in; every value is a bound parameter.
+        dialect = self._engine.dialect
+        now = _DB_NOW[dialect.name] if self._clock is None else "CAST(:now AS DOUBLE PRECISION)"
+        clock_row = f"(SELECT {now} AS now) AS c"
+        fresh = f"e.state IN {_FINISHED}"  # in DO UPDATE: replacing an expired finished record
+
+        def claimable(row: str, at: str, fingerprint: str) -> str:
+            return (
+                f"(({row}.state IN {_FINISHED} AND {row}.expires_at <= {at}) OR "
+                f"({row}.state IN {_LIVE} AND {row}.lease_until <= {at} "
+                f"AND {row}.fingerprint = {fingerprint}))"
+            )
+
+        def pick(column: str) -> str:
+            return f"{column} = CASE WHEN {fresh} THEN excluded.{column} ELSE e.{column} END"
+
+        def upsert(source: str, guard: str) -> str:
+            # The proposed row carries "now" (created_at) and "now + lease" (lease_until), so DO
+            # UPDATE reads the clock from `excluded`: one reading per statement. SQLite needs a
+            # WHERE to parse INSERT .. SELECT followed by ON CONFLICT.
+            return f"""
+            INSERT INTO {table} AS e (key, namespace, scope, name, ordinal, fingerprint, state,
+                                      token, lease_until, attempts, created_at, updated_at)
+            SELECT :key, :namespace, :scope, :name, :ordinal, :fingerprint, 'in_progress',
+                   1, c.now + CAST(:lease AS DOUBLE PRECISION), 1, c.now, c.now
+            FROM {source} WHERE {guard}
+            ON CONFLICT (key) DO UPDATE SET
+                {pick("namespace")}, {pick("scope")}, {pick("name")}, {pick("ordinal")},
+                {pick("fingerprint")}, {pick("created_at")},
+                state = CASE WHEN {fresh} THEN 'in_progress' ELSE 'in_doubt' END,
+                token = e.token + 1,
+                attempts = CASE WHEN {fresh} THEN 1 ELSE e.attempts + 1 END,
+                lease_until = excluded.lease_until,
+                updated_at = excluded.updated_at,
+                expires_at = CASE WHEN {fresh} THEN NULL ELSE e.expires_at END,
+                result = CASE WHEN {fresh} THEN NULL ELSE e.result END,
+                error = CASE WHEN {fresh} THEN NULL ELSE e.error END
+            WHERE {claimable("e", "excluded.created_at", "excluded.fingerprint")}
+            RETURNING true AS won, {_COLUMNS}"""
+
+        if self._postgres:
+            # The upsert runs only when this statement's snapshot shows no record that blocks
+            # it; otherwise that record is returned as it is. A replay therefore takes no row
+            # lock and writes nothing (an upsert whose DO UPDATE declines still locks the row,
+            # and the lock would make its commit wait for a WAL flush).
+            x_columns = ", ".join(f"x.{column}" for column in _COLUMNS.split(", "))
+            claim = f"""
+            WITH c AS (SELECT {now} AS now),
+            cur AS (SELECT {x_columns},
+                           COALESCE({claimable("x", "c.now", ":fingerprint")}, false) AS open
+                    FROM {table} AS x, c WHERE x.key = :key),
+            won AS ({upsert("c", "NOT EXISTS (SELECT 1 FROM cur WHERE NOT cur.open)")})
+            SELECT * FROM won
+            UNION ALL SELECT false, {_COLUMNS} FROM cur WHERE NOT cur.open"""
+        else:
+            claim = upsert(clock_row, "true")
+        fence = f"key = :key AND token = :token AND state IN {_LIVE}"
+
+        def update(assignments: str, returning: str = _COLUMNS) -> str:
+            return (
+                f"UPDATE {table} SET {assignments} FROM {clock_row} "
+                f"WHERE {fence} RETURNING {returning}"
+            )
+
+        purgeable = f"state IN {_FINISHED} AND expires_at <= {now}"
+        sql = {
+            "claim": claim,
+            "get": f"SELECT {_COLUMNS} FROM {table} WHERE key = :key",
+            "complete": update(
+                "state = 'succeeded', result = :result, error = NULL, "
+                "expires_at = c.now + CAST(:retention AS DOUBLE PRECISION), updated_at = c.now"
+            ),
+            "permanent": update(
+                "state = 'failed', error = :error, "
+                "expires_at = c.now + CAST(:retention AS DOUBLE PRECISION), updated_at = c.now"
+            ),
+            "ambiguous": update(
+                "state = 'in_doubt', error = :error, lease_until = 0, updated_at = c.now"
+            ),
+            "retryable": f"DELETE FROM {table} WHERE {fence} RETURNING key",
+            "heartbeat": update(
+                "lease_until = c.now + CAST(:lease AS DOUBLE PRECISION), updated_at = c.now",
+                returning="lease_until",
+            ),
+            # The condition is repeated outside the subquery: a row re-claimed in between
+            # (Postgres re-checks a row that changed under it) is then left alone.
+            "purge": f"DELETE FROM {table} WHERE key IN "
+            f"(SELECT key FROM {table} WHERE {purgeable} LIMIT :limit) AND {purgeable}",
+            "now": f"SELECT {_DB_NOW[dialect.name]}",
+        }
+        self._sql = {name: _Statement(sa.text(text), dialect) for name, text in sql.items()}
+        self._get = self._sql["get"]
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        """Re-raise driver errors as ours, with the driver's message (never SQLAlchemy's, which
+        may quote parameters)."""
+        try:
+            yield
+        except (sa_exc.SQLAlchemyError, self._dbapi_error) as exc:
+            orig = getattr(exc, "orig", None) or exc
+            text = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+            if isinstance(exc, self._transient) or getattr(exc, "connection_invalidated", False):
+                raise StoreUnavailable(f"SQL store unavailable: {text}") from exc
+            raise StoreError(f"SQL store error: {text}") from exc
+
+    @contextlib.contextmanager
+    def _cursor(self, *, write: bool = False) -> Iterator[Any]:
+        """A DBAPI cursor on a pooled connection; a write block is one transaction."""
+        with self._lock, self._translated():
+            fairy = self._engine.raw_connection()
+            conn: Any = fairy.driver_connection
+            cursor: Any = None
+            restore = False
+            try:
+                if self._postgres and not conn.autocommit:
+                    conn.autocommit = True  # each statement is its own transaction
+                    restore = True
+                cursor = conn.cursor()
+                if write and not self._postgres:
+                    cursor.execute("BEGIN IMMEDIATE")  # wait for the write lock up front
+                yield cursor
+                if not self._postgres:
+                    conn.commit()
+            except Exception as exc:
+                with contextlib.suppress(Exception):
+                    conn.rollback()
+                driver_error: Any = exc if isinstance(exc, self._dbapi_error) else None
+                if driver_error is not None and self._engine.dialect.is_disconnect(
+                    driver_error, conn, cursor
+                ):
+                    # As SQLAlchemy does on a disconnect: drop this connection and recycle all
+                    # older ones, so that one call pays for a server restart, not one per conn.
+                    self._engine.pool._invalidate(fairy, exc)
+                raise
+            finally:
+                if restore:
+                    with contextlib.suppress(Exception):
+                        conn.autocommit = False  # hand the connection back as we found it
+                fairy.close()
+
+    def _run(
+        self, cursor: Any, statement: _Statement, params: dict[str, Any], fetch: bool = True
+    ) -> list[Any]:
+        if self._clock is not None:
+            params["now"] = float(self._clock())
+        cursor.execute(statement.sql, statement.args(params))
+        # Fetch to the end: SQLite completes a RETURNING statement only then.
+        return list(cursor.fetchall()) if fetch else []
+
+    def _fenced(self, name: str, key: str, token: int, **params: Any) -> Any:
+        with self._cursor(write=True) as cursor:
+            rows = self._run(cursor, self._sql[name], {"key": key, "token": token, **params})
+        if not rows:
+            raise self._lost(key, token)
+        return rows[0]
+
+    def _lost(self, key: str, token: int) -> LostOwnership:
+        """The refusal of a fenced write, saying what the record looks like now (best effort)."""
+        with contextlib.suppress(StoreError):
+            rec = self.get(key)
+            if rec is None:
+                return LostOwnership(key, token, "record is gone")
+            if rec.token != token:
+                return LostOwnership(key, token, f"token is now {rec.token}")
+            return LostOwnership(key, token, f"record is already {rec.state}")
+        return LostOwnership(key, token)
+
+    # -- the contract ------------------------------------------------------------------------
+
+    def create_tables(self) -> None:
+        """Create the effects table and its indexes if they are missing. Safe to race.
+
+        Raises:
+            StoreUnavailable: the database cannot be reached.
+        """
+        for attempt in range(2):
+            try:
+                with self._lock, self._translated(), self._engine.begin() as conn:
+                    if self._postgres:  # two processes creating at once would collide
+                        lock = sa.text("SELECT pg_advisory_xact_lock(:id)")
+                        conn.execute(lock, {"id": _DDL_LOCK_ID})
+                    METADATA.create_all(conn, tables=[self._table])
+                return
+            except StoreUnavailable:
+                raise
+            except StoreError:  # lost a creation race on an engine without BEGIN IMMEDIATE
+                if attempt:
+                    raise
+
+    def now(self) -> float:
+        """The store's clock: the injected one, or the database's time (one query)."""
+        if self._clock is not None:
+            return float(self._clock())
+        with self._cursor() as cursor:
+            return float(self._run(cursor, self._sql["now"], {})[0][0])
+
+    def claim(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult:
+        """See :meth:`IdempotencyStore.claim`.
+
+        One upsert whose ``DO UPDATE`` fires only for a record that may be replaced (finished
+        and expired) or taken over (lease run out, same fingerprint). On SQLite, when it returns
+        nothing, the record in the way is read in the same write transaction. On Postgres the
+        statement itself returns that record; it returns nothing only when it lost a race with a
+        concurrent claim, and the record is then read at once.
+        """
+        params = {
+            "key": identity.key,
+            "namespace": identity.namespace,
+            "scope": identity.scope,
+            "name": identity.name,
+            "ordinal": identity.ordinal,
+            "fingerprint": fingerprint,
+            "lease": float(lease),
+        }
+        for _ in range(_CLAIM_ATTEMPTS):
+            with self._cursor(write=True) as cursor:
+                rows = self._run(cursor, self._sql["claim"], params)
+                if not rows:  # read the record in the way (SQLite: in the same transaction)
+                    found = self._run(cursor, self._get, {"key": identity.key})
+                    rows = [(False, *row) for row in found]
+            if rows:
+                won, *columns = rows[0]
+                rec = _record(columns)
+                if not won:
+                    return ClaimResult(ClaimOutcome.EXISTING, rec)
+                if rec.state is State.IN_PROGRESS:
+                    return ClaimResult(ClaimOutcome.CLAIMED, rec)
+                return ClaimResult(ClaimOutcome.TOOK_OVER, rec)
+            # That record was deleted before we could read it: claim again.
+        raise StoreError(f"claim of effect key {identity.key[:16]}... kept racing with deletes")
+
+    def get(self, key: str) -> Record | None:
+        """See :meth:`IdempotencyStore.get`."""
+        with self._cursor() as cursor:
+            rows = self._run(cursor, self._get, {"key": key})
+        return _record(rows[0]) if rows else None
+
+    def complete(self, key: str, token: int, result: str, retention: float) -> Record:
+        """See :meth:`IdempotencyStore.complete`. One fenced UPDATE."""
+        row = self._fenced("complete", key, token, result=result, retention=float(retention))
+        return _record(row)
+
+    def fail(
+        self, key: str, token: int, disposition: Disposition, error: str, retention: float
+    ) -> Record | None:
+        """See :meth:`IdempotencyStore.fail`. One fenced UPDATE, or DELETE when RETRYABLE."""
+        params: dict[str, Any] = {}
+        if disposition is not Disposition.RETRYABLE:
+            params["error"] = error
+        if disposition is Disposition.PERMANENT:
+            params["retention"] = float(retention)
+        row = self._fenced(Disposition(disposition).value, key, token, **params)
+        return None if disposition is Disposition.RETRYABLE else _record(row)
+
+    def heartbeat(self, key: str, token: int, lease: float) -> float:
+        """See :meth:`IdempotencyStore.heartbeat`. One fenced UPDATE."""
+        return float(self._fenced("heartbeat", key, token, lease=float(lease))[0])
+
+    def list(
+        self,
+        *,
+        states: Collection[State] | None = None,
+        namespace: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Record]:
+        """See :meth:`IdempotencyStore.list`. Ordered by key (the primary key's index)."""
+        t = self._table.c
+        query = sa.select(*(t[name] for name in _COLUMNS.split(", ")))
+        if states is not None:
+            query = query.where(t.state.in_([State(s).value for s in states]))
+        if namespace is not None:
+            query = query.where(t.namespace == namespace)
+        if after is not None:
+            query = query.where(t.key > after)
+        statement = _Statement(query.order_by(t.key).limit(max(0, limit)), self._engine.dialect)
+        with self._cursor() as cursor:
+            return [_record(row) for row in self._run(cursor, statement, dict(statement.params))]
+
+    def purge(self, *, limit: int = 1000) -> int:
+        """See :meth:`IdempotencyStore.purge`. One DELETE of at most ``limit`` rows."""
+        with self._cursor(write=True) as cursor:
+            self._run(cursor, self._sql["purge"], {"limit": max(0, limit)}, fetch=False)
+            return int(cursor.rowcount)
+
+    def close(self) -> None:
+        """Release the connections of an engine the store made (a given engine is left alone)."""
+        if self._owned:
+            self._engine.dispose()
+
+    def __repr__(self) -> str:
+        url = self._engine.url.render_as_string(hide_password=True)
+        return f"SqlStore({url!r}, table={self._table.name!r})"
