@@ -16,7 +16,13 @@ import json
 import typing
 from typing import Any, Generic, TypeVar
 
-from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
+from pydantic import (
+    PydanticInvalidForJsonSchema,
+    PydanticSchemaGenerationError,
+    PydanticUserError,
+    TypeAdapter,
+    ValidationError,
+)
 from pydantic_core import PydanticSerializationError
 
 from idempotency.errors import CodecError
@@ -24,6 +30,8 @@ from idempotency.errors import CodecError
 __all__ = ["Codec", "ErrorInfo", "decode_error", "encode_error"]
 
 T = TypeVar("T")
+
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True)
 
 
 class Codec(Generic[T]):
@@ -41,7 +49,16 @@ class Codec(Generic[T]):
             tp = type(None)
         try:
             self._adapter: TypeAdapter[T] = TypeAdapter(tp)
-        except (PydanticSchemaGenerationError, TypeError, NameError) as exc:
+            # Pydantic validates some types it cannot write as JSON (callables, ...); asking for the
+            # serialisation schema refuses those now rather than after the effect ran.
+            self._adapter.json_schema(mode="serialization")
+        except (
+            PydanticSchemaGenerationError,
+            PydanticInvalidForJsonSchema,
+            PydanticUserError,
+            TypeError,
+            NameError,
+        ) as exc:
             raise CodecError(
                 f"results of type {self._name} cannot be stored as JSON: {exc}. "
                 "Return a dataclass, a pydantic model or plain JSON types."
@@ -58,9 +75,21 @@ class Codec(Generic[T]):
         Raises:
             CodecError: the value does not fit the declared type or contains something unstorable.
         """
+        adapter = self._adapter
         try:
-            return self._adapter.dump_json(value).decode("utf-8")
-        except (PydanticSerializationError, ValueError, TypeError) as exc:
+            raw = adapter.dump_json(value, warnings="error")
+            try:
+                # What is stored must read back, or the record of an effect that happened is lost:
+                # check the round trip now, while the caller can still be told.
+                adapter.validate_json(raw)
+            except ValidationError:
+                if b"null" not in raw:
+                    raise
+                # JSON mode writes NaN and infinities as null; the slower path keeps them.
+                raw = _JSON.encode(adapter.dump_python(value, mode="json", warnings="error")).encode()
+                adapter.validate_json(raw)
+            return raw.decode("utf-8")
+        except (PydanticSerializationError, ValidationError, ValueError, TypeError) as exc:
             raise CodecError(f"cannot store a result as {self._name}: {exc}") from exc
 
     def decode(self, text: str) -> T:

@@ -76,6 +76,15 @@ def classify(
     return Disposition.AMBIGUOUS
 
 
+def _default_wait() -> tenacity.wait.wait_base:
+    """0.1 s doubling to 5 s, plus up to 1 s of jitter."""
+    try:
+        # tenacity >= 9.2 deprecates ``initial`` (a DeprecationWarning on every Retry()).
+        return tenacity.wait_exponential_jitter(multiplier=0.1, max=5.0)
+    except TypeError:  # older tenacity: no ``multiplier``
+        return tenacity.wait_exponential_jitter(initial=0.1, max=5.0)
+
+
 @dataclass(frozen=True, slots=True)
 class Retry:
     """How often and how fast a not-applied retryable error is retried inside one claim.
@@ -86,9 +95,7 @@ class Retry:
 
     stop: tenacity.stop.stop_base = field(default_factory=lambda: tenacity.stop_after_attempt(3))
     """When to give up (tenacity stop strategy)."""
-    wait: tenacity.wait.wait_base = field(
-        default_factory=lambda: tenacity.wait_exponential_jitter(initial=0.1, max=5.0)
-    )
+    wait: tenacity.wait.wait_base = field(default_factory=_default_wait)
     """How long to wait between attempts (tenacity wait strategy)."""
 
 

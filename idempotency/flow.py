@@ -38,7 +38,7 @@ from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from idempotency.telemetry import Outcome
 
-__all__ = ["Action", "EffectSpec", "Flow", "decide"]
+__all__ = ["Action", "EffectSpec", "Flow", "abandon", "decide"]
 
 T = TypeVar("T")
 
@@ -68,12 +68,16 @@ class Action(enum.Enum):
     """Someone else holds a live claim: wait, then claim again."""
 
 
-def decide(claim: ClaimResult, fingerprint: str) -> Action:
-    """The next action for a claim result. Pure."""
+def decide(claim: ClaimResult, fingerprint: str, name: str | None = None) -> Action:
+    """The next action for a claim result. Pure.
+
+    ``name`` is the calling effect's name: a record written by another effect under the same key
+    (one explicit key shared by two effects) is a conflict, never replayed as this effect's result.
+    """
     if claim.outcome is ClaimOutcome.CLAIMED:
         return Action.EXECUTE
     record = claim.record
-    if record.fingerprint != fingerprint:
+    if record.fingerprint != fingerprint or (name is not None and record.name != name):
         return Action.CONFLICT
     if claim.outcome is ClaimOutcome.TOOK_OVER:
         return Action.RESOLVE
@@ -189,6 +193,27 @@ class Ran:
 
 Op = Claim | Complete | Fail | Sleep | Execute | Reconcile
 
+_CANCELLED_NOTE = json.dumps(
+    {"type": "sagaguard.cancelled", "message": "the call was cancelled while claiming", "args": []}
+)
+
+
+def abandon(claim: ClaimResult) -> Fail | None:
+    """The write that gives back a claim its caller will not use (cancelled while claiming). Pure.
+
+    A fresh claim is deleted, since nothing ran; a taken-over record stays IN_DOUBT with its lease
+    released, since the earlier attempt may have happened. Without this the claim looks like a
+    crash once its lease runs out and an effect that never ran is reported in doubt. None when the
+    claim gave the caller nothing to own.
+    """
+    record = claim.record
+    if claim.outcome is ClaimOutcome.CLAIMED:
+        return Fail(record.token, Disposition.RETRYABLE, _CANCELLED_NOTE)
+    if claim.outcome is ClaimOutcome.TOOK_OVER:
+        return Fail(record.token, Disposition.AMBIGUOUS, record.error or _CRASH_NOTE)
+    return None
+
+
 _WAIT_FIRST = 0.01
 _WAIT_MAX = 0.5
 
@@ -220,7 +245,7 @@ class Flow(Generic[T]):
         delay = _WAIT_FIRST
         while True:
             claim: ClaimResult = yield Claim()
-            action = decide(claim, self.fingerprint)
+            action = decide(claim, self.fingerprint, self.identity.name)
             record = claim.record
             if action is Action.EXECUTE:
                 return (yield from self._execute(record))
@@ -278,7 +303,13 @@ class Flow(Generic[T]):
             request = ReconcileRequest(self.identity, self.identity.provider_key, self.arguments, record)
             resolution: Resolution[Any] = yield Reconcile(request)
             if isinstance(resolution, Applied):
-                text = spec.codec.encode(resolution.result)
+                try:
+                    text = spec.codec.encode(resolution.result)
+                except CodecError:
+                    # Still in doubt: release the lease so the next call resolves again at once.
+                    yield Fail(record.token, Disposition.AMBIGUOUS, record.error or _CRASH_NOTE)
+                    self.outcome = Outcome.IN_DOUBT
+                    raise
                 yield Complete(record.token, text)
                 self.outcome = Outcome.RECONCILED
                 return resolution.result  # type: ignore[no-any-return]

@@ -18,6 +18,7 @@ once for async code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -27,6 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
 import tenacity
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from idempotency.codec import Codec
@@ -52,6 +54,7 @@ from idempotency.flow import (
     Ran,
     Reconcile,
     Sleep,
+    abandon,
 )
 from idempotency.heartbeat import Heartbeater
 from idempotency.keys import EffectIdentity, current_scope, fingerprint
@@ -194,31 +197,34 @@ class Guard:
             policy = Policy(options.get("policy", Policy.AT_MOST_ONCE))
         except ValueError as exc:
             raise ConfigurationError(f"unknown policy {options.get('policy')!r}") from exc
-        lease = options.get("lease") or self.lease
-        retention = options.get("retention") or self.retention
-        wait = options.get("wait")
-        for label, value in (
-            ("permanent", options.get("permanent", ())),
-            ("retryable", options.get("retryable", ())),
-        ):
-            if not all(isinstance(t, type) and issubclass(t, BaseException) for t in value):
-                raise ConfigurationError(f"{label}= takes a tuple of exception types")
-        reconciler = options.get("reconciler")
-        if reconciler is not None and not callable(reconciler):
-            raise ConfigurationError("reconciler= must be callable")
+        lease = _seconds(options, "lease", self.lease, zero_ok=False)
+        retention = _seconds(options, "retention", self.retention, zero_ok=False)
+        wait = _seconds(options, "wait", self.wait, zero_ok=True)
+        for label in ("permanent", "retryable"):
+            value = options.get(label, ())
+            if not isinstance(value, tuple | list) or not all(
+                isinstance(t, type) and issubclass(t, BaseException) for t in value
+            ):
+                raise ConfigurationError(f"{label}= takes a tuple of exception types, got {value!r}")
+        for label in ("reconciler", "classify"):
+            if options.get(label) is not None and not callable(options[label]):
+                raise ConfigurationError(f"{label}= must be callable")
+        retry = options.get("retry")
+        if retry is not None and not isinstance(retry, Retry):
+            raise ConfigurationError(f"retry= takes a Retry, got {retry!r}")
         return EffectSpec(
             name=name,
             codec=_codec_for(result_type),
             policy=policy,
             provider_idempotent=bool(options.get("provider_idempotent", False)),
-            reconciler=reconciler,
+            reconciler=options.get("reconciler"),
             classifier=options.get("classify"),
             permanent=tuple(options.get("permanent", ())),
             retryable=tuple(options.get("retryable", ())),
-            retry=options.get("retry") or Retry(),
-            lease=float(lease),
-            retention=float(retention),
-            wait=float(self.wait if wait is None else wait),
+            retry=retry or Retry(),
+            lease=lease,
+            retention=retention,
+            wait=wait,
         )
 
     def _wrap(self, fn: Callable[P, Any], name: str | None, options: Mapping[str, Any]) -> Callable[P, Any]:
@@ -234,17 +240,16 @@ class Guard:
                 ) from exc
             result_type = hints.get("return", Any)
         spec = self._spec(effect_name, result_type, options)
+        if not inspect.iscoroutinefunction(fn):
+            _check_sync_reconciler(effect_name, options)
         signature = inspect.signature(fn)
         select = _fingerprint_selector(options.get("fingerprint"), signature)
         key_fn: Callable[..., str] | None = options.get("key")
 
+        bind = _binder(signature, effect_name)
+
         def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Flow[Any]:
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError as exc:
-                raise ConfigurationError(f"{effect_name}: {exc}") from exc
-            bound.apply_defaults()
-            arguments = bound.arguments
+            arguments = bind(args, kwargs)
             explicit = key_fn(**arguments) if key_fn is not None else None
             return self._flow(spec, arguments, select(arguments), explicit)
 
@@ -291,6 +296,8 @@ class Guard:
             KeyConflict, AlreadyInProgress, OutcomeUnknown, LostOwnership, StoreError: see
             :mod:`idempotency.errors`; and whatever ``fn`` raises for a not-applied failure.
         """
+        _check_run_options(options)
+        _check_sync_reconciler(name, options)
         spec = self._spec(name, result_type, options)
         args = dict(arguments or {})
         return cast(T, self._drive(self._flow(spec, args, args, key), fn))
@@ -306,6 +313,7 @@ class Guard:
         **options: Any,
     ) -> T:
         """The async twin of :meth:`run`."""
+        _check_run_options(options)
         spec = self._spec(name, result_type, options)
         args = dict(arguments or {})
         return cast(T, await self._drive_async(self._flow(spec, args, args, key), fn))
@@ -394,11 +402,25 @@ class Guard:
                         if inspect.isawaitable(answer):
                             answer = await _settle(answer)
                     elif self._offload:
-                        answer = await asyncio.to_thread(self._store_op, flow, op)
+                        answer = await self._store_op_in_thread(flow, op)
                     else:
                         answer = self._store_op(flow, op)
                 except BaseException as exc:
                     error = exc
+
+    async def _store_op_in_thread(self, flow: Flow[Any], op: Op) -> Any:
+        pending = asyncio.ensure_future(asyncio.to_thread(self._store_op, flow, op))
+        try:
+            return await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            # The thread runs on regardless. A claim it makes for this cancelled call is given
+            # back, or it would look like a crash and an effect that never ran would be in doubt.
+            if isinstance(op, Claim):
+                with contextlib.suppress(Exception):
+                    release = abandon(await pending)
+                    if release is not None:
+                        await asyncio.to_thread(self._store_op, flow, release)
+            raise
 
     def _execute(self, flow: Flow[Any], token: int, call: Callable[[], Any]) -> Ran:
         handle = self.heartbeater.register(flow.identity.key, token, flow.spec.lease)
@@ -488,33 +510,79 @@ async def _settle(pending: Awaitable[Any]) -> Any:
 class _Span:
     """The ``execute_tool {name}`` span and the outcome counter around one guarded call."""
 
-    __slots__ = ("_cm", "_flow", "_span")
+    __slots__ = ("_flow", "_span", "_token")
 
     def __init__(self, flow: Flow[Any]) -> None:
         self._flow = flow
 
     def __enter__(self) -> None:
+        # What ``tracer.start_as_current_span(..., record_exception=False,
+        # set_status_on_exception=False)`` does, without its two nested generator context managers
+        # (the proxy tracer's and the real one's), which cost more than the rest of the span on a
+        # hot path: start the span, make it current; __exit__ detaches it, then ends it.
         name = self._flow.spec.name
-        self._cm = tracer.start_as_current_span(
+        span = tracer.start_span(
             f"execute_tool {name}",
             kind=trace.SpanKind.INTERNAL,
             attributes=span_attributes(name),
             record_exception=False,
             set_status_on_exception=False,
         )
-        self._span = self._cm.__enter__()
+        self._token = otel_context.attach(trace.set_span_in_context(span))
+        self._span = span
 
     def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        outcome = self._flow.outcome.value
         span = self._span
-        if span.is_recording():
-            span.set_attribute("sagaguard.effect.outcome", outcome)
-            if tp is not None:
-                # The type only: messages may carry arguments, which stay off spans.
-                span.set_attribute("error.type", tp.__qualname__)
-                span.set_status(trace.Status(trace.StatusCode.ERROR))
-        effect_counter.add(1, {"sagaguard.effect.outcome": outcome, "gen_ai.tool.name": self._flow.spec.name})
-        self._cm.__exit__(tp, exc, tb)
+        try:
+            outcome = self._flow.outcome.value
+            if span.is_recording():
+                span.set_attribute("sagaguard.effect.outcome", outcome)
+                if tp is not None:
+                    # The type only: messages may carry arguments, which stay off spans.
+                    span.set_attribute("error.type", tp.__qualname__)
+                    span.set_status(trace.Status(trace.StatusCode.ERROR))
+            effect_counter.add(
+                1, {"sagaguard.effect.outcome": outcome, "gen_ai.tool.name": self._flow.spec.name}
+            )
+        finally:
+            otel_context.detach(self._token)
+            span.end()
+
+
+def _binder(
+    signature: inspect.Signature, effect_name: str
+) -> Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]]:
+    """``signature.bind(*args, **kwargs)`` + ``apply_defaults()``, as the arguments dict.
+
+    A call that passes every parameter of a plain signature (no ``/``, ``*``, ``*args`` or
+    ``**kwargs``), the common case, is mapped directly: the same dict, in the same parameter order,
+    that ``bind`` would build, without its general-purpose walk over the parameters.
+    """
+    params = signature.parameters.values()
+    names = (
+        tuple(p.name for p in params)
+        if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+        else None
+    )
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if names is not None and len(args) + len(kwargs) == len(names):
+            arguments = dict(zip(names, args, strict=False))
+            if not kwargs:
+                return arguments
+            rest = names[len(args) :]
+            if kwargs.keys() == set(rest):
+                for name in rest:
+                    arguments[name] = kwargs[name]
+                return arguments
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ConfigurationError(f"{effect_name}: {exc}") from exc
+        bound.apply_defaults()
+        return bound.arguments
+
+    return bind
 
 
 def _fingerprint_selector(
@@ -531,6 +599,54 @@ def _fingerprint_selector(
     if unknown:
         raise ConfigurationError(f"fingerprint= names unknown parameters: {unknown}")
     return lambda arguments: {n: arguments[n] for n in names}
+
+
+_RUN_OPTIONS = frozenset(
+    {
+        "policy",
+        "provider_idempotent",
+        "reconciler",
+        "classify",
+        "permanent",
+        "retryable",
+        "retry",
+        "lease",
+        "retention",
+        "wait",
+    }
+)
+"""The options of :meth:`Guard.effect` that :meth:`Guard.run` takes (its ``arguments`` are the
+fingerprint and its ``key`` the explicit key)."""
+
+
+def _check_run_options(options: Mapping[str, Any]) -> None:
+    # A typo (``polcy=``) must not silently fall back to the default policy.
+    unknown = sorted(set(options) - _RUN_OPTIONS)
+    if unknown:
+        raise ConfigurationError(f"unknown options {unknown}; run() takes {sorted(_RUN_OPTIONS)}")
+
+
+def _check_sync_reconciler(name: str, options: Mapping[str, Any]) -> None:
+    # A sync call cannot await it: the reconciler would never run and the effect stay in doubt.
+    if inspect.iscoroutinefunction(options.get("reconciler")):
+        raise ConfigurationError(f"{name}: an async reconciler needs an async effect (or arun)")
+
+
+def _seconds(options: Mapping[str, Any], label: str, default: float, *, zero_ok: bool) -> float:
+    """A per-effect duration, or the guard's default when it is not given (None)."""
+    value = options.get(label)
+    if value is None:
+        return float(default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value < 0
+        or (value == 0 and not zero_ok)
+    ):
+        raise ConfigurationError(
+            f"{label}= must be a number of seconds {'>= 0' if zero_ok else '> 0'}, got {value!r}"
+        )
+    return float(value)
 
 
 def _options(values: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ those parts: fixed length, no separator collisions, no personal data, far under 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
@@ -16,6 +17,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from idempotency.errors import CodecError, ConfigurationError, NoScope
@@ -25,6 +27,7 @@ __all__ = [
     "EffectIdentity",
     "Scope",
     "current_scope",
+    "derive_explicit_key",
     "derive_key",
     "fingerprint",
     "provider_key",
@@ -39,12 +42,24 @@ _MAX_PART = 4096
 
 def _encode_parts(*parts: str | int) -> bytes:
     """Length-prefix every part, so ("a:b", "c") and ("a", "b:c") encode differently."""
-    out = bytearray()
+    out: list[bytes] = []
+    append = out.append
     for part in parts:
-        raw = str(part).encode("utf-8")
-        out += len(raw).to_bytes(4, "big")
-        out += raw
-    return bytes(out)
+        try:
+            raw = (part if type(part) is str else str(part)).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # A lone surrogate (e.g. from json.loads('"\\ud800"')) has no UTF-8 form.
+            raise CodecError(f"a key part or argument is not valid unicode: {exc.reason}") from exc
+        append(len(raw).to_bytes(4, "big"))
+        append(raw)
+    return b"".join(out)
+
+
+# The constant leading parts of each hash input, encoded once (the encoding is a concatenation, so
+# head + rest is byte for byte the encoding of all the parts).
+_KEY_HEAD = _encode_parts("sagaguard.key", KEY_VERSION)
+_PROVIDER_HEAD = _encode_parts("sagaguard.provider", KEY_VERSION)
+_FINGERPRINT_HEAD = _encode_parts("sagaguard.fingerprint", KEY_VERSION)
 
 
 def derive_key(namespace: str, scope: str, name: str, ordinal: int) -> str:
@@ -55,12 +70,32 @@ def derive_key(namespace: str, scope: str, name: str, ordinal: int) -> str:
     """
     if not name:
         raise ConfigurationError("an effect needs a non-empty name")
+    if type(ordinal) is not int:
+        raise ConfigurationError(f"ordinal must be an int, got {type(ordinal).__name__}")
+    if not (type(namespace) is str and type(scope) is str and type(name) is str):
+        raise ConfigurationError("namespace, scope and name must be str")
     if ordinal < 0:
         raise ConfigurationError(f"ordinal must be >= 0, got {ordinal}")
     for label, part in (("namespace", namespace), ("scope", scope), ("name", name)):
         if len(part) > _MAX_PART:
             raise ConfigurationError(f"{label} is longer than {_MAX_PART} characters")
-    digest = hashlib.sha256(_encode_parts("sagaguard.key", KEY_VERSION, namespace, scope, name, ordinal))
+    digest = hashlib.sha256(_KEY_HEAD + _encode_parts(namespace, scope, name, ordinal))
+    return f"sg{KEY_VERSION}_{digest.hexdigest()}"
+
+
+def derive_explicit_key(namespace: str, key: str, name: str) -> str:
+    """The effect key for a caller-given key: the namespace and the effect's name enter the hash, so
+    one order id used as the key of ``pay.charge`` and of ``mail.receipt`` names two effects.
+
+    Raises:
+        ConfigurationError: ``key`` or ``name`` is empty or too long.
+    """
+    if not key or not name:
+        raise ConfigurationError("an explicit key and its effect name must not be empty")
+    for label, part in (("namespace", namespace), ("key", key), ("name", name)):
+        if len(part) > _MAX_PART:
+            raise ConfigurationError(f"{label} is longer than {_MAX_PART} characters")
+    digest = hashlib.sha256(_encode_parts("sagaguard.explicit", KEY_VERSION, namespace, key, name))
     return f"sg{KEY_VERSION}_{digest.hexdigest()}"
 
 
@@ -70,14 +105,44 @@ def provider_key(key: str) -> str:
     Derived from the effect key (not equal to it, so a leaked provider key reveals nothing of the
     store), stable across processes: a re-send after an in-doubt crash is absorbed by the provider.
     """
-    digest = hashlib.sha256(_encode_parts("sagaguard.provider", KEY_VERSION, key))
+    digest = hashlib.sha256(_PROVIDER_HEAD + _encode_parts(key))
     return f"sg{KEY_VERSION}p_{digest.hexdigest()[:48]}"
+
+
+_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+"""The canonical encoder, built once: what ``json.dumps`` with these options builds on every call."""
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+"""Exact types that :func:`to_jsonable_python` returns unchanged, so a flat mapping of them needs no
+conversion (subclasses such as enums and named ints still go through it)."""
+
+
+def _ordered(value: Any) -> Any:
+    """Replace every set (also inside dataclasses and models) by a list in canonical order.
+
+    A set iterates in an order that depends on PYTHONHASHSEED, so converted as is it would give the
+    same arguments another fingerprint in another process, and a resumed run a KeyConflict.
+    """
+    if isinstance(value, dict):
+        return {k: _ordered(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_ordered(v) for v in value]
+    if isinstance(value, set | frozenset):
+        items = [to_jsonable_python(_ordered(v)) for v in value]
+        return sorted(items, key=_JSON.encode)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _ordered(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, BaseModel):
+        return _ordered(value.model_dump())
+    return value
 
 
 def _canonical(value: Any) -> Any:
     """Convert to plain JSON types so that equal arguments encode to equal text."""
     try:
-        return to_jsonable_python(value)
+        return to_jsonable_python(_ordered(value))
+    except CodecError:
+        raise
     except Exception as exc:
         raise CodecError(f"cannot fingerprint an argument of type {type(value).__name__}: {exc}") from exc
 
@@ -91,17 +156,15 @@ def fingerprint(arguments: Mapping[str, Any]) -> str:
     Raises:
         CodecError: an argument cannot be converted to JSON.
     """
+    data = dict(arguments)
+    plain = _PLAIN
+    if not all(type(k) is str and type(v) in plain for k, v in data.items()):
+        data = _canonical(data)
     try:
-        text = json.dumps(
-            _canonical(dict(arguments)),
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
-        )
+        text = _JSON.encode(data)
     except (TypeError, ValueError) as exc:
         raise CodecError(f"cannot fingerprint arguments: {exc}") from exc
-    digest = hashlib.sha256(_encode_parts("sagaguard.fingerprint", KEY_VERSION, text))
+    digest = hashlib.sha256(_FINGERPRINT_HEAD + _encode_parts(text))
     return f"f{KEY_VERSION}_{digest.hexdigest()}"
 
 
@@ -129,7 +192,7 @@ class EffectIdentity:
         """An identity for a caller-given key. The namespace still enters the hash (tenants)."""
         if not key:
             raise ConfigurationError("an explicit key must not be empty")
-        return cls(namespace, key, name, 0, derive_key(namespace, key, "sagaguard.explicit", 0))
+        return cls(namespace, key, name, 0, derive_explicit_key(namespace, key, name))
 
     @property
     def provider_key(self) -> str:
