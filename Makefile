@@ -4,9 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs bench clean slow
+.PHONY: demo test lint typecheck docs bench clean slow ci
 
+# Create the virtualenv and install sagaguard with its dev extras, once (again when pyproject changes).
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "sagaguard needs Python 3.11+, $(PYTHON) is " + sys.version.split()[0] + " (try: make PYTHON=python3.11 ...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
@@ -15,6 +17,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/sagaguard demo
 
+# Postgres (127.0.0.1:5432) and Redis (127.0.0.1:6379) tests are skipped when absent, required when CI=true.
 test: $(STAMP)
 	$(PY) -m pytest -q
 
@@ -25,12 +28,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check idempotency saga connectors tests bench
 	$(VENV)/bin/mypy --strict idempotency saga connectors
 
+typecheck: lint
+
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/guard.py
+
+ci:
+	.ci/run
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,549 @@
+"""``sagaguard``: the operator's command line.
+
+::
+
+    sagaguard [--store URL] effects list [--state STATE ...] [--namespace NS] [--limit N] [--json]
+    sagaguard [--store URL] effects show KEY [--json]
+    sagaguard [--store URL] effects resolve KEY (--applied [--result JSON] | --not-applied) [--force]
+    sagaguard [--store URL] effects purge [--page N]
+    sagaguard demo [ARGS ...]
+
+The store is ``--store``, else ``$SAGAGUARD_STORE``, else ``sqlite:///sagaguard.db``. A KEY may be
+given in full or as any unique prefix (the table prints 16 characters).
+
+Exit status: 0 done; 1 the store refused or failed (no such record, lost ownership, store
+unreachable); 2 bad usage or configuration (unknown URL scheme, bad ``--result`` JSON). Expected
+errors are one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import unquote, urlsplit
+
+from idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
+from idempotency.records import Disposition, Record, State
+from idempotency.store import IdempotencyStore
+from idempotency.stores import DEFAULT_URL, open_store
+
+__all__ = ["main"]
+
+PROG = "sagaguard"
+ENV_STORE = "SAGAGUARD_STORE"
+"""Environment variable naming the store when ``--store`` is not given."""
+
+DAY = 86_400.0
+ORDER = (State.IN_DOUBT, State.IN_PROGRESS, State.FAILED, State.SUCCEEDED)
+"""The listing order: what needs an operator first."""
+_LIVE = (State.IN_DOUBT, State.IN_PROGRESS)
+_SHORT_KEY = 16
+_MIN_PREFIX = 8
+_PAGE = 500
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    """An expected failure of a command: printed as one line, exits with ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ----------------------------------------------------------------------------------- parsing
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    return _build()[0]
+
+
+def _build() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The parser and its ``effects`` sub-parser."""
+    # --store is accepted before the command and after it; SUPPRESS keeps the later one from
+    # overwriting the earlier one with a default.
+    store_option = argparse.ArgumentParser(add_help=False)
+    store_option.add_argument(
+        "--store",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help=f"the effect store (default: ${ENV_STORE}, else {DEFAULT_URL})",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Operate sagaguard's effect ledger: list, inspect, resolve and purge effects.",
+        parents=[store_option],
+        epilog="Exit status: 0 done, 1 the store refused or failed, 2 bad usage or configuration.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    effects = commands.add_parser("effects", help="list, show, resolve and purge effect records")
+    actions = effects.add_subparsers(dest="action", metavar="ACTION")
+
+    listing = actions.add_parser(
+        "list",
+        parents=[store_option],
+        help="list records, in-doubt first",
+        description="List records: in-doubt first, then in-progress, failed, succeeded. In-doubt and "
+        "in-progress records are listed oldest first; finished ones by key.",
+    )
+    listing.add_argument(
+        "--state",
+        dest="states",
+        action="extend",
+        nargs="+",
+        choices=[s.value for s in ORDER],
+        metavar="STATE",
+        help="only these states (in_doubt, in_progress, succeeded, failed); repeatable",
+    )
+    listing.add_argument("--namespace", metavar="NS", help="only this namespace (tenant)")
+    listing.add_argument(
+        "--limit", type=_positive_int, default=100, metavar="N", help="at most N records (default 100)"
+    )
+    listing.add_argument("--json", action="store_true", help="full records as a JSON array")
+
+    show = actions.add_parser("show", parents=[store_option], help="one record in full")
+    show.add_argument("key", metavar="KEY", help="the effect key or a unique prefix of it")
+    show.add_argument("--json", action="store_true", help="the record as a JSON object")
+
+    resolve = actions.add_parser(
+        "resolve",
+        parents=[store_option],
+        help="settle an in-doubt effect by hand",
+        description="Settle an IN_DOUBT record (or an IN_PROGRESS one whose lease ran out) after "
+        "checking the outside world. --applied records it as SUCCEEDED with --result, which every "
+        "later run replays; --not-applied removes it, so the next run executes the effect.",
+    )
+    resolve.add_argument("key", metavar="KEY", help="the effect key or a unique prefix of it")
+    verdict = resolve.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--applied", action="store_true", help="the effect happened")
+    verdict.add_argument("--not-applied", action="store_true", help="the effect did not happen")
+    resolve.add_argument(
+        "--result",
+        metavar="JSON",
+        help="with --applied: the effect's result as JSON, as its return type stores it (default: null)",
+    )
+    resolve.add_argument(
+        "--retention",
+        type=_positive_float,
+        default=7 * DAY,
+        metavar="SECONDS",
+        help="with --applied: how long the result is kept and replayed (default: 7 days)",
+    )
+    resolve.add_argument(
+        "--force", action="store_true", help="resolve even though a worker's lease is still live"
+    )
+
+    purge = actions.add_parser(
+        "purge",
+        parents=[store_option],
+        help="delete finished records past their retention, in pages",
+        description="Delete SUCCEEDED and FAILED records whose retention has passed, page by page. "
+        "IN_PROGRESS and IN_DOUBT records are never deleted.",
+    )
+    purge.add_argument(
+        "--page", type=_positive_int, default=1000, metavar="N", help="records per page (default 1000)"
+    )
+
+    commands.add_parser(
+        "demo",
+        add_help=False,
+        help="run the demo (arguments go to the demo; try: sagaguard demo --help)",
+    )
+    return parser, effects
+
+
+def _split_demo(argv: Sequence[str]) -> list[str] | None:
+    """The demo's own arguments when the command is ``demo``, else None.
+
+    The demo parses its arguments itself, so everything after ``demo`` is handed over untouched; a
+    ``--store`` given before ``demo`` is passed on as the demo's ``--store``.
+    """
+    store: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--store" and i + 1 < len(argv):
+            store = ["--store", argv[i + 1]]
+            i += 2
+        elif arg.startswith("--store="):
+            store = ["--store", arg.split("=", 1)[1]]
+            i += 1
+        elif arg == "demo":
+            rest = list(argv[i + 1 :])
+            has_store = any(a == "--store" or a.startswith("--store=") for a in rest)
+            return rest if has_store else [*store, *rest]
+        else:
+            return None
+    return None
+
+
+# ------------------------------------------------------------------------------------ output
+
+
+def _duration(seconds: float) -> str:
+    """A short human duration: ``42s``, ``3m05s``, ``2h10m``, ``4d03h``."""
+    s = int(max(seconds, 0.0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86_400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86_400}d{s % 86_400 // 3600:02d}h"
+
+
+def _lease_left(record: Record, now: float) -> str:
+    if record.state not in _LIVE or record.lease_until <= 0:
+        return "-"
+    if record.lease_live(now):
+        return _duration(record.lease_until - now)
+    return "expired"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def record_json(record: Record) -> dict[str, Any]:
+    """A record as plain JSON types (``result`` and ``error`` stay the JSON text the store holds)."""
+    data = dataclasses.asdict(record)
+    data["state"] = record.state.value
+    return data
+
+
+def _table(records: Sequence[Record], now: float, out: TextIO) -> None:
+    header = ("KEY", "NAME", "SCOPE", "ORD", "STATE", "TOKEN", "ATT", "AGE", "LEASE LEFT")
+    rows = [
+        (
+            record.key[:_SHORT_KEY],
+            _clip(record.name, 32),
+            _clip(record.scope, 28),
+            str(record.ordinal),
+            record.state.value,
+            str(record.token),
+            str(record.attempts),
+            _duration(now - record.created_at),
+            _lease_left(record, now),
+        )
+        for record in records
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), file=out
+        )
+
+
+def _pretty_json_text(text: str | None) -> str:
+    if text is None:
+        return "-"
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def _show(record: Record, now: float, out: TextIO) -> None:
+    fields: list[tuple[str, str]] = [
+        ("key", record.key),
+        ("namespace", record.namespace),
+        ("scope", record.scope),
+        ("name", record.name),
+        ("ordinal", str(record.ordinal)),
+        ("fingerprint", record.fingerprint),
+        ("state", record.state.value),
+        ("token", str(record.token)),
+        ("attempts", str(record.attempts)),
+        ("created", f"{_duration(now - record.created_at)} ago"),
+        ("updated", f"{_duration(now - record.updated_at)} ago"),
+        ("lease left", _lease_left(record, now)),
+        (
+            "expires",
+            "-"
+            if record.expires_at is None
+            else (f"in {_duration(record.expires_at - now)}" if record.expires_at > now else "expired"),
+        ),
+    ]
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        print(f"{name.ljust(width)}  {value}", file=out)
+    for name, text in (("result", record.result), ("error", record.error)):
+        if text is not None:
+            print(f"{name}:", file=out)
+            for line in _pretty_json_text(text).splitlines():
+                print(f"  {line}", file=out)
+    if record.state is State.IN_DOUBT or (record.state is State.IN_PROGRESS and not record.lease_live(now)):
+        print(
+            f"\nthis effect may or may not have happened: check the outside world, then run\n"
+            f"  {PROG} effects resolve {record.key[:_SHORT_KEY]} --applied --result JSON\n"
+            f"  {PROG} effects resolve {record.key[:_SHORT_KEY]} --not-applied",
+            file=out,
+        )
+
+
+# ---------------------------------------------------------------------------------- commands
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file a ``sqlite:///path`` URL names; None for in-memory SQLite or another scheme."""
+    parts = urlsplit(url)
+    if not parts.scheme.lower().startswith("sqlite"):
+        return None
+    path = unquote(parts.path)
+    if path.startswith("/"):
+        path = path[1:]  # sqlite:///rel.db -> rel.db, sqlite:////abs.db -> /abs.db
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    return Path(path)
+
+
+def _open(url: str) -> IdempotencyStore:
+    """Open the store, refusing to create a SQLite file that does not exist (a typo would list nothing)."""
+    file = _sqlite_file(url)
+    if file is not None and not file.exists():
+        raise CliError(f"no SQLite store at {file} (the file does not exist); check --store or ${ENV_STORE}")
+    try:
+        return open_store(url)
+    except ModuleNotFoundError as exc:
+        extra = {"redis": "redis", "psycopg": "postgres"}.get((exc.name or "").split(".")[0])
+        hint = f": pip install 'sagaguard[{extra}]'" if extra else ""
+        raise CliError(f"the store {url!r} needs the {exc.name!r} package{hint}", EXIT_USAGE) from exc
+
+
+def _find(store: IdempotencyStore, key: str) -> Record:
+    """The record under ``key``, or the one record whose key starts with it."""
+    record = store.get(key)
+    if record is not None:
+        return record
+    if len(key) >= _MIN_PREFIX:
+        # Keys sort lexicographically and every key that starts with ``key`` sorts after it.
+        found = [r for r in store.list(after=key, limit=2) if r.key.startswith(key)]
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise CliError(f"key prefix {key!r} is ambiguous: give more characters")
+    raise RecordNotFound(key)
+
+
+def _collect(
+    store: IdempotencyStore, states: Sequence[State], namespace: str | None, limit: int
+) -> list[Record]:
+    chosen: list[Record] = []
+    for state in ORDER:
+        if state not in states or len(chosen) >= limit:
+            continue
+        found: list[Record] = []
+        after: str | None = None
+        # Live records are few and the oldest matters most: read them all and sort by age.
+        # Finished ones can be millions: read only what the limit lets through, in key order.
+        want = None if state in _LIVE else limit - len(chosen)
+        while want is None or len(found) < want:
+            page = store.list(states=[state], namespace=namespace, limit=_PAGE, after=after)
+            found.extend(page)
+            if len(page) < _PAGE:
+                break
+            after = page[-1].key
+        if state in _LIVE:
+            found.sort(key=lambda r: (r.created_at, r.key))
+        chosen.extend(found[: limit - len(chosen)])
+    return chosen
+
+
+def cmd_list(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) -> int:
+    states = [State(s) for s in args.states] if args.states else list(ORDER)
+    records = _collect(store, states, args.namespace, args.limit)
+    if args.json:
+        json.dump([record_json(r) for r in records], out, indent=2, ensure_ascii=False)
+        print(file=out)
+        return EXIT_OK
+    if not records:
+        print("no effect records" + (" in these states" if args.states else ""), file=out)
+        return EXIT_OK
+    _table(records, store.now(), out)
+    if len(records) >= args.limit:
+        print(f"(first {args.limit}; raise --limit for more)", file=out)
+    return EXIT_OK
+
+
+def cmd_show(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) -> int:
+    record = _find(store, args.key)
+    if args.json:
+        json.dump(record_json(record), out, indent=2, ensure_ascii=False)
+        print(file=out)
+    else:
+        _show(record, store.now(), out)
+    return EXIT_OK
+
+
+def _result_text(text: str | None) -> str:
+    """Validate ``--result`` and return it as compact JSON."""
+    if text is None:
+        return "null"
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not valid JSON")
+
+    try:
+        value = json.loads(text, parse_constant=refuse)
+    except ValueError as exc:
+        raise CliError(f"--result is not valid JSON: {exc}", EXIT_USAGE) from None
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def cmd_resolve(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) -> int:
+    if args.result is not None and not args.applied:
+        raise CliError("--result goes with --applied", EXIT_USAGE)
+    result = _result_text(args.result) if args.applied else None
+    record = _find(store, args.key)
+    now = store.now()
+    short = record.key[:_SHORT_KEY]
+    if record.state not in _LIVE:
+        raise CliError(
+            f"effect {record.name!r} ({short}) is already {record.state.value}: nothing to resolve"
+        )
+    if record.lease_live(now) and not args.force:
+        holder = "is running it" if record.state is State.IN_PROGRESS else "is resolving it"
+        raise CliError(
+            f"effect {record.name!r} ({short}) is {record.state.value} and a worker {holder} "
+            f"(token {record.token}, lease {_duration(record.lease_until - now)} left); "
+            "wait for the lease to run out, or pass --force if that worker is gone"
+        )
+    try:
+        if result is not None:
+            store.complete(record.key, record.token, result, args.retention)
+            print(
+                f"resolved {record.name!r} ({short}) as applied: later runs replay the recorded result",
+                file=out,
+            )
+        else:
+            note = json.dumps(
+                {
+                    "type": "sagaguard.operator",
+                    "message": "resolved as not applied by an operator",
+                    "args": [],
+                }
+            )
+            store.fail(record.key, record.token, Disposition.RETRYABLE, note, args.retention)
+            print(
+                f"resolved {record.name!r} ({short}) as not applied: the record is removed and the "
+                "next run executes the effect",
+                file=out,
+            )
+    except LostOwnership as exc:
+        raise CliError(
+            f"effect {record.name!r} ({short}) changed while resolving (token {record.token} is stale): "
+            "another worker took it over; run `effects show` again"
+        ) from exc
+    return EXIT_OK
+
+
+def cmd_purge(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) -> int:
+    total = 0
+    pages = 0
+    while True:
+        deleted = store.purge(limit=args.page)
+        total += deleted
+        pages += 1
+        if deleted:
+            print(f"page {pages}: purged {deleted} (total {total})", file=out, flush=True)
+        if deleted < args.page:
+            break
+    print(f"purged {total} expired record{'' if total == 1 else 's'}", file=out)
+    return EXIT_OK
+
+
+_EFFECT_COMMANDS = {"list": cmd_list, "show": cmd_show, "resolve": cmd_resolve, "purge": cmd_purge}
+
+
+def _run_demo(args: list[str]) -> int:
+    # Imported lazily: only this command needs the demo (and whatever it imports).
+    try:
+        demo = importlib.import_module("idempotency.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name != "idempotency.demo":
+            raise
+        print(f"{PROG}: the demo is not part of this installation", file=sys.stderr)
+        return EXIT_FAILED
+    return int(demo.main(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status.
+
+    Args:
+        argv: the arguments without the program name (default: ``sys.argv[1:]``).
+    """
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    demo_args = _split_demo(args_list)
+    if demo_args is not None:
+        return _run_demo(demo_args)
+
+    parser, effects = _build()
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command != "effects" or args.action is None:
+        (parser if args.command is None else effects).print_help(sys.stderr)
+        return EXIT_USAGE
+
+    url = getattr(args, "store", None) or os.environ.get(ENV_STORE) or DEFAULT_URL
+    out = sys.stdout
+    store: IdempotencyStore | None = None
+    try:
+        store = _open(url)
+        return _EFFECT_COMMANDS[args.action](store, args, out)
+    except CliError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.code
+    except ConfigurationError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except IdempotencyError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, and keep Python from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
+    finally:
+        if store is not None:
+            with contextlib.suppress(IdempotencyError):
+                store.close()
