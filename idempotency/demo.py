@@ -214,8 +214,8 @@ def _record_line(store_url: str, order: str) -> str:
         return f"cannot read the record: {exc}"
     if record is None:
         return "no record"
-    took_over = " (the restart took over the dead run's claim)" if record.token > 1 else ""
-    return f"{record.state.value.upper()}, fencing token {record.token}{took_over}"
+    took_over = " (the restart took over the dead run's claim)" if record.attempts > 1 else ""
+    return f"{record.state.value.upper()}, {record.attempts} claim(s){took_over}"
 
 
 def main(argv: list[str] | None = None) -> int:

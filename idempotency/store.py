@@ -14,13 +14,32 @@ exception is chained as ``__cause__``.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Collection
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimResult, Disposition, Record, State
 
-__all__ = ["IdempotencyStore"]
+__all__ = ["FIRST_TOKEN_BITS", "IdempotencyStore", "first_token"]
+
+FIRST_TOKEN_BITS: Final = 48
+"""Random bits in the first token of a key's record: ``1 <= token <= 2**48``, far below ``2**53``, so
+take-overs can add one for ever and the token stays an exact double (Lua numbers, JSON)."""
+
+
+def first_token() -> int:
+    """The fencing token of a fresh claim of an absent key: ``secrets.randbits(48) + 1``.
+
+    A deleted record (a RETRYABLE failure, a purge, Redis's TTL, an operator's ``effects resolve
+    --not-applied``) leaves no trace of the tokens it had, so a counter that restarted at 1 would
+    hand the new holder the very token a zombie of the deleted generation may still hold, and the
+    zombie's writes would pass the fence. A random start makes such a reuse vanishingly unlikely
+    (about one chance in 2**48 per earlier generation a zombie survives from). Backends draw it
+    here, from :mod:`secrets`, and pass it in (a bound SQL parameter, a script argument), so every
+    backend gets the same range and the same randomness, not the database's or Lua's own.
+    """
+    return secrets.randbits(FIRST_TOKEN_BITS) + 1
 
 
 @runtime_checkable
@@ -34,8 +53,14 @@ class IdempotencyStore(Protocol):
     def claim(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult:
         """Atomically claim the record for ``identity.key``. One round trip where the backend allows.
 
-        - No record, or a SUCCEEDED/FAILED one past ``expires_at``: write a fresh IN_PROGRESS record
-          (token one above any token the key had, attempts 1, lease ``now + lease``) -> CLAIMED.
+        - No record: write a fresh IN_PROGRESS record (attempts 1, lease ``now + lease``) under a
+          random starting token, never 1 by design (:func:`first_token`, drawn in Python and passed
+          to the backend) -> CLAIMED. Why: a deleted record leaves no token to count on from, and a
+          restart at 1 would let a zombie of the deleted generation, still holding token 1, pass
+          the fence of the new holder's writes.
+        - A SUCCEEDED/FAILED record past ``expires_at``: replace it the same way, but under the token
+          one above any token the key had (the old record's + 1), so its zombies stay fenced too
+          -> CLAIMED.
         - IN_PROGRESS or IN_DOUBT whose lease ran out, *with the same fingerprint*: set IN_DOUBT,
           token + 1, attempts + 1, lease ``now + lease`` -> TOOK_OVER. The caller must resolve it.
         - Anything else (a live lease, a finished record, another fingerprint) -> EXISTING, unchanged.

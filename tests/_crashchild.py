@@ -17,8 +17,9 @@ The store runs on its server's own clock (``clock=None``): a child cannot share 
 clock, so leases are short and real, and a restarted child waits for the dead one's lease the way
 any duplicate does, by polling the record through the guard (``wait=``), not by sleeping blindly.
 
-Prints one JSON line and exits :data:`EXIT_OK` with the charge, or :data:`EXIT_UNKNOWN` with the
-in-doubt record's key and token; both say how long the guard ``waited`` for a live claim.
+Prints one JSON line and exits :data:`EXIT_OK` with the charge and the fencing ``token`` the effect
+body ran under (null when it did not run: a replay, a reconciled charge), or :data:`EXIT_UNKNOWN`
+with the in-doubt record's key and token; both say how long the guard ``waited`` for a live claim.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main(config: dict[str, Any]) -> int:
     )
     store = CrashingStore(inner)  # dies where $SAGAGUARD_CRASH_AT says, if it names a store point
     waited: list[float] = []
+    ran_under: list[int] = []
 
     def sleep(seconds: float) -> None:
         # The guard polls a live claim's record between these sleeps (a dead worker's lease).
@@ -66,6 +68,7 @@ def main(config: dict[str, Any]) -> int:
     )
     def charge(amount: int) -> Charge:
         effect = current_effect()
+        ran_under.append(effect.token)
         result = client.charge(
             order,
             amount,
@@ -91,7 +94,12 @@ def main(config: dict[str, Any]) -> int:
     finally:
         guard.close()
         store.close()
-    report = {"outcome": "ok", "charge": dataclasses.asdict(result), "waited": sum(waited)}
+    report = {
+        "outcome": "ok",
+        "charge": dataclasses.asdict(result),
+        "token": ran_under[-1] if ran_under else None,
+        "waited": sum(waited),
+    }
     print(json.dumps(report), flush=True)
     return EXIT_OK
 

@@ -19,6 +19,7 @@ import pytest
 
 from idempotency import Guard, OutcomeUnknown, cli, open_store, scope
 from idempotency.cli import main
+from idempotency.errors import LostOwnership
 from idempotency.keys import EffectIdentity, fingerprint
 from idempotency.records import Disposition, State
 from idempotency.store import IdempotencyStore
@@ -116,6 +117,25 @@ def test_list_table_puts_in_doubt_first(store: IdempotencyStore, capsys: pytest.
     assert lines[2].split()[0] == live[:16]
     assert "order-42" in out and "stripe.charge" in out
     assert lines[2].split()[-1].endswith("s")  # lease left on the live claim, e.g. "59s"
+
+
+def test_list_table_shows_wide_tokens_whole_and_aligned(
+    store: IdempotencyStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A fresh claim starts at a random token of up to 15 digits: printed in full, in its column.
+    make_ledger(store)
+    claim(store, "order-43")
+    tokens = {r.key[:16]: str(r.token) for r in store.list()}
+    assert max(len(t) for t in tokens.values()) > len("TOKEN")  # wide, with overwhelming odds
+    code, out, err = run(capsys, "effects", "list")
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    column = header.index("TOKEN")
+    assert len(rows) == len(tokens)
+    for row in rows:
+        assert row.split()[5] == tokens[row.split()[0]]
+        assert row[column:].split()[0] == tokens[row.split()[0]]  # starts under the header
+    assert header.index("ATT") > column + max(len(t) for t in tokens.values())
 
 
 def test_list_json_is_full_records(store: IdempotencyStore, capsys: pytest.CaptureFixture[str]) -> None:
@@ -261,6 +281,32 @@ def test_resolve_refuses_a_live_lease_unless_forced(
     assert record is not None and record.state is State.SUCCEEDED and record.result == "7"
 
 
+def test_resolve_not_applied_leaves_the_removed_holder_fenced(
+    store: IdempotencyStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--not-applied --force`` deletes a live claim; its worker, still running, must not then
+    write over the record that the next run claims afresh."""
+    key = claim(store, "order-52", lease=600.0)
+    zombie = store.get(key)
+    assert zombie is not None
+    code, _, err = run(capsys, "effects", "resolve", key, "--not-applied", "--force")
+    assert code == 0, err
+    assert store.get(key) is None
+
+    identity = EffectIdentity(zombie.namespace, zombie.scope, zombie.name, zombie.ordinal, key)
+    fresh = store.claim(identity, zombie.fingerprint, 60.0).record
+    assert fresh.token != zombie.token
+    with pytest.raises(LostOwnership):
+        store.complete(key, zombie.token, '"late"', DAY)
+    with pytest.raises(LostOwnership):
+        store.heartbeat(key, zombie.token, 60.0)
+    with pytest.raises(LostOwnership):
+        store.fail(key, zombie.token, Disposition.RETRYABLE, "{}", DAY)
+    after = store.get(key)
+    assert after is not None
+    assert (after.state, after.token, after.result) == (State.IN_PROGRESS, fresh.token, None)
+
+
 def test_resolve_in_progress_with_expired_lease(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     crashed = past_store(url, HOUR)
     key = claim(crashed, "order-51", lease=60.0)
@@ -311,6 +357,8 @@ def test_resolve_reports_lost_ownership(
 ) -> None:
     """Another worker takes the record over between the CLI's read and its write."""
     keys = make_ledger(store)
+    before = store.get(keys["in_doubt"])
+    assert before is not None
     real_open = cli._open
 
     def open_and_race(url: str) -> IdempotencyStore:
@@ -334,7 +382,7 @@ def test_resolve_reports_lost_ownership(
     assert "another worker took it over" in err
     assert "Traceback" not in err
     record = store.get(keys["in_doubt"])
-    assert record is not None and record.token == 2
+    assert record is not None and record.token == before.token + 1
 
 
 # ----------------------------------------------------------------------------------- purge
@@ -343,15 +391,20 @@ def test_resolve_reports_lost_ownership(
 def test_purge_loops_pages_until_done(
     url: str, store: IdempotencyStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    def token(on: IdempotencyStore, key: str) -> int:
+        record = on.get(key)
+        assert record is not None
+        return record.token
+
     old = past_store(url, 10 * DAY)
     for i in range(7):
         key = claim(old, f"old-{i}")
-        old.complete(key, 1, "null", DAY)
+        old.complete(key, token(old, key), "null", DAY)
     old.close()
     fresh = claim(store, "fresh")
-    store.complete(fresh, 1, "null", DAY)
+    store.complete(fresh, token(store, fresh), "null", DAY)
     in_doubt = claim(store, "doubt")
-    store.fail(in_doubt, 1, Disposition.AMBIGUOUS, "{}", DAY)
+    store.fail(in_doubt, token(store, in_doubt), Disposition.AMBIGUOUS, "{}", DAY)
 
     code, out, err = run(capsys, "effects", "purge", "--page", "3")
     assert code == 0, err

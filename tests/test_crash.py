@@ -193,10 +193,12 @@ def test_crash_before_the_claim_then_restart_charges_once(world: World) -> None:
     assert world.count() == 0
     assert world.store.get(world.identity.key) is None
 
-    charge = world.run("reconciler").charged()
+    run = world.run("reconciler")
+    charge = run.charged()
 
     assert world.count() == 1
-    assert (world.record().token, world.record().attempts) == (1, 1)
+    # A fresh claim, nothing taken over: recorded under the token the charge ran under.
+    assert (world.record().token, world.record().attempts) == (run.output["token"], 1)
     assert world.recorded_charge().charge_id == charge.charge_id
 
 
@@ -207,6 +209,7 @@ def test_crash_after_the_claim_before_the_effect_then_restart_charges_once(world
     world.run("reconciler", crash_at="after_claim", lease=lease).killed_at("after_claim")
     assert world.count() == 0
     assert world.record().state is State.IN_PROGRESS  # the claim was written before any call
+    dead = world.record().token
 
     # Started within the dead claim's lease, the replacement polls the record until the lease has
     # run out, takes the record over, asks the reconciler, hears "no such charge", then charges.
@@ -215,7 +218,7 @@ def test_crash_after_the_claim_before_the_effect_then_restart_charges_once(world
 
     assert 0 < run.output["waited"] < 2 * lease
     assert world.count() == 1
-    assert world.record().token == 2
+    assert world.record().token == run.output["token"] == dead + 1
     assert world.recorded_charge().charge_id == charge.charge_id
 
 
@@ -227,12 +230,13 @@ def test_crash_after_the_effect_reconciler_returns_the_charge_made(world: World,
     [first] = world.charges()
     assert first.provider_key == world.identity.provider_key
     assert world.record().state is State.IN_PROGRESS
+    dead = world.record().token
 
     charge = world.run("reconciler").charged()
 
     assert charge.charge_id == first.charge_id
     assert world.count() == 1
-    assert world.record().token == 2
+    assert world.record().token == dead + 1
     assert world.recorded_charge().charge_id == first.charge_id
 
 
@@ -255,6 +259,7 @@ def test_crash_after_the_effect_without_resolver_is_unknown_until_an_operator_re
     """(c) No reconciler, no provider dedup: at-most-once parks the record IN_DOUBT for a human."""
     world.run("none", crash_at="before_complete").killed_at("before_complete")
     assert world.count() == 1
+    dead = world.record().token
 
     for restart in (1, 2):  # however often it is restarted, it never charges again
         unknown = world.run("none").unknown()
@@ -262,7 +267,7 @@ def test_crash_after_the_effect_without_resolver_is_unknown_until_an_operator_re
         assert world.count() == 1, f"restart {restart} charged again"
         record = world.record()
         assert record.state is State.IN_DOUBT
-        assert record.token == unknown["token"] == 1 + restart
+        assert record.token == unknown["token"] == dead + restart
 
     # The operator looks the charge up at the provider and records it under the record's token.
     [found] = world.service.charges(provider_key=world.identity.provider_key)
@@ -279,12 +284,16 @@ def test_crash_after_the_record_then_restart_replays(world: World) -> None:
     assert world.count() == 1
     [first] = world.charges()
     assert world.recorded_charge().charge_id == first.charge_id
+    recorded = world.record()
 
-    charge = world.run("none").charged()
+    run = world.run("none")
+    charge = run.charged()
 
     assert charge.charge_id == first.charge_id
+    assert run.output["token"] is None  # the body did not run again
     assert world.count() == 1
-    assert world.record().token == 1  # a plain replay: nothing was taken over
+    # A plain replay: nothing was taken over.
+    assert (world.record().token, world.record().attempts) == (recorded.token, 1)
 
 
 # ------------------------------------------------------------------------------------ the sweep

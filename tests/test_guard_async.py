@@ -380,6 +380,9 @@ def test_async_in_doubt_resolution(
         assert holder.claim(ident, fp(customer="cus_1", amount=500), LEASE).outcome == ClaimOutcome.CLAIMED
         clock.advance(LEASE + 1)  # the holder died
     before = calls.n
+    entered = store.get(ident.key)
+    assert entered is not None
+    first = entered.token  # the token of the claim that left the doubt
 
     if expect == "unknown":
         with pytest.raises(OutcomeUnknown):
@@ -387,7 +390,7 @@ def test_async_in_doubt_resolution(
         assert calls.n == before
         rec = store.get(ident.key)
         assert rec is not None
-        assert (rec.state, rec.token) == (State.IN_DOUBT, 2)
+        assert (rec.state, rec.token) == (State.IN_DOUBT, first + 1)
         assert rec.lease_until <= clock.now
     else:
         got = run(in_scope("order-1", lambda: charge("cus_1", 500)))
@@ -399,14 +402,14 @@ def test_async_in_doubt_resolution(
             assert calls.n == before + 1
         rec = store.get(ident.key)
         assert rec is not None
-        assert (rec.state, rec.token) == (State.SUCCEEDED, 2)
+        assert (rec.state, rec.token) == (State.SUCCEEDED, first + 1)
         assert run(in_scope("order-1", lambda: charge("cus_1", 500))) == got
     assert set(calls.seen) <= {ident.provider_key}
     if make is not None:
         assert len(asked) == 1
         assert asked[0].provider_key == ident.provider_key
         assert dict(asked[0].arguments) == {"customer": "cus_1", "amount": 500}
-        assert asked[0].record.token == 2
+        assert asked[0].record.token == first + 1
 
 
 # ----------------------------------------------------------------------------- live duplicates
@@ -552,7 +555,7 @@ def test_async_cancelled_mid_take_over_leaves_it_in_doubt_and_released(
 ) -> None:
     calls = Calls()
     ident = identity("s", "pay.charge")
-    holder.claim(ident, fp(), LEASE)
+    t = holder.claim(ident, fp(), LEASE).record.token
     clock.advance(LEASE + 1)  # the holder died
 
     def effect(g: Guard) -> Any:
@@ -565,7 +568,7 @@ def test_async_cancelled_mid_take_over_leaves_it_in_doubt_and_released(
     cancel_mid_claim(store, effect, "s")
     rec = store.get(ident.key)
     assert rec is not None
-    assert (rec.state, rec.token) == (State.IN_DOUBT, 2)  # the dead holder's attempt may have happened
+    assert (rec.state, rec.token) == (State.IN_DOUBT, t + 1)  # the dead holder's attempt may have happened
     assert rec.lease_until <= clock.now  # released: the next call resolves at once
 
     @guard.effect("pay.charge", policy="at_least_once")
@@ -573,7 +576,7 @@ def test_async_cancelled_mid_take_over_leaves_it_in_doubt_and_released(
         return calls.hit()
 
     assert run(in_scope("s", charge)) == 1
-    assert store.get(ident.key).token == 3  # type: ignore[union-attr]
+    assert store.get(ident.key).token == t + 2  # type: ignore[union-attr]
 
 
 @BOTH_DRIVERS
@@ -653,7 +656,10 @@ def test_async_current_effect_and_heartbeat(
         return "done"
 
     assert run(in_scope("job", long_task)) == "done"
-    assert seen["ctx"] == (ident.key, ident.provider_key, 1, 1)
+    rec = store.get(ident.key)
+    assert rec is not None
+    assert rec.attempts == 1  # the call's own claim, nothing taken over
+    assert seen["ctx"] == (ident.key, ident.provider_key, rec.token, 1)
     assert seen["deadline"] == pytest.approx(seen["now"] + LEASE, abs=1e-3)
     assert seen["duplicate"] == ClaimOutcome.EXISTING
 
@@ -679,6 +685,7 @@ def test_async_zombie_gets_lost_ownership(
 ) -> None:
     guard_b = Guard(store_factory.open(), lease=LEASE, sleep=forbidden_sleep, async_sleep=sleeps.asleep)
     ident = identity("s", "pay.charge")
+    a_tokens: list[int] = []
 
     @guard_b.effect("pay.charge", policy="at_least_once")
     async def charge_b(amount: int) -> str:
@@ -686,18 +693,21 @@ def test_async_zombie_gets_lost_ownership(
 
     @guard.effect("pay.charge", policy="at_least_once")
     async def charge_a(amount: int) -> str:
+        a_tokens.append(current_effect().token)
         clock.advance(LEASE + 1)
         assert await in_scope("s", lambda: charge_b(amount)) == "B"
         return "A"
 
     try:
-        with pytest.raises(LostOwnership):
+        with pytest.raises(LostOwnership) as info:
             run(in_scope("s", lambda: charge_a(5)))
     finally:
         guard_b.close()
+    (a_token,) = a_tokens
+    assert info.value.token == a_token
     rec = store.get(ident.key)
     assert rec is not None
-    assert (rec.state, rec.token, rec.result) == (State.SUCCEEDED, 2, '"B"')
+    assert (rec.state, rec.token, rec.result) == (State.SUCCEEDED, a_token + 1, '"B"')
 
 
 # --------------------------------------------------------------------------- real concurrency

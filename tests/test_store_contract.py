@@ -10,8 +10,10 @@ import contextlib
 import dataclasses
 import json
 import random
+import secrets
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -19,12 +21,12 @@ from typing import Any
 
 import pytest
 from _procs import race_claims_in_processes
-from conftest import FakeClock, StoreFactory, closed_port
+from conftest import FakeClock, StoreFactory, closed_port, require_redis
 
 from idempotency.errors import LostOwnership, StoreError, StoreUnavailable
 from idempotency.keys import EffectIdentity, fingerprint
 from idempotency.records import ClaimOutcome, Disposition, Record, State
-from idempotency.store import IdempotencyStore
+from idempotency.store import FIRST_TOKEN_BITS, IdempotencyStore
 
 LEASE = 30.0
 RETENTION = 3600.0
@@ -51,6 +53,12 @@ def assert_same(actual: Record | None, expected: Record) -> None:
     """The record is unchanged (field by field, times to the millisecond)."""
     assert actual is not None, f"record {expected.key} vanished"
     assert dataclasses.asdict(actual) == pytest.approx(dataclasses.asdict(expected), abs=1e-3)
+
+
+def assert_first_token(token: int) -> None:
+    """A fresh claim's token: random in [1, 2**48] (store.first_token), an exact int."""
+    assert isinstance(token, int)
+    assert 1 <= token <= 2**FIRST_TOKEN_BITS, token
 
 
 def assert_lost(call: Callable[[], object], key: str, token: int) -> None:
@@ -120,7 +128,7 @@ def test_claim_absent_creates_in_progress(store: IdempotencyStore, clock: FakeCl
     )
     assert rec.fingerprint == FP
     assert rec.state is State.IN_PROGRESS
-    assert rec.token == 1
+    assert_first_token(rec.token)
     assert rec.attempts == 1
     assert rec.lease_until == at(clock.now + LEASE)
     assert rec.created_at == at(clock.now)
@@ -169,7 +177,8 @@ def test_distinct_identities_are_distinct_records(store: IdempotencyStore) -> No
     for identity in identities:
         got = store.claim(identity, FP, LEASE)
         assert got.outcome is CLAIMED
-        assert got.record.token == 1
+        assert_first_token(got.record.token)
+        assert got.record.attempts == 1
     for identity in identities:
         rec = store.get(identity.key)
         assert rec is not None
@@ -189,11 +198,11 @@ def test_complete_records_success(store: IdempotencyStore, clock: FakeClock) -> 
     claimed = store.claim(identity, FP, LEASE).record
     clock.advance(5)
 
-    done = store.complete(identity.key, 1, RESULT, RETENTION)
+    done = store.complete(identity.key, claimed.token, RESULT, RETENTION)
     assert done.state is State.SUCCEEDED
     assert done.result == RESULT
     assert done.error is None
-    assert done.token == 1
+    assert done.token == claimed.token
     assert done.attempts == 1
     assert done.fingerprint == FP
     assert done.expires_at == at(clock.now + RETENTION)
@@ -213,11 +222,11 @@ def test_complete_records_success(store: IdempotencyStore, clock: FakeClock) -> 
 
 def test_complete_after_complete_is_lost_ownership(store: IdempotencyStore) -> None:
     identity = ident()
-    store.claim(identity, FP, LEASE)
-    done = store.complete(identity.key, 1, RESULT, RETENTION)
-    assert_lost(lambda: store.complete(identity.key, 1, '"other"', RETENTION), identity.key, 1)
+    t = store.claim(identity, FP, LEASE).record.token
+    done = store.complete(identity.key, t, RESULT, RETENTION)
+    assert_lost(lambda: store.complete(identity.key, t, '"other"', RETENTION), identity.key, t)
     assert_same(store.get(identity.key), done)
-    assert_all_fenced(store, identity.key, 1)
+    assert_all_fenced(store, identity.key, t)
 
 
 def test_fenced_writes_on_absent_key_are_lost_ownership(store: IdempotencyStore) -> None:
@@ -231,10 +240,10 @@ def test_result_and_error_text_round_trip(store: IdempotencyStore) -> None:
     )
     error = json.dumps({"type": "E", "message": "ünïcödé 🚫 ' \" %s {}", "args": [1]})
     ok, bad = ident(0), ident(1)
-    store.claim(ok, FP, LEASE)
-    store.claim(bad, FP, LEASE)
-    assert store.complete(ok.key, 1, result, RETENTION).result == result
-    failed = store.fail(bad.key, 1, Disposition.PERMANENT, error, RETENTION)
+    ok_token = store.claim(ok, FP, LEASE).record.token
+    bad_token = store.claim(bad, FP, LEASE).record.token
+    assert store.complete(ok.key, ok_token, result, RETENTION).result == result
+    failed = store.fail(bad.key, bad_token, Disposition.PERMANENT, error, RETENTION)
     assert failed is not None
     assert failed.error == error
     ok_rec, bad_rec = store.get(ok.key), store.get(bad.key)
@@ -249,15 +258,15 @@ def test_result_and_error_text_round_trip(store: IdempotencyStore) -> None:
 
 def test_fail_permanent_records_failure(store: IdempotencyStore, clock: FakeClock) -> None:
     identity = ident()
-    store.claim(identity, FP, LEASE)
+    t = store.claim(identity, FP, LEASE).record.token
     clock.advance(2)
 
-    failed = store.fail(identity.key, 1, Disposition.PERMANENT, ERROR, RETENTION)
+    failed = store.fail(identity.key, t, Disposition.PERMANENT, ERROR, RETENTION)
     assert failed is not None
     assert failed.state is State.FAILED
     assert failed.error == ERROR
     assert failed.result is None
-    assert failed.token == 1
+    assert failed.token == t
     assert failed.expires_at == at(clock.now + RETENTION)
     assert failed.updated_at == at(clock.now)
     assert_same(store.get(identity.key), failed)
@@ -266,14 +275,14 @@ def test_fail_permanent_records_failure(store: IdempotencyStore, clock: FakeCloc
     replay = store.claim(identity, FP, LEASE)
     assert replay.outcome is EXISTING
     assert_same(replay.record, failed)
-    assert_all_fenced(store, identity.key, 1)
+    assert_all_fenced(store, identity.key, t)
 
 
 def test_fail_retryable_removes_the_record(store: IdempotencyStore, clock: FakeClock) -> None:
     identity = ident()
-    store.claim(identity, FP, LEASE)
+    t = store.claim(identity, FP, LEASE).record.token
 
-    assert store.fail(identity.key, 1, Disposition.RETRYABLE, ERROR, RETENTION) is None
+    assert store.fail(identity.key, t, Disposition.RETRYABLE, ERROR, RETENTION) is None
     assert store.get(identity.key) is None
     assert store.list() == []
 
@@ -281,6 +290,8 @@ def test_fail_retryable_removes_the_record(store: IdempotencyStore, clock: FakeC
     again = store.claim(identity, FP, LEASE)
     assert again.outcome is CLAIMED
     assert again.record.state is State.IN_PROGRESS
+    assert_first_token(again.record.token)
+    assert again.record.token != t  # the deleted record's holder stays fenced
     assert again.record.attempts == 1
     assert again.record.error is None
     assert again.record.lease_until == at(clock.now + LEASE)
@@ -289,13 +300,14 @@ def test_fail_retryable_removes_the_record(store: IdempotencyStore, clock: FakeC
 def test_fail_ambiguous_leaves_record_in_doubt(store: IdempotencyStore, clock: FakeClock) -> None:
     identity = ident()
     claimed = store.claim(identity, FP, LEASE).record
+    t = claimed.token
     clock.advance(3)
 
-    doubt = store.fail(identity.key, 1, Disposition.AMBIGUOUS, ERROR, RETENTION)
+    doubt = store.fail(identity.key, t, Disposition.AMBIGUOUS, ERROR, RETENTION)
     assert doubt is not None
     assert doubt.state is State.IN_DOUBT
     assert doubt.error == ERROR
-    assert doubt.token == 1
+    assert doubt.token == t
     assert doubt.lease_until == 0
     assert doubt.expires_at is None
     assert doubt.updated_at == at(clock.now)
@@ -307,11 +319,11 @@ def test_fail_ambiguous_leaves_record_in_doubt(store: IdempotencyStore, clock: F
     took = store.claim(identity, FP, LEASE)
     assert took.outcome is TOOK_OVER
     assert took.record.state is State.IN_DOUBT
-    assert took.record.token == 2
+    assert took.record.token == t + 1
     assert took.record.attempts == 2
     assert took.record.lease_until == at(clock.now + LEASE)
     assert_same(store.get(identity.key), took.record)
-    assert_all_fenced(store, identity.key, 1)
+    assert_all_fenced(store, identity.key, t)
 
 
 # ------------------------------------------------------------------------ lease and take-over
@@ -326,7 +338,7 @@ def test_expired_lease_is_taken_over_in_doubt(store: IdempotencyStore, clock: Fa
     assert took.outcome is TOOK_OVER
     rec = took.record
     assert rec.state is State.IN_DOUBT
-    assert rec.token == 2
+    assert rec.token == first.token + 1
     assert rec.attempts == 2
     assert rec.lease_until == at(clock.now + LEASE)
     assert rec.fingerprint == FP
@@ -345,7 +357,11 @@ def test_expired_lease_is_taken_over_in_doubt(store: IdempotencyStore, clock: Fa
     clock.advance(LEASE + 1)
     third = store.claim(identity, FP, LEASE)
     assert third.outcome is TOOK_OVER
-    assert (third.record.state, third.record.token, third.record.attempts) == (State.IN_DOUBT, 3, 3)
+    assert (third.record.state, third.record.token, third.record.attempts) == (
+        State.IN_DOUBT,
+        first.token + 2,
+        3,
+    )
 
 
 def test_expired_lease_with_other_fingerprint_is_existing(
@@ -362,24 +378,24 @@ def test_expired_lease_with_other_fingerprint_is_existing(
 
 def test_taken_over_record_resolves_to_success(store: IdempotencyStore, clock: FakeClock) -> None:
     identity = ident()
-    store.claim(identity, FP, LEASE)
+    t = store.claim(identity, FP, LEASE).record.token
     clock.advance(LEASE + 1)
-    store.claim(identity, FP, LEASE)
+    assert store.claim(identity, FP, LEASE).record.token == t + 1
 
-    done = store.complete(identity.key, 2, RESULT, RETENTION)
+    done = store.complete(identity.key, t + 1, RESULT, RETENTION)
     assert done.state is State.SUCCEEDED
     assert done.result == RESULT
-    assert done.token == 2
+    assert done.token == t + 1
     assert done.attempts == 2
     assert done.expires_at == at(clock.now + RETENTION)
 
 
 def test_taken_over_record_can_fail_retryable(store: IdempotencyStore, clock: FakeClock) -> None:
     identity = ident()
-    store.claim(identity, FP, LEASE)
+    t = store.claim(identity, FP, LEASE).record.token
     clock.advance(LEASE + 1)
-    store.claim(identity, FP, LEASE)
-    assert store.fail(identity.key, 2, Disposition.RETRYABLE, ERROR, RETENTION) is None
+    assert store.claim(identity, FP, LEASE).record.token == t + 1
+    assert store.fail(identity.key, t + 1, Disposition.RETRYABLE, ERROR, RETENTION) is None
     assert store.get(identity.key) is None
     assert store.claim(identity, FP, LEASE).outcome is CLAIMED
 
@@ -387,35 +403,35 @@ def test_taken_over_record_can_fail_retryable(store: IdempotencyStore, clock: Fa
 def test_heartbeat_extends_the_lease(store: IdempotencyStore, clock: FakeClock) -> None:
     identity = ident()
     t0 = clock.now
-    store.claim(identity, FP, LEASE)
+    t = store.claim(identity, FP, LEASE).record.token
     clock.advance(20)
 
-    deadline = store.heartbeat(identity.key, 1, LEASE)
+    deadline = store.heartbeat(identity.key, t, LEASE)
     assert deadline == at(t0 + 20 + LEASE)
     rec = store.get(identity.key)
     assert rec is not None
     assert rec.lease_until == at(deadline)
-    assert (rec.state, rec.token, rec.attempts) == (State.IN_PROGRESS, 1, 1)
+    assert (rec.state, rec.token, rec.attempts) == (State.IN_PROGRESS, t, 1)
 
     clock.set(t0 + LEASE + 10)  # past the first deadline, before the extended one
     assert store.claim(identity, FP, LEASE).outcome is EXISTING
     clock.set(deadline + 0.5)
     took = store.claim(identity, FP, LEASE)
     assert took.outcome is TOOK_OVER
-    assert took.record.token == 2
+    assert took.record.token == t + 1
 
 
 def test_heartbeat_by_the_taking_over_holder(store: IdempotencyStore, clock: FakeClock) -> None:
     identity = ident()
-    store.claim(identity, FP, LEASE)
+    t = store.claim(identity, FP, LEASE).record.token
     clock.advance(LEASE + 1)
-    store.claim(identity, FP, LEASE)
+    assert store.claim(identity, FP, LEASE).record.token == t + 1
     clock.advance(10)
-    deadline = store.heartbeat(identity.key, 2, LEASE * 2)
+    deadline = store.heartbeat(identity.key, t + 1, LEASE * 2)
     assert deadline == at(clock.now + LEASE * 2)
     rec = store.get(identity.key)
     assert rec is not None
-    assert (rec.state, rec.token, rec.lease_until) == (State.IN_DOUBT, 2, at(deadline))
+    assert (rec.state, rec.token, rec.lease_until) == (State.IN_DOUBT, t + 1, at(deadline))
 
 
 # ------------------------------------------------------------------------------ zombie fencing
@@ -426,21 +442,22 @@ def test_zombie_worker_is_fenced_after_take_over(
 ) -> None:
     worker_a, worker_b = store_factory.open(), store_factory.open()
     identity = ident()
-    assert worker_a.claim(identity, FP, LEASE).record.token == 1
+    t = worker_a.claim(identity, FP, LEASE).record.token
+    assert_first_token(t)
     clock.advance(LEASE + 1)
     took = worker_b.claim(identity, FP, LEASE)
     assert took.outcome is TOOK_OVER
-    assert took.record.token == 2
+    assert took.record.token == t + 1
 
     # A wakes up: every write it tries is refused and leaves B's record alone.
-    assert_all_fenced(worker_a, identity.key, 1)
+    assert_all_fenced(worker_a, identity.key, t)
     assert_same(worker_b.get(identity.key), took.record)
 
-    done = worker_b.complete(identity.key, 2, RESULT, RETENTION)
-    assert (done.state, done.result, done.token) == (State.SUCCEEDED, RESULT, 2)
+    done = worker_b.complete(identity.key, t + 1, RESULT, RETENTION)
+    assert (done.state, done.result, done.token) == (State.SUCCEEDED, RESULT, t + 1)
     assert_same(worker_a.get(identity.key), done)
-    assert_all_fenced(worker_a, identity.key, 1)
-    assert_all_fenced(worker_b, identity.key, 2)
+    assert_all_fenced(worker_a, identity.key, t)
+    assert_all_fenced(worker_b, identity.key, t + 1)
 
 
 def test_zombie_of_an_earlier_generation_stays_fenced(
@@ -448,15 +465,180 @@ def test_zombie_of_an_earlier_generation_stays_fenced(
 ) -> None:
     worker_a, worker_b = store_factory.open(), store_factory.open()
     identity = ident()
-    worker_a.claim(identity, FP, LEASE)
-    worker_a.complete(identity.key, 1, RESULT, 100)
+    t = worker_a.claim(identity, FP, LEASE).record.token
+    worker_a.complete(identity.key, t, RESULT, 100)
     clock.advance(101)
 
     fresh = worker_b.claim(identity, FP, LEASE)
     assert fresh.outcome is CLAIMED
-    assert fresh.record.token == 2
-    assert_all_fenced(worker_a, identity.key, 1)
+    assert fresh.record.token == t + 1
+    assert_all_fenced(worker_a, identity.key, t)
     assert_same(worker_b.get(identity.key), fresh.record)
+
+
+def test_zombie_of_a_deleted_generation_stays_fenced(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    # A RETRYABLE failure deletes the record and leaves no trace of its tokens: the next claim must
+    # still not hand out a token that a worker of the deleted generation may hold.
+    worker_a, worker_b, worker_c = store_factory.open(), store_factory.open(), store_factory.open()
+    identity = ident()
+    claimed = worker_a.claim(identity, FP, LEASE)
+    assert claimed.outcome is CLAIMED
+    token_a = claimed.record.token
+    clock.advance(LEASE + 1)  # A stalls (a GC pause, a partition) past its lease
+    took = worker_b.claim(identity, FP, LEASE)
+    assert (took.outcome, took.record.token) == (TOOK_OVER, token_a + 1)
+    token_b = took.record.token
+    assert worker_b.fail(identity.key, token_b, Disposition.RETRYABLE, ERROR, RETENTION) is None
+    assert worker_b.get(identity.key) is None
+
+    fresh = worker_c.claim(identity, FP, LEASE)
+    assert fresh.outcome is CLAIMED
+    # A wakes up: complete, every fail and heartbeat are refused and leave C's record alone.
+    assert_all_fenced(worker_a, identity.key, token_a)
+    assert_all_fenced(worker_b, identity.key, token_b)
+    assert_same(worker_c.get(identity.key), fresh.record)
+    assert fresh.record.token not in (token_a, token_b)
+    done = worker_c.complete(identity.key, fresh.record.token, RESULT, RETENTION)
+    assert (done.state, done.token) == (State.SUCCEEDED, fresh.record.token)
+    assert_all_fenced(worker_a, identity.key, token_a)
+
+
+def test_zombie_of_a_purged_generation_stays_fenced(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    worker_a, worker_b, worker_c = store_factory.open(), store_factory.open(), store_factory.open()
+    identity = ident()
+    token_a = worker_a.claim(identity, FP, LEASE).record.token
+    clock.advance(LEASE + 1)
+    token_b = worker_b.claim(identity, FP, LEASE).record.token
+    assert token_b == token_a + 1
+    worker_b.complete(identity.key, token_b, RESULT, 100)
+    clock.advance(101)  # retention passes and the record is purged: no trace of its tokens
+    assert worker_c.purge() == 1
+    assert worker_c.get(identity.key) is None
+
+    fresh = worker_c.claim(identity, OTHER_FP, LEASE)
+    assert fresh.outcome is CLAIMED
+    assert_all_fenced(worker_a, identity.key, token_a)
+    assert_all_fenced(worker_b, identity.key, token_b)
+    assert_same(worker_c.get(identity.key), fresh.record)
+    assert fresh.record.token not in (token_a, token_b)
+
+
+def test_tokens_are_never_reused_across_deletions(store: IdempotencyStore, clock: FakeClock) -> None:
+    # Generations of one key, each ended by a deletion (retryable failure or purge), some with a
+    # take-over: every token any of them held stays fenced against the live holder.
+    identity = ident()
+    held: list[int] = []
+    for generation in range(12):
+        got = store.claim(identity, FP, LEASE)
+        assert got.outcome is CLAIMED
+        token = got.record.token
+        held.append(token)
+        if generation % 3 == 1:  # a crash and a take-over within this generation
+            clock.advance(LEASE + 1)
+            took = store.claim(identity, FP, LEASE)
+            assert (took.outcome, took.record.token) == (TOOK_OVER, token + 1)
+            token = took.record.token
+            held.append(token)
+        if generation % 2:
+            store.complete(identity.key, token, RESULT, 10)
+            clock.advance(11)
+            assert store.purge() == 1
+        else:
+            assert store.fail(identity.key, token, Disposition.RETRYABLE, ERROR, RETENTION) is None
+        assert store.get(identity.key) is None
+    assert len(set(held)) == len(held), f"a token was reused: {held}"
+
+    live = store.claim(identity, FP, LEASE).record
+    assert live.token not in held
+    for token in held:
+        assert_all_fenced(store, identity.key, token)
+    assert_same(store.get(identity.key), live)
+
+
+def test_fresh_claims_start_at_a_random_token_exact_in_a_double(
+    store: IdempotencyStore, clock: FakeClock
+) -> None:
+    # Random, not 1: so a deleted generation's tokens are not handed out again. Below 2**53, so
+    # Lua (doubles) and JSON carry it exactly, also after a take-over adds one.
+    identities = [ident(i) for i in range(8)]
+    tokens = [store.claim(identity, FP, LEASE).record.token for identity in identities]
+    assert all(isinstance(t, int) and 1 <= t <= 2**48 for t in tokens), tokens
+    assert len(set(tokens)) == len(tokens), tokens
+    clock.advance(LEASE + 1)
+    for identity, token in zip(identities, tokens, strict=True):
+        took = store.claim(identity, FP, LEASE)
+        assert (took.outcome, took.record.token) == (TOOK_OVER, token + 1)
+        rec = store.get(identity.key)
+        assert rec is not None
+        assert rec.token == token + 1
+        done = store.complete(identity.key, token + 1, RESULT, RETENTION)
+        assert done.token == token + 1
+
+
+def test_fresh_claim_stores_the_drawn_token_exactly(
+    store: IdempotencyStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The top of the range, 2**48, has 15 digits: more than cjson (or Lua's tostring) prints, so a
+    # backend that let a token through as a Lua number in JSON would round it.
+    monkeypatch.setattr(secrets, "randbits", lambda bits: 2**bits - 1)
+    top = 2**FIRST_TOKEN_BITS
+    identity = ident()
+    got = store.claim(identity, FP, LEASE)
+    assert (got.outcome, got.record.token) == (CLAIMED, top)
+    assert_same(store.get(identity.key), got.record)
+    assert_all_fenced(store, identity.key, top - 1)  # the fence tells neighbours apart
+    assert_all_fenced(store, identity.key, top + 1)
+
+    clock.advance(LEASE + 1)
+    took = store.claim(identity, FP, LEASE)
+    assert (took.outcome, took.record.token) == (TOOK_OVER, top + 1)
+    assert_same(store.get(identity.key), took.record)
+    assert_all_fenced(store, identity.key, top)
+    assert store.heartbeat(identity.key, top + 1, LEASE) == at(clock.now + LEASE)
+    done = store.complete(identity.key, top + 1, RESULT, 10)
+    assert (done.state, done.token) == (State.SUCCEEDED, top + 1)
+
+    clock.advance(11)  # replacing the expired record counts on from it, whatever randbits says
+    again = store.claim(identity, FP, LEASE)
+    assert (again.outcome, again.record.token) == (CLAIMED, top + 2)
+
+
+def test_redis_ttl_eviction_does_not_restart_tokens(clock: FakeClock) -> None:
+    # Redis evicts a finished record by its TTL on its own, like purge: the key is simply gone.
+    import redis
+
+    from idempotency.stores.redis import RedisStore
+
+    url = require_redis()
+    prefix = f"sgtest-ttl-{uuid.uuid4().hex[:12]}"
+    store = RedisStore(url, clock=clock, prefix=prefix)
+    client = redis.Redis.from_url(url)
+    try:
+        identity = ident()
+        old = store.claim(identity, FP, LEASE).record.token
+        store.complete(identity.key, old, RESULT, 0.0)
+        name = f"{prefix}:{{{identity.key}}}"
+        assert client.pttl(name) > 0  # a finished record carries a TTL...
+        client.pexpire(name, 1)  # ...which we shorten rather than wait out
+        deadline = time.monotonic() + 10
+        while client.exists(name) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not client.exists(name), "redis did not evict the record"
+
+        fresh = store.claim(identity, FP, LEASE)
+        assert fresh.outcome is CLAIMED
+        assert_all_fenced(store, identity.key, old)
+        assert_same(store.get(identity.key), fresh.record)
+        assert fresh.record.token != old
+    finally:
+        store.close()
+        for key in client.scan_iter(match=f"*{prefix}*"):
+            client.delete(key)
+        client.close()
 
 
 def test_second_instance_sees_the_same_records(store_factory: StoreFactory) -> None:
@@ -465,7 +647,7 @@ def test_second_instance_sees_the_same_records(store_factory: StoreFactory) -> N
     claimed = writer.claim(identity, FP, LEASE).record
     assert_same(reader.get(identity.key), claimed)
     assert reader.claim(identity, FP, LEASE).outcome is EXISTING
-    done = writer.complete(identity.key, 1, RESULT, RETENTION)
+    done = writer.complete(identity.key, claimed.token, RESULT, RETENTION)
     assert_same(reader.get(identity.key), done)
     assert [r.key for r in reader.list()] == [identity.key]
 
@@ -478,12 +660,12 @@ def test_finished_record_past_retention_is_claimed_afresh(
     store: IdempotencyStore, clock: FakeClock, finish: str
 ) -> None:
     identity = ident()
-    store.claim(identity, FP, LEASE)
+    t = store.claim(identity, FP, LEASE).record.token
     retention = 100.0
     if finish == "complete":
-        store.complete(identity.key, 1, RESULT, retention)
+        store.complete(identity.key, t, RESULT, retention)
     else:
-        store.fail(identity.key, 1, Disposition.PERMANENT, ERROR, retention)
+        store.fail(identity.key, t, Disposition.PERMANENT, ERROR, retention)
     done = store.get(identity.key)
     assert done is not None
     assert done.state is (State.SUCCEEDED if finish == "complete" else State.FAILED)
@@ -496,7 +678,7 @@ def test_finished_record_past_retention_is_claimed_afresh(
     assert fresh.outcome is CLAIMED
     rec = fresh.record
     assert rec.state is State.IN_PROGRESS
-    assert rec.token == 2  # one above the old generation's, so its zombies stay fenced
+    assert rec.token == t + 1  # one above the old generation's, so its zombies stay fenced
     assert rec.attempts == 1
     assert rec.fingerprint == OTHER_FP
     assert rec.result is None
@@ -505,21 +687,21 @@ def test_finished_record_past_retention_is_claimed_afresh(
     assert rec.lease_until == at(clock.now + LEASE)
     assert rec.created_at == at(clock.now)
     assert_same(store.get(identity.key), rec)
-    assert_all_fenced(store, identity.key, 1)
+    assert_all_fenced(store, identity.key, t)
 
 
 def test_tokens_keep_growing_across_generations(store: IdempotencyStore, clock: FakeClock) -> None:
     identity = ident()
-    store.claim(identity, FP, LEASE)
+    t = store.claim(identity, FP, LEASE).record.token
     clock.advance(LEASE + 1)
-    assert store.claim(identity, FP, LEASE).record.token == 2
-    store.complete(identity.key, 2, RESULT, 10)
+    assert store.claim(identity, FP, LEASE).record.token == t + 1
+    store.complete(identity.key, t + 1, RESULT, 10)
     clock.advance(11)
     fresh = store.claim(identity, FP, LEASE)
-    assert (fresh.outcome, fresh.record.token) == (CLAIMED, 3)
-    store.fail(identity.key, 3, Disposition.PERMANENT, ERROR, 10)
+    assert (fresh.outcome, fresh.record.token) == (CLAIMED, t + 2)
+    store.fail(identity.key, t + 2, Disposition.PERMANENT, ERROR, 10)
     clock.advance(11)
-    assert store.claim(identity, FP, LEASE).record.token == 4
+    assert store.claim(identity, FP, LEASE).record.token == t + 3
 
 
 # -------------------------------------------------------------------------------------- purge
@@ -534,18 +716,18 @@ def test_purge_deletes_only_expired_finished_records_in_pages(
 
     for i in range(3):
         identity = ident(i, name="succeeded")
-        store.claim(identity, FP, LEASE)
-        store.complete(identity.key, 1, RESULT, 10)
+        t = store.claim(identity, FP, LEASE).record.token
+        store.complete(identity.key, t, RESULT, 10)
         expired.append(identity.key)
     for i in range(2):
         identity = ident(i, name="failed")
-        store.claim(identity, FP, LEASE)
-        store.fail(identity.key, 1, Disposition.PERMANENT, ERROR, 10)
+        t = store.claim(identity, FP, LEASE).record.token
+        store.fail(identity.key, t, Disposition.PERMANENT, ERROR, 10)
         expired.append(identity.key)
 
     long_lived = ident(name="long-retention")
-    store.claim(long_lived, FP, LEASE)
-    store.complete(long_lived.key, 1, RESULT, 100 * YEAR)
+    t = store.claim(long_lived, FP, LEASE).record.token
+    store.complete(long_lived.key, t, RESULT, 100 * YEAR)
     kept[long_lived.key] = State.SUCCEEDED
 
     running = ident(name="running")  # IN_PROGRESS, lease long gone by purge time
@@ -553,8 +735,8 @@ def test_purge_deletes_only_expired_finished_records_in_pages(
     kept[running.key] = State.IN_PROGRESS
 
     ambiguous = ident(name="ambiguous")  # IN_DOUBT with lease_until = 0
-    store.claim(ambiguous, FP, LEASE)
-    store.fail(ambiguous.key, 1, Disposition.AMBIGUOUS, ERROR, 10)
+    t = store.claim(ambiguous, FP, LEASE).record.token
+    store.fail(ambiguous.key, t, Disposition.AMBIGUOUS, ERROR, 10)
     kept[ambiguous.key] = State.IN_DOUBT
 
     crashed = ident(name="crashed")  # IN_DOUBT after a take-over
@@ -580,8 +762,8 @@ def test_purge_deletes_only_expired_finished_records_in_pages(
 def test_purge_keeps_records_before_expiry(store: IdempotencyStore, clock: FakeClock) -> None:
     identities = [ident(i) for i in range(3)]
     for identity in identities:
-        store.claim(identity, FP, LEASE)
-        store.complete(identity.key, 1, RESULT, 100)
+        t = store.claim(identity, FP, LEASE).record.token
+        store.complete(identity.key, t, RESULT, 100)
     clock.advance(50)
     assert store.purge() == 0
     assert all(store.get(i.key) is not None for i in identities)
@@ -601,13 +783,13 @@ def _populate(store: IdempotencyStore, clock: FakeClock) -> dict[str, tuple[str,
         namespace = "tenant-a" if i % 3 else "tenant-b"
         state = states[i % 4]
         identity = ident(i, namespace=namespace, name=f"effect-{i % 5}")
-        store.claim(identity, FP, LEASE)
+        t = store.claim(identity, FP, LEASE).record.token
         if state is State.SUCCEEDED:
-            store.complete(identity.key, 1, RESULT, RETENTION)
+            store.complete(identity.key, t, RESULT, RETENTION)
         elif state is State.FAILED:
-            store.fail(identity.key, 1, Disposition.PERMANENT, ERROR, RETENTION)
+            store.fail(identity.key, t, Disposition.PERMANENT, ERROR, RETENTION)
         elif state is State.IN_DOUBT:
-            store.fail(identity.key, 1, Disposition.AMBIGUOUS, ERROR, RETENTION)
+            store.fail(identity.key, t, Disposition.AMBIGUOUS, ERROR, RETENTION)
         made[identity.key] = (namespace, state)
     clock.advance(1)
     return made
@@ -640,8 +822,8 @@ def test_list_filters_by_state_and_namespace(store: IdempotencyStore, clock: Fak
 
 def test_list_returns_full_records(store: IdempotencyStore) -> None:
     identity = ident(7, scope="scope-ü", name="email.send")
-    store.claim(identity, FP, LEASE)
-    done = store.complete(identity.key, 1, RESULT, RETENTION)
+    t = store.claim(identity, FP, LEASE).record.token
+    done = store.complete(identity.key, t, RESULT, RETENTION)
     (listed,) = store.list()
     assert_same(listed, done)
 
@@ -702,18 +884,19 @@ def test_64_threads_race_one_claim(store: IdempotencyStore, clock: FakeClock) ->
     identity = ident()
     first = _race_threads(store, identity, 64)
     assert Counter(r.outcome for r in first) == {CLAIMED: 1, EXISTING: 63}
-    assert {r.record.token for r in first} == {1}
+    (t,) = {r.record.token for r in first}  # every thread saw the winner's record
+    assert_first_token(t)
     rec = store.get(identity.key)
     assert rec is not None
-    assert (rec.token, rec.attempts) == (1, 1)
+    assert (rec.token, rec.attempts) == (t, 1)
 
     clock.advance(LEASE + 1)  # the winner crashed: exactly one thread may take over
     second = _race_threads(store, identity, 64)
     assert Counter(r.outcome for r in second) == {TOOK_OVER: 1, EXISTING: 63}
-    assert {r.record.token for r in second} == {2}
+    assert {r.record.token for r in second} == {t + 1}
     rec = store.get(identity.key)
     assert rec is not None
-    assert (rec.state, rec.token, rec.attempts) == (State.IN_DOUBT, 2, 2)
+    assert (rec.state, rec.token, rec.attempts) == (State.IN_DOUBT, t + 1, 2)
 
 
 def test_threads_race_many_keys(store: IdempotencyStore) -> None:
@@ -763,13 +946,14 @@ def test_8_processes_race_one_claim(shared_store_factory: StoreFactory, clock: F
     )
 
     assert Counter(r["outcome"] for r in first) == {"claimed": 1, "existing": 7}, first
-    assert {r["token"] for r in first} == {1}
+    (t,) = {r["token"] for r in first}  # every process saw the winner's record
+    assert_first_token(t)
     # The claimer "crashed" (never completed); after its lease, exactly one process takes over.
     assert Counter(r["outcome"] for r in second) == {"took_over": 1, "existing": 7}, second
-    assert {r["token"] for r in second} == {2}
+    assert {r["token"] for r in second} == {t + 1}
     rec = store.get(identity.key)
     assert rec is not None
-    assert (rec.state, rec.token, rec.attempts) == (State.IN_DOUBT, 2, 2)
+    assert (rec.state, rec.token, rec.attempts) == (State.IN_DOUBT, t + 1, 2)
 
 
 # ---------------------------------------------------------------------------- unreachable store
@@ -848,13 +1032,13 @@ def test_server_clock_round_trip(server_clock_store: IdempotencyStore) -> None:
 def test_server_clock_in_doubt_take_over_and_heartbeat(server_clock_store: IdempotencyStore) -> None:
     store = server_clock_store
     identity = ident()
-    store.claim(identity, FP, LEASE)
-    doubt = store.fail(identity.key, 1, Disposition.AMBIGUOUS, ERROR, RETENTION)
+    t = store.claim(identity, FP, LEASE).record.token
+    doubt = store.fail(identity.key, t, Disposition.AMBIGUOUS, ERROR, RETENTION)
     assert doubt is not None
     assert doubt.lease_until == 0
     took = store.claim(identity, FP, LEASE)  # the released lease needs no waiting
-    assert (took.outcome, took.record.token) == (TOOK_OVER, 2)
-    deadline = store.heartbeat(identity.key, 2, LEASE)
+    assert (took.outcome, took.record.token) == (TOOK_OVER, t + 1)
+    deadline = store.heartbeat(identity.key, t + 1, LEASE)
     assert deadline - store.now() == pytest.approx(LEASE, abs=5)
     assert store.purge() == 0
     assert [r.key for r in store.list(states={State.IN_DOUBT})] == [identity.key]
@@ -866,9 +1050,10 @@ def test_server_clock_takes_over_a_lease_written_in_the_past(
     # The fake clock stands in 2023; on the server's clock that lease ran out long ago.
     past, present = shared_store_factory.open(), shared_store_factory.open(clock=None)
     identity = ident()
-    assert past.claim(identity, FP, LEASE).outcome is CLAIMED
+    claimed = past.claim(identity, FP, LEASE)
+    assert claimed.outcome is CLAIMED
     took = present.claim(identity, FP, LEASE)
     assert took.outcome is TOOK_OVER
-    assert took.record.token == 2
+    assert took.record.token == claimed.record.token + 1
     assert abs(took.record.lease_until - LEASE - time.time()) < 60
-    assert_all_fenced(past, identity.key, 1)
+    assert_all_fenced(past, identity.key, claimed.record.token)

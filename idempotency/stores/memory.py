@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection
 from idempotency.errors import LostOwnership
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from idempotency.store import first_token
 
 __all__ = ["MemoryStore"]
 
@@ -50,7 +51,9 @@ class MemoryStore:
                     ordinal=identity.ordinal,
                     fingerprint=fingerprint,
                     state=State.IN_PROGRESS,
-                    token=(old.token + 1) if old else 1,
+                    # A replaced record's zombies hold tokens up to old.token; a deleted one left
+                    # none to count on from, so a random start keeps its zombies fenced.
+                    token=(old.token + 1) if old else first_token(),
                     lease_until=now + lease,
                     attempts=1,
                     created_at=now,

@@ -40,6 +40,7 @@ from idempotency.errors import (
 )
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from idempotency.store import first_token
 
 __all__ = ["RedisStore"]
 
@@ -76,14 +77,17 @@ if not (st == 'in_progress' or st == 'in_doubt') or tonumber(tk) ~= tonumber(ARG
 end
 """
 
-# ARGV: now, lease, fingerprint, namespace, scope, name, ordinal.
+# ARGV: now, lease, fingerprint, namespace, scope, name, ordinal, first_token (random, from Python:
+# a new record starts there; a replaced or taken-over one counts on from its own token). Tokens stay
+# strings in the reply: cjson prints numbers with 14 digits, which would round a 15-digit token.
 _CLAIM = (
     _NOW
     + f"local r = {_HMGET_ALL}\n"
     + """
 local st = r[6]
 if not st or ((st == 'succeeded' or st == 'failed') and r[12] and tonumber(r[12]) <= now) then
-  local tok, n, lu = (tonumber(r[7]) or 0) + 1, f(now), f(now + tonumber(ARGV[2]))
+  local tok, n, lu = ARGV[8], f(now), f(now + tonumber(ARGV[2]))
+  if st and tonumber(r[7]) then tok = f(tonumber(r[7]) + 1) end
   -- DEL drops the old result, error, expires_at and TTL at once: a live record has no TTL.
   if st then redis.call('DEL', k) end
   redis.call('HSET', k, 'namespace', ARGV[4], 'scope', ARGV[5], 'name', ARGV[6],
@@ -94,7 +98,7 @@ if not st or ((st == 'succeeded' or st == 'failed') and r[12] and tonumber(r[12]
 end
 if (st == 'in_progress' or st == 'in_doubt') and tonumber(r[8]) <= now and r[5] == ARGV[3] then
   -- A live record never has a TTL (only finishing sets one), so no PERSIST is needed here.
-  r[6], r[7], r[8], r[9], r[11] = 'in_doubt', tonumber(r[7]) + 1, f(now + tonumber(ARGV[2])),
+  r[6], r[7], r[8], r[9], r[11] = 'in_doubt', f(tonumber(r[7]) + 1), f(now + tonumber(ARGV[2])),
     tonumber(r[9]) + 1, f(now)
   redis.call('HSET', k, 'state', r[6], 'token', r[7], 'lease_until', r[8], 'attempts', r[9],
     'updated_at', r[11])
@@ -284,7 +288,7 @@ class RedisStore:
         # The packed start of each script's EVALSHA (command, SHA, one key), built once.
         self._heads = {
             sc.sha: b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n$1\r\n1\r\n" % (4 + n, sc.sha.encode())
-            for sc, n in ((self._claim, 7), (self._complete, 5), (self._fail, 6), (self._heartbeat, 3))
+            for sc, n in ((self._claim, 8), (self._complete, 5), (self._fail, 6), (self._heartbeat, 3))
         }
         self._idle: list[tuple[_Connection, float]] = []
         self._pid = os.getpid()
@@ -381,11 +385,13 @@ class RedisStore:
         """See :meth:`IdempotencyStore.claim`: one script, one round trip.
 
         The script reads the whole hash, decides and writes in one atomic step, and answers with the
-        outcome and the record as it stands, whatever the outcome.
+        outcome and the record as it stands, whatever the outcome. A new record starts at the random
+        token of :func:`~idempotency.store.first_token`, passed as an argument.
         """
         reply = self._eval(
             self._claim, identity.key, self._now_arg(), float(lease), fingerprint,
             identity.namespace, identity.scope, identity.name, str(identity.ordinal),
+            str(first_token()),
         )  # fmt: skip
         return ClaimResult(_OUTCOMES[reply[0]], _record(identity.key, reply))
 

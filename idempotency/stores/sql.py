@@ -36,6 +36,7 @@ from sqlmodel import Field, SQLModel
 from idempotency.errors import ConfigurationError, LostOwnership, StoreError, StoreUnavailable
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from idempotency.store import first_token
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -297,12 +298,15 @@ class SqlStore:
         def upsert(source: str, guard: str) -> str:
             # The proposed row carries "now" (created_at) and "now + lease" (lease_until), so DO
             # UPDATE reads the clock from `excluded`: one reading per statement. SQLite needs a
-            # WHERE to parse INSERT .. SELECT followed by ON CONFLICT.
+            # WHERE to parse INSERT .. SELECT followed by ON CONFLICT. A new row starts at the
+            # random :first_token (a deleted record left no token to count on from); DO UPDATE
+            # (replacing an expired finished record, or taking over) counts on from the old one.
             return f"""
             INSERT INTO {table} AS e (key, namespace, scope, name, ordinal, fingerprint, state,
                                       token, lease_until, attempts, created_at, updated_at)
             SELECT :key, :namespace, :scope, :name, :ordinal, :fingerprint, 'in_progress',
-                   1, c.now + CAST(:lease AS DOUBLE PRECISION), 1, c.now, c.now
+                   CAST(:first_token AS BIGINT), c.now + CAST(:lease AS DOUBLE PRECISION), 1,
+                   c.now, c.now
             FROM {source} WHERE {guard}
             ON CONFLICT (key) DO UPDATE SET
                 {pick("namespace")}, {pick("scope")}, {pick("name")}, {pick("ordinal")},
@@ -481,7 +485,9 @@ class SqlStore:
         """See :meth:`IdempotencyStore.claim`.
 
         One upsert whose ``DO UPDATE`` fires only for a record that may be replaced (finished
-        and expired) or taken over (lease run out, same fingerprint). On SQLite, when it returns
+        and expired) or taken over (lease run out, same fingerprint); an inserted row gets the
+        random starting token of :func:`~idempotency.store.first_token`, bound as a parameter,
+        and ``DO UPDATE`` sets the old token + 1. On SQLite, when it returns
         nothing, the record in the way is read in the same write transaction. On Postgres the
         statement itself returns that record; it returns nothing only when it lost a race with a
         concurrent claim, and the record is then read at once.
@@ -494,6 +500,7 @@ class SqlStore:
             "ordinal": identity.ordinal,
             "fingerprint": fingerprint,
             "lease": float(lease),
+            "first_token": first_token(),  # used only if no row is in the way
         }
         for _ in range(_CLAIM_ATTEMPTS):
             with self._cursor(write=True) as cursor:
