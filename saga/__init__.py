@@ -1,13 +1,18 @@
 """Sagas on top of the idempotency guard (DESIGN.md section 5).
 
 Declare a saga with :class:`Saga`, run it with :class:`SagaRunner` over a :class:`SagaJournal`
-(:class:`MemoryJournal`, or ``from saga.journals.sql import SqlJournal`` for SQLite and Postgres).
-A crash anywhere resumes the saga; a failure undoes what was done in reverse order; what cannot be
-undone is parked as NEEDS_ATTENTION with its cause.
+(:class:`MemoryJournal`; ``from saga.journals.sql import SqlJournal`` for SQLite and Postgres;
+``from saga.journals.redis import RedisJournal``). A crash anywhere resumes the saga; a failure
+undoes what was done in reverse order; what cannot be undone is parked as NEEDS_ATTENTION with its
+cause. :func:`recover` (or a :class:`RecoveryWorker`) continues sagas whose runner is gone; a step
+can wait for a :func:`signal` with no process held; :func:`cancel` undoes a saga before its pivot;
+a :class:`SagaRegistry` lets old instances finish on the version that started them.
 """
 
+from saga.context import StepContext
+from saga.control import cancel, signal
 from saga.coordinator import SagaFlow, decide, decide_start, failure_state
-from saga.definition import FORWARD_RETRY, Saga, Step, StepContext
+from saga.definition import FORWARD_RETRY, Saga, Step
 from saga.errors import (
     DefinitionError,
     DefinitionMismatch,
@@ -15,65 +20,99 @@ from saga.errors import (
     JournalError,
     JournalUnavailable,
     LostSagaLease,
+    RecoveryExhausted,
     ResultUnavailable,
+    SagaCancelled,
     SagaConflict,
+    SagaDeadlineExceeded,
     SagaError,
     SagaInProgress,
+    SagaNotFound,
+    SagaSuspended,
+    SignalTimeout,
     SignatureError,
+    StepMismatch,
     StepOrderError,
+    StepTimeout,
+    UnknownSaga,
     UnstorableType,
 )
 from saga.journal import SagaJournal
 from saga.journals.memory import MemoryJournal
 from saga.records import (
+    CancelOutcome,
     Phase,
     SagaOutcome,
     SagaRecord,
     SagaSnapshot,
     SagaState,
+    SignalOutcome,
     StartOutcome,
     StartResult,
     StepKind,
     StepRecord,
     StepState,
 )
+from saga.recovery import RecoveryReport, RecoveryWorker, arecover, recover, run_worker
+from saga.registry import SagaRegistry
+from saga.renewer import LeaseRenewer
 from saga.runner import SagaRunner, compensation_key, step_scope
 
 __all__ = [
     "FORWARD_RETRY",
+    "CancelOutcome",
     "DefinitionError",
     "DefinitionMismatch",
     "DuplicateStep",
     "JournalError",
     "JournalUnavailable",
+    "LeaseRenewer",
     "LostSagaLease",
     "MemoryJournal",
     "Phase",
+    "RecoveryExhausted",
+    "RecoveryReport",
+    "RecoveryWorker",
     "ResultUnavailable",
     "Saga",
+    "SagaCancelled",
     "SagaConflict",
+    "SagaDeadlineExceeded",
     "SagaError",
     "SagaFlow",
     "SagaInProgress",
     "SagaJournal",
+    "SagaNotFound",
     "SagaOutcome",
     "SagaRecord",
+    "SagaRegistry",
     "SagaRunner",
     "SagaSnapshot",
     "SagaState",
+    "SagaSuspended",
+    "SignalOutcome",
+    "SignalTimeout",
     "SignatureError",
     "StartOutcome",
     "StartResult",
     "Step",
     "StepContext",
     "StepKind",
+    "StepMismatch",
     "StepOrderError",
     "StepRecord",
     "StepState",
+    "StepTimeout",
+    "UnknownSaga",
     "UnstorableType",
+    "arecover",
+    "cancel",
     "compensation_key",
     "decide",
     "decide_start",
     "failure_state",
+    "recover",
+    "run_worker",
+    "signal",
     "step_scope",
 ]

@@ -1,19 +1,14 @@
-"""The saga's decisions, written once, free of I/O.
+"""One saga run as a generator of I/O requests: :class:`SagaFlow` (decide once, drive twice).
 
-:func:`decide_start` maps a journal start to what the runner does (resume, replay, attach, refuse);
-:func:`decide` maps a saga's journal snapshot to its next move; :func:`failure_state` says where a
-failed step leaves the saga. All three are pure and table-tested. :class:`SagaFlow` strings them
-together as a generator that *yields* the I/O it needs (:class:`Begin`, :class:`Write`,
-:class:`Act`, :class:`Undo`, :class:`Sleep`) and receives the answers, so the sync and async drivers
-in :mod:`saga.runner` are each a short loop (decide once, drive twice).
+The flow strings the pure decisions of :mod:`saga.decisions` together and *yields* the I/O it needs
+(:class:`Begin`, :class:`Claim`, :class:`Write`, :class:`Act`, :class:`Undo`, :class:`Sleep`) and
+receives the answers, so the sync and async drivers in :mod:`saga.runner` are each a short loop.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Generator
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import tenacity
 
@@ -21,8 +16,37 @@ from idempotency.codec import decode_error, encode_error
 from idempotency.effect import Retry
 from idempotency.errors import CodecError
 from idempotency.records import Disposition
+from saga.decisions import (
+    Abandon,
+    Compensate,
+    Done,
+    Next,
+    RunStep,
+    SetState,
+    StartAction,
+    StartStep,
+    apply,
+    check,
+    decide,
+    decide_start,
+    failure_state,
+    needs_compensation,
+    pivot_started,
+    step_deadline,
+    wake_at,
+)
 from saga.definition import Saga, StepContext
-from saga.errors import DefinitionMismatch, SagaConflict, SagaInProgress
+from saga.errors import (
+    DefinitionMismatch,
+    RecoveryExhausted,
+    SagaConflict,
+    SagaInProgress,
+    SagaSuspended,
+    SignalTimeout,
+    StepTimeout,
+    UnknownSaga,
+)
+from saga.ops import Act, Begin, Claim, Op, Ran, Sleep, Undo, Write
 from saga.records import (
     LIVE_STATES,
     Phase,
@@ -31,16 +55,22 @@ from saga.records import (
     SagaState,
     StartOutcome,
     StartResult,
-    StepKind,
     StepRecord,
     StepState,
 )
 
+if TYPE_CHECKING:
+    from saga.registry import SagaRegistry
+
 __all__ = [
+    "Abandon",
     "Act",
     "Begin",
+    "Claim",
+    "Compensate",
     "Done",
     "Next",
+    "Ran",
     "RunStep",
     "SagaFlow",
     "SetState",
@@ -48,209 +78,18 @@ __all__ = [
     "StartAction",
     "StartStep",
     "Undo",
-    "Compensate",
     "Write",
     "apply",
     "decide",
     "decide_start",
     "failure_state",
+    "needs_compensation",
 ]
 
 
-# -- pure decisions ---------------------------------------------------------------------------
-
-
-class StartAction(enum.Enum):
-    """What the runner does with the result of a journal start."""
-
-    RESUME = "resume"
-    """We own the saga (new or taken over): drive it from where the journal stands."""
-    REPLAY = "replay"
-    """It is finished or parked: return its recorded outcome."""
-    ATTACH = "attach"
-    """Another runner holds a live lease: wait, then start again."""
-    CONFLICT = "conflict"
-    """Same id, other input."""
-    MISMATCH = "mismatch"
-    """Same id, another saga name or version."""
-
-
-def decide_start(started: StartResult, *, name: str, version: int, fingerprint: str) -> StartAction:
-    """The next action for a journal start. Pure."""
-    if started.outcome is not StartOutcome.EXISTING:
-        return StartAction.RESUME
-    saga = started.snapshot.saga
-    if (saga.name, saga.version) != (name, version):
-        return StartAction.MISMATCH
-    if saga.fingerprint != fingerprint:
-        return StartAction.CONFLICT
-    if saga.state in LIVE_STATES:
-        return StartAction.ATTACH
-    return StartAction.REPLAY
-
-
-@dataclass(frozen=True, slots=True)
-class StartStep:
-    """Write step ``index`` STARTED with its compensation registered (no action runs yet)."""
-
-    index: int
-
-
-@dataclass(frozen=True, slots=True)
-class RunStep:
-    """Step ``index`` is STARTED: run its action (again, after a crash: its effects replay)."""
-
-    index: int
-
-
-@dataclass(frozen=True, slots=True)
-class Compensate:
-    """Run the compensation of step ``index``."""
-
-    index: int
-
-
-@dataclass(frozen=True, slots=True)
-class SetState:
-    """Move the saga to ``state`` (nothing else is left to do in the current one)."""
-
-    state: SagaState
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    """The saga is no longer live: report its outcome."""
-
-
-Next = StartStep | RunStep | Compensate | SetState | Done
-
-
-def failure_state(kind: StepKind, not_applied: bool) -> SagaState:
-    """Where a step that failed for good leaves the saga. Pure.
-
-    - compensatable: COMPENSATING (its own compensation runs unless ``not_applied``);
-    - pivot: COMPENSATING when it did not apply, else NEEDS_ATTENTION: it may have happened, and
-      undoing the steps before it would be wrong if it did;
-    - retriable: NEEDS_ATTENTION: after the pivot the saga only goes forward.
-    """
-    if kind is StepKind.COMPENSATABLE or (kind is StepKind.PIVOT and not_applied):
-        return SagaState.COMPENSATING
-    return SagaState.NEEDS_ATTENTION
-
-
-def needs_compensation(row: StepRecord) -> bool:
-    """Whether a step row still has a registered compensation to run. Pure."""
-    if row.compensation is None or row.kind is not StepKind.COMPENSATABLE:
-        return False
-    if row.state is StepState.FAILED:
-        return not row.not_applied
-    return row.state in (StepState.SUCCEEDED, StepState.STARTED)
-
-
-def _check(saga: Saga[Any], snapshot: SagaSnapshot) -> None:
-    record = snapshot.saga
-    if (record.name, record.version) != (saga.name, saga.version):
-        raise DefinitionMismatch(
-            record.saga_id,
-            f"journal has {record.name!r} v{record.version}, definition is {saga.name!r} v{saga.version}",
-        )
-    for row in snapshot.steps:
-        if row.index >= len(saga.steps) or saga.steps[row.index].name != row.name:
-            raise DefinitionMismatch(record.saga_id, f"journal step {row.index} is {row.name!r}")
-        step = saga.steps[row.index]
-        if row.compensation is not None and step.compensation_fn is None:
-            raise DefinitionMismatch(
-                record.saga_id, f"step {row.name!r} registered a compensation the definition lacks"
-            )
-
-
-def decide(saga: Saga[Any], snapshot: SagaSnapshot) -> Next:
-    """The saga's next move, given its journal. Pure.
-
-    Raises:
-        DefinitionMismatch: the journal's name, version or steps do not match ``saga``.
-    """
-    _check(saga, snapshot)
-    state = snapshot.saga.state
-    if state not in LIVE_STATES:
-        return Done()
-    if state is SagaState.RUNNING:
-        for step in saga.steps:
-            row = snapshot.step(step.index)
-            if row is None:
-                return StartStep(step.index)
-            if row.state is StepState.STARTED:
-                return RunStep(step.index)
-            if row.state is not StepState.SUCCEEDED:
-                # Only a hand-edited journal gets here: failures change the saga state atomically.
-                return SetState(failure_state(row.kind, row.not_applied))
-        return SetState(SagaState.COMPLETED)
-    for row in reversed(snapshot.steps):
-        if needs_compensation(row):
-            return Compensate(row.index)
-    undone = any(row.state is StepState.COMPENSATED for row in snapshot.steps)
-    return SetState(SagaState.COMPENSATED if undone else SagaState.FAILED)
-
-
-def apply(snapshot: SagaSnapshot, phase: Phase) -> SagaSnapshot:
-    """The snapshot after ``phase`` is committed (journal timestamps aside). Pure."""
-    rows = {row.index: row for row in snapshot.steps}
-    for row in phase.steps:
-        rows[row.index] = row
-    saga = snapshot.saga
-    if phase.state is not None:
-        saga = saga.evolve(state=phase.state, error=phase.error)
-    return SagaSnapshot(saga, tuple(rows[i] for i in sorted(rows)))
-
-
-# -- the I/O a flow asks its driver for ---------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Begin:
-    """Start (create or take over) the saga in the journal. Answer: :class:`StartResult`."""
-
-
-@dataclass(frozen=True, slots=True)
-class Write:
-    """Commit ``phase`` under ``token``. Answer: the saga row after the commit."""
-
-    token: int
-    phase: Phase
-
-
-@dataclass(frozen=True, slots=True)
-class Act:
-    """Run the action of step ``index`` in its scope. Answer: :class:`Ran`."""
-
-    context: StepContext
-
-
-@dataclass(frozen=True, slots=True)
-class Undo:
-    """Run the compensation of step ``context.index`` through the guard. Answer: :class:`Ran`."""
-
-    context: StepContext
-    result: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Sleep:
-    """Wait. Answer: None."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Ran:
-    """The outcome of :class:`Act` or :class:`Undo`: a value, or the exception raised."""
-
-    value: Any = None
-    error: BaseException | None = None
-
-
-Op = Begin | Write | Act | Undo | Sleep
-
+_RECLAIMS = 8
+"""Times in a row a flow takes back a saga that was due the moment it parked, before it leaves it
+to the recovery sweeper (a safety bound: a delivered signal ends the wait on the first)."""
 _WAIT_FIRST = 0.05
 _WAIT_MAX = 1.0
 
@@ -283,6 +122,10 @@ class SagaFlow:
         input: the input value; ``input_text`` and ``fingerprint`` are its JSON and fingerprint.
         lease: seconds each commit extends the saga's lease by.
         wait: seconds to attach to a saga another runner holds before :class:`SagaInProgress`.
+        max_recoveries: take-overs after a lost lease a saga may have before it needs attention;
+            None for no cap.
+        registry: where the definition of another version of this saga is found, so an instance
+            started on that version finishes on it.
     """
 
     def __init__(
@@ -295,6 +138,8 @@ class SagaFlow:
         *,
         lease: float,
         wait: float,
+        max_recoveries: int | None = None,
+        registry: SagaRegistry | None = None,
     ) -> None:
         self.saga = saga
         self.saga_id = saga_id
@@ -303,74 +148,171 @@ class SagaFlow:
         self.fingerprint = fingerprint
         self.lease = lease
         self.wait = wait
+        self.max_recoveries = max_recoveries
+        self.registry = registry
         self.token = 0
         self.results: dict[str, Any] = {}
+        self.signals: dict[str, str] = {}
+        self._fresh: int | None = None
+        """A step this flow wrote STARTED and has not run yet (a cancellation fails it unrun)."""
+
+    @classmethod
+    def claimed(
+        cls,
+        saga: Saga[Any],
+        snapshot: SagaSnapshot,
+        *,
+        lease: float,
+        max_recoveries: int | None = None,
+    ) -> SagaFlow:
+        """A flow for a saga already taken over with ``journal.claim``; drive :meth:`resume`.
+
+        Raises:
+            CodecError: the recorded input does not read back as the definition's input type.
+        """
+        record = snapshot.saga
+        value = saga.input_codec.decode(record.input)
+        flow = cls(
+            saga, record.saga_id, value, record.input, record.fingerprint,
+            lease=lease, wait=0.0, max_recoveries=max_recoveries,
+        )  # fmt: skip
+        return flow
 
     def run(self) -> Generator[Op, Any, SagaOutcome]:
-        """Start or attach, then go forward or compensate until the saga is no longer live."""
+        """Start or attach, then go forward or compensate until the saga ends or waits."""
         started = yield from self._begin()
-        snapshot = started.snapshot
         if started.outcome is StartOutcome.EXISTING:
-            return self.outcome(snapshot, replayed=True)
-        self.token = snapshot.saga.token
-        self.results = self._decoded_results(snapshot)
+            return self.outcome(started.snapshot, replayed=True)
+        return (yield from self.resume(started.snapshot))
+
+    def resume(self, snapshot: SagaSnapshot) -> Generator[Op, Any, SagaOutcome]:
+        """Drive a saga this flow has just created or taken over (``snapshot`` is after that)."""
+        for attempt in range(_RECLAIMS):
+            self.token = snapshot.saga.token
+            self.signals = dict(snapshot.signals)
+            self.results = self._decoded_results(snapshot)
+            self._fresh = None
+            snapshot = yield from self._cap_recoveries(snapshot)
+            snapshot = yield from self._drive(snapshot)
+            saga = snapshot.saga
+            due = saga.state is SagaState.WAITING and saga.lease_until <= saga.updated_at
+            if due and attempt < _RECLAIMS - 1:
+                # The awaited signal (or a cancellation) was already there when we parked.
+                claimed: SagaSnapshot | None = yield Claim()
+                if claimed is not None:
+                    snapshot = claimed
+                    continue
+            break
+        return self.outcome(snapshot)
+
+    def _cap_recoveries(self, snapshot: SagaSnapshot) -> Generator[Op, Any, SagaSnapshot]:
+        record = snapshot.saga
+        limit = self.max_recoveries
+        if limit is None or record.recoveries <= limit or record.state not in LIVE_STATES:
+            return snapshot
+        error = encode_error(RecoveryExhausted(self.saga_id, record.recoveries, limit))
+        return (yield from self._write(snapshot, Phase(state=SagaState.NEEDS_ATTENTION, error=error)))
+
+    def _drive(self, snapshot: SagaSnapshot) -> Generator[Op, Any, SagaSnapshot]:
         while True:
-            move = decide(self.saga, snapshot)
+            move: Next = decide(self.saga, snapshot, self._fresh)
             if isinstance(move, Done):
-                return self.outcome(snapshot)
+                return snapshot
             if isinstance(move, StartStep):
                 snapshot = yield from self._write(snapshot, Phase(steps=(self._started(move.index),)))
+                self._fresh = move.index
             elif isinstance(move, RunStep):
+                self._fresh = None
                 snapshot = yield from self._run_step(snapshot, move.index)
             elif isinstance(move, Compensate):
                 snapshot = yield from self._compensate(snapshot, move.index)
+            elif isinstance(move, Abandon):
+                snapshot = yield from self._abandon(snapshot, move.cause)
             else:
                 phase = Phase(state=move.state, error=snapshot.saga.error)
                 snapshot = yield from self._write(snapshot, phase)
 
     def _begin(self) -> Generator[Op, Any, StartResult]:
-        saga, waited, delay = self.saga, 0.0, _WAIT_FIRST
+        waited, delay = 0.0, _WAIT_FIRST
         while True:
             started: StartResult = yield Begin()
+            saga = self.saga
             action = decide_start(started, name=saga.name, version=saga.version, fingerprint=self.fingerprint)
             record = started.snapshot.saga
             if action in (StartAction.RESUME, StartAction.REPLAY):
                 return started
             if action is StartAction.MISMATCH:
-                raise DefinitionMismatch(self.saga_id, f"it was started as {record.name!r} v{record.version}")
+                self._switch_version(started)
+                continue
             if action is StartAction.CONFLICT:
                 raise SagaConflict(self.saga_id, record.fingerprint, self.fingerprint)
             if waited >= self.wait:
                 raise SagaInProgress(self.saga_id)
             pause = min(delay, self.wait - waited)
-            yield Sleep(pause)
+            yield Sleep(pause, 0)
             waited += pause
             delay = min(delay * 2, _WAIT_MAX)
+
+    def _switch_version(self, started: StartResult) -> None:
+        """Finish an instance on the version that started it, when the registry has it."""
+        record = started.snapshot.saga
+        mismatch = DefinitionMismatch(self.saga_id, f"it was started as {record.name!r} v{record.version}")
+        if self.registry is None or record.name != self.saga.name:
+            raise mismatch
+        try:
+            other = self.registry.get(record.name, record.version)
+        except UnknownSaga as exc:
+            raise mismatch from exc
+        self.saga = other
+        self.input = other.input_codec.decode(record.input)
+        self.input_text = record.input
 
     def _write(self, snapshot: SagaSnapshot, phase: Phase) -> Generator[Op, Any, SagaSnapshot]:
         """Commit ``phase``, folding in the next move when it is only a journal write, so that
         "step i succeeded + step i+1 started" (or "+ saga completed") is one commit."""
         after = apply(snapshot, phase)
         move = decide(self.saga, after)
-        if isinstance(move, StartStep):
-            steps = (*phase.steps, self._started(move.index))
-            phase = Phase(steps=steps, state=phase.state, error=phase.error)
+        started: int | None = None
+        if isinstance(move, StartStep) and phase.state is None:
+            phase = Phase(steps=(*phase.steps, self._started(move.index)))
+            started = move.index
         elif isinstance(move, SetState) and phase.state is None:
             phase = Phase(steps=phase.steps, state=move.state, error=after.saga.error)
         final = apply(snapshot, phase)
         live = final.saga.state in LIVE_STATES
-        lease = self.lease if live else 0.0
-        phase = Phase(steps=phase.steps, state=phase.state, error=phase.error, lease=lease)
+        phase = Phase(
+            steps=phase.steps,
+            state=phase.state,
+            error=phase.error,
+            lease=self.lease if live else 0.0,
+            waiting_for=phase.waiting_for,
+            wait_until=phase.wait_until,
+            wake_at=phase.wake_at,
+            wake_on_cancel=phase.wake_on_cancel,
+        )
         record = yield Write(self.token, phase)
-        return SagaSnapshot(record, final.steps)
+        if started is not None:
+            self._fresh = started
+        # Rows written STARTED just now started at the commit's time (the journal stamps it so).
+        rows = tuple(
+            row.evolve(started_at=record.updated_at)
+            if row.state is StepState.STARTED and row.started_at == 0
+            else row
+            for row in final.steps
+        )
+        return SagaSnapshot(record, rows, snapshot.signals)
 
     def _started(self, index: int) -> StepRecord:
         step = self.saga.steps[index]
         return StepRecord(index, step.name, step.kind, StepState.STARTED, compensation=step.compensation_name)
 
-    def context(self, index: int, attempt: int, *, error: str | None = None) -> StepContext:
+    def context(
+        self, index: int, attempt: int, *, error: str | None = None, snapshot: SagaSnapshot | None = None
+    ) -> StepContext:
         """The context handed to step ``index``'s action (or, with ``error``, its compensation)."""
         saga = self.saga
+        record = None if snapshot is None else snapshot.saga
+        deadline = None if snapshot is None or error is not None else step_deadline(saga, snapshot, index)
         return StepContext(
             saga_id=self.saga_id,
             saga=saga.name,
@@ -380,42 +322,107 @@ class SagaFlow:
             attempt=attempt,
             compensating=error is not None,
             error=error,
+            deadline=deadline,
+            now=0.0 if record is None else record.updated_at,
             _results=dict(self.results),
+            _signals=dict(self.signals),
+            _wait=(None, 0.0) if record is None else (record.waiting_for, record.wait_until),
+        )
+
+    def _abandon(self, snapshot: SagaSnapshot, cause: str) -> Generator[Op, Any, SagaSnapshot]:
+        steps: tuple[StepRecord, ...] = ()
+        fresh = None if self._fresh is None else snapshot.step(self._fresh)
+        if fresh is not None and fresh.state is StepState.STARTED:
+            # Written STARTED by this flow and never run: it changed nothing.
+            steps = (fresh.evolve(state=StepState.FAILED, error=cause, not_applied=True),)
+        self._fresh = None
+        return (
+            yield from self._write(snapshot, Phase(steps=steps, state=SagaState.COMPENSATING, error=cause))
         )
 
     def _run_step(self, snapshot: SagaSnapshot, index: int) -> Generator[Op, Any, SagaSnapshot]:
         step = self.saga.steps[index]
         row = cast(StepRecord, snapshot.step(index))
         retrier = _Retrier(step.retry)
-        while True:
-            ran: Ran = yield Act(self.context(index, retrier.attempt))
-            attempts = row.attempts + retrier.attempt
-            if ran.error is None:
-                try:
-                    text = step.codec.encode(ran.value)
-                except CodecError as exc:
-                    # It ran but its result cannot be stored: re-running would not help.
-                    error: BaseException = exc
-                    not_applied = False
+        deadline = step_deadline(self.saga, snapshot, index)
+        timeout = StepTimeout(step.name, (deadline or 0.0) - row.started_at)
+        not_applied = False
+        attempts = row.attempts
+        if deadline is not None and snapshot.saga.updated_at >= deadline:
+            error: BaseException = timeout  # it overran before a crash: never run it again
+        else:
+            while True:
+                ctx = self.context(index, retrier.attempt, snapshot=snapshot)
+                ran: Ran = yield Act(ctx, self.token)
+                attempts = row.attempts + retrier.attempt
+                late = deadline is not None and ran.finished_at is not None and ran.finished_at >= deadline
+                if isinstance(ran.error, SagaSuspended):
+                    return (yield from self._park(snapshot, ran.error, ran.finished_at))
+                if ran.error is not None and not isinstance(ran.error, Exception):
+                    raise ran.error  # cancelled or interrupted: the step stays STARTED, as after a crash
+                if late and not isinstance(ran.error, SignalTimeout):
+                    error = timeout
                     break
-                self.results[step.name] = ran.value
-                done = row.evolve(state=StepState.SUCCEEDED, result=text, error=None, attempts=attempts)
-                return (yield from self._write(snapshot, Phase(steps=(done,))))
-            error = ran.error
-            if not isinstance(error, Exception):
-                raise error  # cancelled or interrupted: the step stays STARTED, as after a crash
-            disposition = step.disposition(error)
-            if disposition is Disposition.PERMANENT:
-                not_applied = True
-                break
-            pause = retrier.next_pause(error)
-            if pause is None:
-                not_applied = disposition is Disposition.RETRYABLE
-                break
-            yield Sleep(pause)
+                if ran.error is None:
+                    try:
+                        text = step.codec.encode(ran.value)
+                    except CodecError as exc:
+                        # It ran but its result cannot be stored: re-running would not help.
+                        error = exc
+                        break
+                    self.results[step.name] = ran.value
+                    done = row.evolve(state=StepState.SUCCEEDED, result=text, error=None, attempts=attempts)
+                    return (yield from self._write(snapshot, Phase(steps=(done,))))
+                error = ran.error
+                if isinstance(error, SignalTimeout):
+                    not_applied = True  # the wait changed nothing
+                    break
+                if isinstance(error, StepTimeout):
+                    break
+                disposition = step.disposition(error)
+                if disposition is Disposition.PERMANENT:
+                    not_applied = True
+                    break
+                pause = retrier.next_pause(error)
+                if pause is None:
+                    not_applied = disposition is Disposition.RETRYABLE
+                    break
+                if (
+                    deadline is not None
+                    and ran.finished_at is not None
+                    and ran.finished_at + pause >= deadline
+                ):
+                    error = timeout
+                    break
+                yield Sleep(pause, self.token)
         text = encode_error(error)
         failed = row.evolve(state=StepState.FAILED, error=text, not_applied=not_applied, attempts=attempts)
         phase = Phase(steps=(failed,), state=failure_state(step.kind, not_applied), error=text)
+        return (yield from self._write(snapshot, phase))
+
+    def _park(
+        self, snapshot: SagaSnapshot, suspended: SagaSuspended, now: float | None
+    ) -> Generator[Op, Any, SagaSnapshot]:
+        """Park the saga as WAITING for ``suspended.signal``; the step row stays STARTED."""
+        record = snapshot.saga
+        if now is None:
+            now = record.updated_at
+        if record.waiting_for == suspended.signal:
+            wait_until = record.wait_until  # waiting again after a take-over: the first deadline holds
+        elif suspended.deadline is not None:
+            wait_until = suspended.deadline
+        elif suspended.timeout is not None:
+            wait_until = now + suspended.timeout
+        else:
+            wait_until = 0.0
+        phase = Phase(
+            state=SagaState.WAITING,
+            error=record.error,
+            waiting_for=suspended.signal,
+            wait_until=wait_until,
+            wake_at=wake_at(snapshot, wait_until),
+            wake_on_cancel=not pivot_started(snapshot),
+        )
         return (yield from self._write(snapshot, phase))
 
     def _compensate(self, snapshot: SagaSnapshot, index: int) -> Generator[Op, Any, SagaSnapshot]:
@@ -427,7 +434,8 @@ class SagaFlow:
         retrier = _Retrier(step.compensation_retry)
         cause = snapshot.saga.error or encode_error(RuntimeError("compensating"))
         while True:
-            ran: Ran = yield Undo(self.context(index, retrier.attempt, error=cause), result)
+            ctx = self.context(index, retrier.attempt, error=cause, snapshot=snapshot)
+            ran: Ran = yield Undo(ctx, result, self.token)
             attempts = row.compensation_attempts + retrier.attempt
             if ran.error is None:
                 done = row.evolve(state=StepState.COMPENSATED, compensation_attempts=attempts)
@@ -438,7 +446,7 @@ class SagaFlow:
             pause = retrier.next_pause(error)
             if pause is None:
                 break
-            yield Sleep(pause)
+            yield Sleep(pause, self.token)
         text = encode_error(error)
         failed = row.evolve(
             state=StepState.COMPENSATION_FAILED, compensation_error=text, compensation_attempts=attempts
@@ -454,13 +462,16 @@ class SagaFlow:
         return results
 
     def outcome(self, snapshot: SagaSnapshot, *, replayed: bool = False) -> SagaOutcome:
-        """The outcome a finished or parked snapshot reports."""
-        _check(self.saga, snapshot)
-        error = snapshot.saga.error
+        """The outcome a finished, parked or waiting snapshot reports."""
+        check(self.saga, snapshot)
+        record = snapshot.saga
+        error = record.error
+        waiting = record.state is SagaState.WAITING
         return SagaOutcome(
             saga_id=self.saga_id,
-            state=snapshot.saga.state,
+            state=record.state,
             results=self._decoded_results(snapshot),
-            error=None if error is None else decode_error(error),
+            error=None if error is None or waiting else decode_error(error),
             replayed=replayed,
+            waiting_for=record.waiting_for if waiting else None,
         )

@@ -29,28 +29,21 @@ by :meth:`Saga.freeze`, which the runner calls before the first run.
 
 from __future__ import annotations
 
-import inspect
+import math
 import re
-import types
-import typing
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, Union, overload
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar, overload
 
 import tenacity
 
 from idempotency.codec import Codec
-from idempotency.effect import Classifier, Retry, classify
+from idempotency.effect import Classifier, Retry
 from idempotency.errors import CodecError
-from idempotency.records import Disposition
-from saga.errors import (
-    DuplicateStep,
-    ResultUnavailable,
-    SignatureError,
-    StepOrderError,
-    UnstorableType,
-)
+from saga.checks import check_callable, check_compensation
+from saga.context import StepContext
+from saga.errors import DuplicateStep, SignatureError, StepOrderError, UnstorableType
 from saga.records import StepKind
+from saga.step import MISSING, Step, _StepDecorator
 
 __all__ = ["FORWARD_RETRY", "Saga", "Step", "StepContext"]
 
@@ -67,169 +60,33 @@ FORWARD_RETRY = Retry(
 larger budget than compensatable steps (whose failure simply triggers compensation)."""
 
 
-class _Missing:
-    """Marks a compensatable step whose compensation was not given (yet)."""
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING: Any = _Missing()
-
-
-@dataclass(frozen=True, slots=True)
-class StepContext:
-    """What an action or compensation is told about the step it runs for.
-
-    The step's *identity* is ``saga_id`` + ``step``; :attr:`step_scope` is the effect scope of the
-    step's action, so a compensation can reconcile against the effects the action made.
-    """
-
-    saga_id: str
-    saga: str
-    version: int
-    step: str
-    index: int
-    attempt: int
-    """1 for the first try in this process, 2 for the first retry, ..."""
-    compensating: bool = False
-    """True when this is the step's compensation running."""
-    error: str | None = None
-    """For a compensation: the error (JSON) that made the saga compensate."""
-    _results: Mapping[str, Any] = field(default_factory=dict, repr=False)
-
-    @property
-    def step_scope(self) -> str:
-        """The effect scope of the step's action: ``{saga_id}/{step}``."""
-        return f"{self.saga_id}/{self.step}"
-
-    def result(self, step: Step[Any, R]) -> R:
-        """The recorded result of an earlier step of this saga.
-
-        Raises:
-            ResultUnavailable: that step has not succeeded.
-        """
-        if step.name not in self._results:
-            raise ResultUnavailable(step.name)
-        return typing.cast(R, self._results[step.name])
-
-
-Action = Callable[[StepContext, Any], Any]
-Compensation = Callable[[StepContext, Any, Any], Any]
-
-
-class Step(Generic[I, R]):
-    """One declared step: returned by :meth:`Saga.step`, :meth:`Saga.pivot`, :meth:`Saga.retriable`.
-
-    Attributes:
-        name: unique in its saga; part of effect scopes and journal rows.
-        kind: compensatable, pivot or retriable.
-        action: the forward call, ``action(ctx, input) -> R``.
-        compensation_fn: ``compensation(ctx, input, result | None)``; None when nothing is undone.
-        retry: how the action is retried before the step counts as failed.
-        compensation_retry: how the compensation is retried before the saga needs attention.
-        codec: stores the action's result as JSON.
-    """
-
-    def __init__(  # noqa: PLR0917  (internal: built by Saga._add only)
-        self,
-        saga: Saga[I],
-        index: int,
-        name: str,
-        kind: StepKind,
-        action: Action,
-        compensation: Compensation | None,
-        retry: Retry,
-        compensation_retry: Retry,
-        not_applied: tuple[type[BaseException], ...],
-        classifier: Classifier | None,
-    ) -> None:
-        self.saga = saga
-        self.index = index
-        self.name = name
-        self.kind = kind
-        self.action = action
-        self.compensation_fn: Compensation | None = compensation
-        self.retry = retry
-        self.compensation_retry = compensation_retry
-        self.not_applied = not_applied
-        self.classifier = classifier
-        self.codec: Codec[R] = _result_codec(saga.name, name, action)
-
-    def compensation(
-        self, fn: Callable[[StepContext, I, R | None], Any]
-    ) -> Callable[[StepContext, I, R | None], Any]:
-        """Decorator: attach ``fn`` as this step's compensation. Returns ``fn`` unchanged.
-
-        Raises:
-            StepOrderError: the step is a pivot or retriable, already has a compensation, or the saga
-                is frozen.
-            SignatureError: ``fn`` cannot be called as ``fn(ctx, input, result_or_none)``.
-        """
-        if self.kind is not StepKind.COMPENSATABLE:
-            raise StepOrderError(f"step {self.name!r} is {self.kind}: only compensatable steps are undone")
-        if self.compensation_fn is not MISSING:
-            raise StepOrderError(f"step {self.name!r} already has a compensation")
-        self.saga._check_open()
-        _check_compensation(self.name, fn)
-        self.compensation_fn = fn
-        return fn
-
-    def disposition(self, exc: BaseException) -> Disposition:
-        """Classify an exception raised by the action (see :func:`idempotency.effect.classify`)."""
-        return classify(exc, self.classifier, self.not_applied, ())
-
-    @property
-    def compensation_name(self) -> str | None:
-        """The compensation's qualified name, recorded in the journal when the step starts."""
-        fn = self.compensation_fn
-        if fn is None or fn is MISSING:
-            return None
-        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-    def __repr__(self) -> str:
-        return f"Step({self.saga.name!r}, {self.name!r}, {self.kind})"
-
-
-class _StepDecorator(Generic[I]):
-    """Returned by :meth:`Saga.step` and friends when called with options."""
-
-    def __init__(self, saga: Saga[I], kind: StepKind, options: dict[str, Any]) -> None:
-        self._saga = saga
-        self._kind = kind
-        self._options = options
-
-    @overload
-    def __call__(self, fn: Callable[[StepContext, I], Awaitable[R]]) -> Step[I, R]: ...
-
-    @overload
-    def __call__(self, fn: Callable[[StepContext, I], R]) -> Step[I, R]: ...
-
-    def __call__(self, fn: Callable[[StepContext, I], Any]) -> Step[I, Any]:
-        return self._saga._add(fn, self._kind, **self._options)
-
-
 class Saga(Generic[I]):
     """A saga definition: name, version, input type and ordered steps.
 
     Args:
         name: the saga's name, recorded in the journal.
-        version: recorded in the journal; a saga id resumes only under the version that started it.
+        version: recorded in the journal; a saga id resumes only under the version that started it
+            (register several versions in a :class:`~saga.registry.SagaRegistry`).
         input: the type of the input every action and compensation receives; must be storable as
             JSON (a dataclass, a pydantic model, plain JSON types).
+        timeout: seconds from the saga's start by which it must have started its pivot (or, without
+            a pivot, finished); None for no deadline. Past it, the runner stops going forward at
+            the next step boundary and compensates (:class:`~saga.errors.SagaDeadlineExceeded`).
+            Once the pivot has started the saga only goes forward, deadline or not.
 
     Raises:
-        DefinitionError: bad name or version.
+        DefinitionError: bad name, version or timeout.
         UnstorableType: ``input`` cannot round-trip through JSON.
     """
 
-    def __init__(self, name: str, *, version: int = 1, input: type[I]) -> None:
+    def __init__(self, name: str, *, version: int = 1, input: type[I], timeout: float | None = None) -> None:
         if not _NAME.fullmatch(name):
             raise StepOrderError(f"saga name {name!r} must be a letter or _ then letters, digits, _ . -")
-        if not isinstance(version, int) or version < 1:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise StepOrderError(f"saga version must be an int >= 1, got {version!r}")
         self.name = name
         self.version = version
+        self.timeout = _check_timeout(f"saga {name!r}", timeout)
         self.input_type: Any = input
         try:
             self.input_codec: Codec[I] = Codec(input)
@@ -256,6 +113,7 @@ class Saga(Generic[I]):
         compensation_retry: Retry | None = None,
         not_applied: tuple[type[BaseException], ...] = (),
         classify: Classifier | None = None,
+        timeout: float | None = None,
     ) -> _StepDecorator[I]: ...
 
     def step(
@@ -268,6 +126,7 @@ class Saga(Generic[I]):
         compensation_retry: Retry | None = None,
         not_applied: tuple[type[BaseException], ...] = (),
         classify: Classifier | None = None,
+        timeout: float | None = None,
     ) -> Any:
         """Declare a compensatable step (bare, or with options).
 
@@ -280,6 +139,8 @@ class Saga(Generic[I]):
             not_applied: exception types meaning "the step changed nothing": not retried, and its own
                 compensation is skipped. :class:`~idempotency.errors.NotApplied` always counts.
             classify: maps an exception to a disposition before ``not_applied`` is consulted.
+            timeout: seconds the step may take from its start, all tries included (see
+                :attr:`Step.timeout`); None for no limit.
 
         Raises:
             DuplicateStep, StepOrderError, SignatureError, UnstorableType: see :mod:`saga.errors`.
@@ -291,6 +152,7 @@ class Saga(Generic[I]):
             "compensation_retry": compensation_retry,
             "not_applied": not_applied,
             "classify": classify,
+            "timeout": timeout,
         }
         return self._declare(fn, StepKind.COMPENSATABLE, options)
 
@@ -308,6 +170,7 @@ class Saga(Generic[I]):
         retry: Retry | None = None,
         not_applied: tuple[type[BaseException], ...] = (),
         classify: Classifier | None = None,
+        timeout: float | None = None,
     ) -> _StepDecorator[I]: ...
 
     def pivot(
@@ -318,6 +181,7 @@ class Saga(Generic[I]):
         retry: Retry | None = None,
         not_applied: tuple[type[BaseException], ...] = (),
         classify: Classifier | None = None,
+        timeout: float | None = None,
     ) -> Any:
         """Declare the pivot: the go/no-go step. At most one; options as for :meth:`step`.
 
@@ -325,7 +189,13 @@ class Saga(Generic[I]):
         may have applied it, the saga needs attention (compensating could undo a booking that
         happened).
         """
-        options = {"name": name, "retry": retry, "not_applied": not_applied, "classify": classify}
+        options = {
+            "name": name,
+            "retry": retry,
+            "not_applied": not_applied,
+            "classify": classify,
+            "timeout": timeout,
+        }
         return self._declare(fn, StepKind.PIVOT, options)
 
     @overload
@@ -341,6 +211,7 @@ class Saga(Generic[I]):
         name: str | None = None,
         retry: Retry | None = None,
         classify: Classifier | None = None,
+        timeout: float | None = None,
     ) -> _StepDecorator[I]: ...
 
     def retriable(
@@ -350,13 +221,64 @@ class Saga(Generic[I]):
         name: str | None = None,
         retry: Retry | None = None,
         classify: Classifier | None = None,
+        timeout: float | None = None,
     ) -> Any:
         """Declare a retriable step (after the pivot): retried forward, never compensated.
 
         Its default retry is :data:`FORWARD_RETRY`; when that runs out the saga needs attention.
         """
-        options = {"name": name, "retry": retry, "classify": classify}
+        options = {"name": name, "retry": retry, "classify": classify, "timeout": timeout}
         return self._declare(fn, StepKind.RETRIABLE, options)
+
+    def wait(
+        self,
+        signal: str,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        payload: type[R] | Any = Any,
+    ) -> Step[I, R]:
+        """Declare a step that only waits for the signal ``signal`` and returns its payload.
+
+        The saga parks as WAITING (no process held) until :func:`saga.signal` delivers it; later
+        steps read it with ``ctx.result(the_step)``. When ``timeout`` seconds pass first, the step
+        fails *not applied* (:class:`~saga.errors.SignalTimeout`): before the pivot the saga
+        compensates, after it the saga needs attention. The step is compensatable (with nothing to
+        undo) before the pivot and retriable after it.
+
+        Args:
+            signal: the signal's name.
+            name: the step's name (default: ``signal``).
+            timeout: seconds from the start of the wait to its deadline; None waits forever (or
+                until the saga's deadline).
+            payload: the payload's type (storable as JSON).
+
+        Raises:
+            DuplicateStep, SignatureError, UnstorableType: see :mod:`saga.errors`.
+        """
+        step_name = name if name is not None else signal
+        if not _NAME.fullmatch(signal):
+            raise SignatureError(f"signal name {signal!r} must be a letter or _ then letters, digits, _ . -")
+        wait_timeout = _check_timeout(f"wait {signal!r}", timeout)
+        try:
+            codec: Codec[Any] = Codec(payload)
+        except CodecError as exc:
+            raise UnstorableType(f"saga {self.name!r} wait {signal!r}: payload {exc}") from exc
+
+        def wait(ctx: StepContext, _input: Any) -> Any:
+            return ctx.wait_for(signal, timeout=wait_timeout, payload_type=payload)
+
+        wait.__name__ = wait.__qualname__ = step_name
+        kind = StepKind.COMPENSATABLE if self.pivot_index is None else StepKind.RETRIABLE
+        return self._add(
+            wait,
+            kind,
+            name=step_name,
+            compensate=None,
+            retry=Retry(stop=tenacity.stop_after_attempt(1)),
+            codec=codec,
+            signal=signal,
+        )
 
     def _declare(self, fn: Any, kind: StepKind, options: dict[str, Any]) -> Any:
         if fn is None:
@@ -368,6 +290,7 @@ class Saga(Generic[I]):
             "compensation_retry": None,
             "not_applied": (),
             "classify": None,
+            "timeout": None,
         }
         if any(options[k] is not defaults[k] and options[k] != defaults[k] for k in options):
             raise SignatureError("pass options as keywords: @saga.step(name=...), not with the function")
@@ -384,6 +307,9 @@ class Saga(Generic[I]):
         compensation_retry: Retry | None = None,
         not_applied: tuple[type[BaseException], ...] = (),
         classify: Classifier | None = None,
+        timeout: float | None = None,
+        codec: Codec[Any] | None = None,
+        signal: str | None = None,
     ) -> Step[I, Any]:
         self._check_open()
         step_name = name if name is not None else getattr(fn, "__name__", "")
@@ -398,11 +324,12 @@ class Saga(Generic[I]):
         if not all(isinstance(t, type) and issubclass(t, BaseException) for t in not_applied):
             raise SignatureError(f"step {step_name!r}: not_applied= takes a tuple of exception types")
         self._check_order(step_name, kind)
+        step_timeout = _check_timeout(f"step {step_name!r}", timeout)
         if kind is not StepKind.COMPENSATABLE:
             compensate = None
         elif compensate is not MISSING and compensate is not None:
-            _check_compensation(step_name, compensate)
-        _check_callable(step_name, "action", fn, 2)
+            check_compensation(step_name, compensate)
+        check_callable(step_name, "action", fn, 2)
         default_retry = FORWARD_RETRY if kind is StepKind.RETRIABLE else Retry()
         step: Step[I, Any] = Step(
             self,
@@ -410,11 +337,14 @@ class Saga(Generic[I]):
             step_name,
             kind,
             fn,
-            compensate,
-            retry or default_retry,
-            compensation_retry or FORWARD_RETRY,
-            tuple(not_applied),
-            classify,
+            compensation=compensate,
+            retry=retry or default_retry,
+            compensation_retry=compensation_retry or FORWARD_RETRY,
+            not_applied=tuple(not_applied),
+            classifier=classify,
+            timeout=step_timeout,
+            codec=codec,
+            signal=signal,
         )
         self.steps.append(step)
         return step
@@ -480,62 +410,11 @@ class Saga(Generic[I]):
         return f"Saga({self.name!r}, version={self.version}, steps={[s.name for s in self.steps]})"
 
 
-# -- definition-time checks -------------------------------------------------------------------
-
-
-def _check_callable(step: str, role: str, fn: Callable[..., Any], arity: int) -> inspect.Signature:
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError) as exc:
-        raise SignatureError(f"step {step!r}: cannot read the {role}'s signature: {exc}") from exc
-    try:
-        signature.bind(*range(arity))
-    except TypeError as exc:
-        shape = "(ctx, input)" if arity == 2 else "(ctx, input, result)"
-        raise SignatureError(f"step {step!r}: the {role} must take {shape}: {exc}") from exc
-    return signature
-
-
-def _accepts_none(annotation: Any) -> bool:
-    if annotation in (Any, object, None, type(None), inspect.Parameter.empty):
-        return True
-    origin = typing.get_origin(annotation)
-    if origin is Union or origin is types.UnionType:
-        return any(_accepts_none(arg) for arg in typing.get_args(annotation))
-    return False
-
-
-def _check_compensation(step: str, fn: Callable[..., Any]) -> None:
-    """The compensation is called as ``fn(ctx, input, result)`` with ``result`` possibly None."""
-    if not callable(fn):
-        raise SignatureError(f"step {step!r}: compensate= must be callable or None")
-    signature = _check_callable(step, "compensation", fn, 3)
-    bound = signature.bind(0, 1, 2)
-    names = list(bound.arguments)
-    result_param = signature.parameters[names[-1]]
-    if result_param.kind is inspect.Parameter.VAR_POSITIONAL:
-        return
-    try:
-        hints = typing.get_type_hints(fn)
-    except (NameError, TypeError):
-        hints = {}
-    annotation = hints.get(result_param.name, result_param.annotation)
-    if not _accepts_none(annotation):
-        raise SignatureError(
-            f"step {step!r}: the compensation's {result_param.name!r} parameter must accept None "
-            f"(annotate it `{getattr(annotation, '__name__', annotation)} | None`): it is None when a "
-            "crash came between the step's effect and its record"
-        )
-
-
-def _result_codec(saga: str, step: str, fn: Callable[..., Any]) -> Codec[Any]:
-    try:
-        hints = typing.get_type_hints(fn)
-    except (NameError, TypeError) as exc:
-        raise UnstorableType(
-            f"saga {saga!r} step {step!r}: cannot resolve the return annotation: {exc}"
-        ) from exc
-    try:
-        return Codec(hints.get("return", Any))
-    except CodecError as exc:
-        raise UnstorableType(f"saga {saga!r} step {step!r}: {exc}") from exc
+def _check_timeout(what: str, timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
+        raise SignatureError(f"{what}: timeout must be a finite number of seconds, got {timeout!r}")
+    if timeout < 0:
+        raise SignatureError(f"{what}: timeout must be >= 0, got {timeout!r}")
+    return float(timeout)

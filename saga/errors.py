@@ -10,12 +10,22 @@ Every error derives from one root, so callers can catch the whole package at onc
     │   └── UnstorableType         an input or result type cannot round-trip through JSON
     │                              (also an idempotency CodecError)
     ├── DefinitionMismatch         the journal holds this saga id under another name, version or steps
+    │   └── StepMismatch           the journal's step at a position has another name than the definition's
+    ├── UnknownSaga                no registered definition has this name and version (also a LookupError)
+    ├── SagaNotFound               no saga has this id (also a LookupError)
     ├── SagaConflict               same saga id, other input (also an idempotency KeyConflict)
     ├── SagaInProgress             a live runner holds the saga past the attach bound
     ├── LostSagaLease              a fenced journal write carried a stale token: another runner took over
     ├── ResultUnavailable          a step asked for a result that is not recorded (also a LookupError)
+    ├── SagaCancelled              recorded cause: the saga was cancelled before its pivot
+    ├── RecoveryExhausted          recorded cause: taken over more often than the recovery cap allows
+    ├── StepTimeout                a step ran past its timeout: it failed *maybe applied* (TimeoutError)
+    ├── SagaDeadlineExceeded       recorded cause: the saga's deadline passed before its pivot (TimeoutError)
+    ├── SignalTimeout              a wait's deadline passed without its signal: *not applied* (TimeoutError)
     └── JournalError               the journal backend failed
         └── JournalUnavailable     the journal cannot be reached; transient
+
+    SagaSuspended (BaseException)  raised by ``ctx.wait_for`` to park the saga; never an error
 
 Errors carry their data as attributes (``saga_id``, ``step``), never only in the message.
 """
@@ -31,12 +41,21 @@ __all__ = [
     "JournalError",
     "JournalUnavailable",
     "LostSagaLease",
+    "RecoveryExhausted",
     "ResultUnavailable",
+    "SagaCancelled",
     "SagaConflict",
+    "SagaDeadlineExceeded",
     "SagaError",
     "SagaInProgress",
+    "SagaNotFound",
+    "SagaSuspended",
+    "SignalTimeout",
     "SignatureError",
+    "StepMismatch",
     "StepOrderError",
+    "StepTimeout",
+    "UnknownSaga",
     "UnstorableType",
 ]
 
@@ -81,6 +100,42 @@ class DefinitionMismatch(SagaError):
         super().__init__(f"saga {saga_id!r} does not match its journal: {detail}")
         self.saga_id = saga_id
         self.detail = detail
+
+
+class StepMismatch(DefinitionMismatch):
+    """The journal's step at ``index`` is ``recorded`` but the definition has ``expected`` there.
+
+    The definition changed under the same name and version: register the new steps as a new
+    version so that running instances finish on the old one.
+    """
+
+    def __init__(self, saga_id: str, index: int, recorded: str, expected: str | None) -> None:
+        where = "no step" if expected is None else f"step {expected!r}"
+        super().__init__(
+            saga_id,
+            f"journal step {index} is {recorded!r} but the definition has {where} there "
+            "(changed steps need a new saga version)",
+        )
+        self.index = index
+        self.recorded = recorded
+        self.expected = expected
+
+
+class UnknownSaga(SagaError, LookupError):
+    """No definition with this name and version is registered (in this process)."""
+
+    def __init__(self, name: str, version: int) -> None:
+        super().__init__(f"no saga definition {name!r} version {version} is registered")
+        self.name = name
+        self.version = version
+
+
+class SagaNotFound(SagaError, LookupError):
+    """The journal holds no saga with this id."""
+
+    def __init__(self, saga_id: str) -> None:
+        super().__init__(f"no saga {saga_id!r}")
+        self.saga_id = saga_id
 
 
 class SagaConflict(SagaError, KeyConflict):
@@ -135,3 +190,71 @@ class JournalUnavailable(JournalError):
     """The journal cannot be reached. Transient; nothing was written."""
 
     transient = True
+
+
+class SagaCancelled(SagaError):
+    """The cause a cancelled saga records: :func:`saga.cancel` asked for it to be undone."""
+
+    def __init__(self, reason: str = "cancelled") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RecoveryExhausted(SagaError):
+    """The cause recorded when a saga was taken over more often than the recovery cap allows.
+
+    Each take-over follows a runner that lost its lease (a crash, a hang, a step past its timeout).
+    A saga that keeps doing that is parked for an operator instead of crashing workers forever.
+    """
+
+    def __init__(self, saga_id: str, recoveries: int, limit: int) -> None:
+        super().__init__(
+            f"saga {saga_id!r} was taken over {recoveries} times (limit {limit}): parked for an operator"
+        )
+        self.saga_id = saga_id
+        self.recoveries = recoveries
+        self.limit = limit
+
+
+class StepTimeout(SagaError, TimeoutError):
+    """A step ran past its timeout. It may have changed the world (its compensation gets None)."""
+
+    def __init__(self, step: str, timeout: float) -> None:
+        super().__init__(f"step {step!r} did not finish within {timeout:g} s")
+        self.step = step
+        self.timeout = timeout
+
+
+class SagaDeadlineExceeded(SagaError, TimeoutError):
+    """The cause recorded when a saga's deadline passed before its pivot started."""
+
+    def __init__(self, saga_id: str) -> None:
+        super().__init__(f"saga {saga_id!r} passed its deadline before its pivot")
+        self.saga_id = saga_id
+
+
+class SignalTimeout(SagaError, TimeoutError):
+    """A step's wait for a signal passed its deadline. The wait changed nothing (*not applied*)."""
+
+    def __init__(self, signal: str) -> None:
+        super().__init__(f"signal {signal!r} did not arrive before the wait's deadline")
+        self.signal = signal
+
+
+class SagaSuspended(BaseException):
+    """Raised by :meth:`StepContext.wait_for` to park the saga until a signal arrives.
+
+    Derives from BaseException because it is not an error: an ``except Exception`` in the step must
+    not swallow it. The runner turns it into a WAITING saga and returns.
+
+    Attributes:
+        signal: the awaited signal's name.
+        timeout: seconds from the first wait to its deadline, or None.
+        deadline: an absolute deadline (journal time), or None.
+    """
+
+    def __init__(self, signal: str, timeout: float | None = None, deadline: float | None = None) -> None:
+        super().__init__(f"waiting for signal {signal!r}")
+        self.signal = signal
+        self.timeout = timeout
+        self.deadline = deadline

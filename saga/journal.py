@@ -1,8 +1,9 @@
 """The journal contract: the few atomic primitives a saga backend implements.
 
 The saga rules (what runs next, when to compensate, when to park) live above the journal, in
-:mod:`saga.coordinator`; a backend only has to make each primitive below atomic. The contract suite
-in ``tests/test_saga_run.py`` runs every journal through the same sagas.
+:mod:`saga.decisions` and :mod:`saga.coordinator`; a backend only has to make each primitive below
+atomic. ``tests/test_journal_contract.py`` holds every backend to this contract, and
+``tests/test_saga_run.py`` runs every journal through the same sagas.
 
 Times are seconds since the epoch on the *journal's* clock (the database's own time unless a clock
 is injected), so runners with skewed clocks agree on lease expiry.
@@ -17,14 +18,26 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Protocol, runtime_checkable
 
-from saga.records import Phase, SagaRecord, SagaSnapshot, SagaState, StartResult
+from saga.records import (
+    CancelOutcome,
+    Phase,
+    SagaRecord,
+    SagaSnapshot,
+    SagaState,
+    SignalOutcome,
+    StartResult,
+)
 
 __all__ = ["SagaJournal"]
 
 
 @runtime_checkable
 class SagaJournal(Protocol):
-    """Where saga instances and their steps are recorded. Implementations: memory, SQL."""
+    """Where saga instances, their steps and their signals are recorded.
+
+    Implementations: :class:`~saga.journals.memory.MemoryJournal`,
+    :class:`~saga.journals.sql.SqlJournal` (SQLite, Postgres), :class:`~saga.journals.redis.RedisJournal`.
+    """
 
     def now(self) -> float:
         """The journal's clock, in seconds since the epoch."""
@@ -39,16 +52,39 @@ class SagaJournal(Protocol):
         input: str,
         fingerprint: str,
         lease: float,
+        timeout: float = 0.0,
     ) -> StartResult:
         """Atomically create or take over the saga ``saga_id``; one transaction.
 
-        - No saga has this id: insert it RUNNING, token 1, lease ``now + lease``, no steps -> CREATED.
-        - It is RUNNING or COMPENSATING, its lease ran out, and ``name``, ``version`` and
-          ``fingerprint`` match: token + 1, lease ``now + lease`` -> TOOK_OVER.
+        - No saga has this id: insert it RUNNING, token 1, lease ``now + lease``, no steps, deadline
+          ``now + timeout`` (0 when ``timeout`` is 0) -> CREATED.
+        - It is RUNNING, COMPENSATING or WAITING, its ``lease_until`` has passed, and ``name``,
+          ``version`` and ``fingerprint`` match: taken over as by :meth:`claim` -> TOOK_OVER.
         - Anything else -> EXISTING, unchanged (the caller replays, attaches or reports a conflict).
 
         Never check-then-act: of two concurrent starts, exactly one creates or takes over.
-        The result carries the saga with all its step rows as they stand after the start.
+        The result carries the saga with all its step rows and signals as they stand after the start.
+        """
+        ...
+
+    def claim(self, saga_id: str, *, lease: float) -> SagaSnapshot | None:
+        """Atomically take over the saga if it is due; one transaction.
+
+        Due means RUNNING, COMPENSATING or WAITING with ``lease_until <= now``. Taking over sets
+        token + 1 and lease ``now + lease``; a WAITING saga becomes RUNNING, any other adds one to
+        ``recoveries``. Of two concurrent claims exactly one succeeds: that is the fence that lets
+        any number of recovery workers race for the same sagas.
+
+        Returns:
+            The saga with its steps and signals after the take-over, or None when it is not due
+            (someone else took it, it ended, it is unknown).
+        """
+        ...
+
+    def due(self, *, limit: int = 100) -> list[SagaRecord]:
+        """Up to ``limit`` sagas that :meth:`claim` would take now, longest overdue first.
+
+        A hint, not a promise: each must still be claimed (another worker may be faster).
         """
         ...
 
@@ -64,6 +100,13 @@ class SagaJournal(Protocol):
         ``updated_at`` is stamped). The lease becomes ``now + phase.lease``, or 0 when
         ``phase.lease`` is 0. A phase with no steps and no state is a heartbeat.
 
+        A phase with ``state=WAITING`` parks the saga: ``waiting_for`` and ``wait_until`` are written
+        and ``lease_until`` becomes ``phase.wake_at``, or *now* when a signal named ``waiting_for``
+        is already recorded or (if ``phase.wake_on_cancel``) a cancellation is pending, checked in
+        the same transaction, so a signal racing the parking is never lost. Any other phase leaves
+        those fields alone.
+        ``cancel_requested`` is never changed by a commit.
+
         Fenced: only when the saga's token equals ``token`` and the saga is RUNNING or COMPENSATING.
 
         Returns:
@@ -71,6 +114,34 @@ class SagaJournal(Protocol):
 
         Raises:
             LostSagaLease: the token is stale, or the saga is unknown or no longer live.
+        """
+        ...
+
+    def signal(self, saga_id: str, name: str, payload: str) -> SignalOutcome:
+        """Record the signal ``name`` with ``payload`` (JSON) for the saga; one transaction.
+
+        The first signal of a name is kept (DUPLICATE for later ones). A saga that has ended or
+        needs attention takes no signals (TOO_LATE, nothing recorded). A signal may arrive before
+        the saga waits for it; a saga WAITING for this very name becomes due at once
+        (``lease_until = now``).
+
+        Raises:
+            SagaNotFound: no saga has this id.
+        """
+        ...
+
+    def cancel(self, saga_id: str, cause: str) -> CancelOutcome:
+        """Ask for the saga to be undone; one transaction.
+
+        - RUNNING or WAITING with no cancellation pending: set ``cancel_requested`` and record
+          ``cause`` (JSON) as the saga's ``error``; a WAITING saga becomes due at once -> REQUESTED.
+        - A cancellation is pending, or the saga is COMPENSATING: unchanged -> ALREADY.
+        - It has ended or needs attention: unchanged -> TOO_LATE.
+
+        Whether a cancellation is honoured (only before the pivot starts) is the runner's decision.
+
+        Raises:
+            SagaNotFound: no saga has this id.
         """
         ...
 

@@ -6,7 +6,15 @@ State machine of a saga (DESIGN.md section 5)::
     RUNNING --a step fails, nothing to undo--> FAILED
     RUNNING --last step succeeds--> COMPLETED
     RUNNING --after the pivot: forward retries exhausted; pivot failed ambiguously--> NEEDS_ATTENTION
+    RUNNING --cancelled or past its deadline, before the pivot started--> COMPENSATING
+    RUNNING --a step waits for a signal--> WAITING --signal, deadline or cancel; taken over--> RUNNING
+    RUNNING | COMPENSATING --taken over more than the recovery cap allows--> NEEDS_ATTENTION
     COMPENSATING --a compensation exhausts its retries--> NEEDS_ATTENTION
+
+A saga is *taken over* (by :meth:`~saga.journal.SagaJournal.start` or
+:meth:`~saga.journal.SagaJournal.claim`) when it is RUNNING, COMPENSATING or WAITING and its
+``lease_until`` has passed: for a running saga that is its runner's lease, for a waiting one its
+wake-up time (the wait's deadline, or at once when the signal or a cancellation arrives).
 
 and of a step::
 
@@ -31,12 +39,16 @@ R = TypeVar("R")
 
 __all__ = [
     "FINAL_STATES",
+    "FOREVER",
     "LIVE_STATES",
+    "RESUMABLE_STATES",
+    "CancelOutcome",
     "Phase",
     "SagaOutcome",
     "SagaRecord",
     "SagaSnapshot",
     "SagaState",
+    "SignalOutcome",
     "StartOutcome",
     "StartResult",
     "StepKind",
@@ -60,13 +72,22 @@ class SagaState(enum.StrEnum):
     """A step failed before anything needed undoing (no compensation had to run)."""
     NEEDS_ATTENTION = "needs_attention"
     """Parked for an operator: a compensation could not succeed, forward recovery after the pivot
-    ran out of retries, or the pivot failed in a way that may have applied it. ``error`` says why."""
+    ran out of retries, the pivot failed in a way that may have applied it, recovery was attempted
+    too often, or the journal no longer matches the definition. ``error`` says why."""
+    WAITING = "waiting"
+    """A step waits for a named signal (``waiting_for``); no process holds the saga. It is taken over
+    again when the signal arrives, at the wait's deadline, or when it is cancelled."""
 
 
 LIVE_STATES = frozenset({SagaState.RUNNING, SagaState.COMPENSATING})
-"""States a runner drives (and may take over when the lease ran out)."""
+"""States a runner drives: only these accept fenced commits."""
+RESUMABLE_STATES = frozenset({SagaState.RUNNING, SagaState.COMPENSATING, SagaState.WAITING})
+"""States that are taken over once ``lease_until`` has passed."""
 FINAL_STATES = frozenset({SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.FAILED})
 """States nothing changes any more."""
+
+FOREVER = 253_402_300_799.0
+"""``lease_until`` of a saga that waits with no deadline (9999-12-31): never taken over by time."""
 
 
 class StepKind(enum.StrEnum):
@@ -109,10 +130,25 @@ class SagaRecord:
     token: int
     """Fencing token: grows on every take-over; every commit must carry the current one."""
     lease_until: float
+    """From when another runner may take the saga over: the runner's lease while it runs, the
+    wake-up time while it waits (:data:`FOREVER` for a wait without deadline), 0 when it ended."""
     created_at: float
     updated_at: float
+    """When the saga row was last written: the journal's clock at the latest commit or take-over."""
     error: str | None = None
-    """Why the saga left RUNNING (the failed step's or compensation's error), as JSON."""
+    """Why the saga left RUNNING (the failed step's or compensation's error), as JSON; while a
+    cancellation is pending, the cancellation's cause."""
+    deadline: float = 0.0
+    """The saga must reach its pivot by then (journal time); 0 when it has no deadline."""
+    recoveries: int = 0
+    """How often the saga was taken over after its runner's lease ran out (waking from WAITING does
+    not count). Past the runner's ``max_recoveries`` it needs attention."""
+    waiting_for: str | None = None
+    """The signal the saga waits (or last waited) for."""
+    wait_until: float = 0.0
+    """That wait's deadline (journal time); 0 when it has none."""
+    cancel_requested: bool = False
+    """:func:`saga.cancel` asked for the saga to be undone; honoured before the pivot starts."""
 
     def evolve(self, **changes: object) -> SagaRecord:
         """A copy with ``changes`` applied."""
@@ -147,10 +183,12 @@ class StepRecord:
 
 @dataclass(frozen=True, slots=True)
 class SagaSnapshot:
-    """A saga row with its step rows, ordered by index."""
+    """A saga row with its step rows, ordered by index, and the signals delivered to it."""
 
     saga: SagaRecord
     steps: tuple[StepRecord, ...] = ()
+    signals: Mapping[str, str] = field(default_factory=dict)
+    """Payloads (JSON) of the signals delivered so far, by name."""
 
     def step(self, index: int) -> StepRecord | None:
         """The row of step ``index``, or None when it never started."""
@@ -176,6 +214,18 @@ class Phase:
     """Written with ``state`` (ignored without it): the cause of the new state, or None."""
     lease: float = 0.0
     """Seconds to extend the lease from now; 0 releases it (a phase that ends the run)."""
+    waiting_for: str | None = None
+    """With ``state=WAITING``: the signal the saga waits for."""
+    wait_until: float = 0.0
+    """With ``state=WAITING``: the wait's deadline (journal time), 0 for none."""
+    wake_at: float = FOREVER
+    """With ``state=WAITING``: the saga's new ``lease_until`` (the earlier of the wait's and the
+    saga's deadline). The journal makes it *now* instead when the awaited signal is already
+    recorded or (with ``wake_on_cancel``) a cancellation is pending, so a signal or cancellation
+    that raced the parking is never lost."""
+    wake_on_cancel: bool = True
+    """With ``state=WAITING``: whether a pending cancellation makes the saga due at once (False once
+    the pivot has started, when a cancellation is no longer honoured)."""
 
 
 class StartOutcome(enum.StrEnum):
@@ -184,10 +234,34 @@ class StartOutcome(enum.StrEnum):
     CREATED = "created"
     """No saga had this id: the caller owns a new RUNNING saga (token 1)."""
     TOOK_OVER = "took_over"
-    """A live-state saga whose lease ran out, with the same name, version and input: the caller owns
-    it under a new token and resumes it."""
+    """A resumable saga whose ``lease_until`` passed, with the same name, version and input: the
+    caller owns it under a new token and resumes it (a WAITING saga becomes RUNNING)."""
     EXISTING = "existing"
     """Anything else (finished, parked, leased by another runner, other input): unchanged."""
+
+
+class SignalOutcome(enum.StrEnum):
+    """What :meth:`SagaJournal.signal` did."""
+
+    DELIVERED = "delivered"
+    """Recorded; a saga waiting for it is due at once."""
+    DUPLICATE = "duplicate"
+    """A signal of that name was already recorded: the first one is kept, this one dropped."""
+    TOO_LATE = "too_late"
+    """The saga has ended (or needs attention): nothing was recorded."""
+
+
+class CancelOutcome(enum.StrEnum):
+    """What :func:`saga.cancel` did."""
+
+    REQUESTED = "requested"
+    """Recorded: the saga compensates at its runner's next step boundary (a waiting saga, or one
+    nobody holds, when the recovery sweeper takes it over)."""
+    ALREADY = "already"
+    """A cancellation was already pending, or the saga is already compensating."""
+    TOO_LATE = "too_late"
+    """The saga has ended, needs attention, or has started its pivot (after which it only goes
+    forward): nothing was recorded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +278,12 @@ class SagaOutcome:
 
     Attributes:
         saga_id: the caller-given id.
-        state: COMPLETED, COMPENSATED, FAILED or NEEDS_ATTENTION.
+        state: COMPLETED, COMPENSATED, FAILED or NEEDS_ATTENTION; WAITING when a step waits for a
+            signal (the runner returned without holding anything).
         results: the decoded result of every step that recorded one, by step name.
         error: why the saga did not complete (the failed step's or compensation's error), or None.
         replayed: True when the outcome was already recorded before this call.
+        waiting_for: the signal a WAITING saga waits for, else None.
     """
 
     saga_id: str
@@ -215,6 +291,7 @@ class SagaOutcome:
     results: Mapping[str, Any] = field(default_factory=dict)
     error: ErrorInfo | None = None
     replayed: bool = False
+    waiting_for: str | None = None
 
     @property
     def completed(self) -> bool:

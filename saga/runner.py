@@ -12,14 +12,18 @@ deduplicated when the step runs again (a retry, or a resume after a crash). A co
 through the guard under its own key (``{saga_id}/{step}/~compensate``, policy at-least-once, so a
 compensation that crashed midway runs again and one that finished is not), with the same string as
 the scope of the effects inside it.
+
+While a step, compensation or retry pause runs, a :class:`~saga.renewer.LeaseRenewer` thread renews
+the saga's lease; a runner that dies stops renewing, and :func:`saga.recovery.recover` takes over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
 from idempotency.effect import Policy
@@ -27,15 +31,21 @@ from idempotency.errors import CodecError, ConfigurationError, OutcomeUnknown
 from idempotency.guard import Guard
 from idempotency.keys import fingerprint, scope
 from idempotency.records import Disposition
-from saga.coordinator import Act, Begin, Op, Ran, SagaFlow, Sleep, Undo, Write
+from saga.coordinator import SagaFlow
 from saga.definition import Saga, StepContext
-from saga.errors import UnstorableType
+from saga.errors import SagaSuspended, StepTimeout, UnstorableType
 from saga.journal import SagaJournal
-from saga.records import SagaOutcome
+from saga.ops import Act, Begin, Claim, Op, Ran, Sleep, Undo, Write
+from saga.records import SagaOutcome, SagaSnapshot
+from saga.registry import SagaRegistry
+from saga.renewer import LeaseRenewer
 
 __all__ = ["SagaRunner", "compensation_key", "step_scope"]
 
 I = TypeVar("I")  # noqa: E741
+
+DEFAULT_MAX_RECOVERIES = 5
+"""Take-overs after a lost lease a saga may have before it needs attention."""
 
 
 def step_scope(saga_id: str, step: str) -> str:
@@ -67,12 +77,19 @@ class SagaRunner:
     Args:
         journal: where sagas and their steps are recorded.
         guard: deduplicates the effects inside steps and runs compensations once each.
-        lease: seconds a runner owns a saga after each commit; another runner may take it over
-            once the lease runs out (renewal during long steps comes with the recovery sweeper).
+        lease: seconds a runner owns a saga after each commit or renewal; another runner may take it
+            over once the lease runs out.
         wait: seconds :meth:`run` attaches to a saga another runner holds before
             :class:`~saga.errors.SagaInProgress`.
         sleep: the sleep between retries (inject one in tests).
         async_sleep: the same for :meth:`arun`.
+        registry: other versions of the sagas this runner runs: an instance started on another
+            registered version finishes on it instead of raising
+            :class:`~saga.errors.DefinitionMismatch`.
+        max_recoveries: take-overs after a lost lease a saga may have before this runner parks it
+            as NEEDS_ATTENTION (:class:`~saga.errors.RecoveryExhausted`); None for no cap.
+        renewer: renews leases during long calls: True (default) for one of its own, with a daemon
+            thread started on first use; False for none (each commit still renews the lease).
     """
 
     def __init__(
@@ -84,15 +101,30 @@ class SagaRunner:
         wait: float = 10.0,
         sleep: Callable[[float], None] = time.sleep,
         async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        registry: SagaRegistry | None = None,
+        max_recoveries: int | None = DEFAULT_MAX_RECOVERIES,
+        renewer: LeaseRenewer | bool = True,
     ) -> None:
         if lease <= 0 or wait < 0:
             raise ConfigurationError("lease must be > 0 and wait >= 0")
+        if max_recoveries is not None and max_recoveries < 0:
+            raise ConfigurationError("max_recoveries must be >= 0 or None")
         self.journal = journal
         self.guard = guard
         self.lease = lease
         self.wait = wait
+        self.registry = registry
+        self.max_recoveries = max_recoveries
         self._sleep = sleep
         self._async_sleep = async_sleep
+        if renewer is True:
+            renewer = LeaseRenewer(journal, lease)
+        self.renewer: LeaseRenewer | None = renewer if isinstance(renewer, LeaseRenewer) else None
+
+    def close(self) -> None:
+        """Stop the lease renewer's thread (the journal and guard are the caller's to close)."""
+        if self.renewer is not None:
+            self.renewer.close()
 
     def _flow(self, saga: Saga[I], saga_id: str, value: I) -> SagaFlow:
         if not saga_id:
@@ -103,11 +135,20 @@ class SagaRunner:
             printed = fingerprint({"input": value})
         except CodecError as exc:
             raise UnstorableType(f"saga {saga.name!r}: input cannot be stored: {exc}") from exc
-        return SagaFlow(saga, saga_id, value, text, printed, lease=self.lease, wait=self.wait)
+        return SagaFlow(
+            saga, saga_id, value, text, printed,
+            lease=self.lease, wait=self.wait, max_recoveries=self.max_recoveries, registry=self.registry,
+        )  # fmt: skip
 
-    def _journal_op(self, flow: SagaFlow, op: Begin | Write) -> Any:
+    def _claimed_flow(self, saga: Saga[Any], snapshot: SagaSnapshot) -> SagaFlow:
+        saga.freeze()
+        return SagaFlow.claimed(saga, snapshot, lease=self.lease, max_recoveries=self.max_recoveries)
+
+    def _journal_op(self, flow: SagaFlow, op: Begin | Claim | Write) -> Any:
         if isinstance(op, Begin):
             saga = flow.saga
+            # Only pass the deadline when there is one, so journals wrapped by older code still fit.
+            extra = {"timeout": saga.timeout} if saga.timeout is not None else {}
             return self.journal.start(
                 flow.saga_id,
                 name=saga.name,
@@ -115,10 +156,13 @@ class SagaRunner:
                 input=flow.input_text,
                 fingerprint=flow.fingerprint,
                 lease=self.lease,
+                **extra,
             )
+        if isinstance(op, Claim):
+            return self.journal.claim(flow.saga_id, lease=self.lease)
         return self.journal.commit(flow.saga_id, op.token, op.phase)
 
-    def _guard_options(self, flow: SagaFlow, ctx: StepContext) -> dict[str, Any]:
+    def _guard_options(self, ctx: StepContext) -> dict[str, Any]:
         return {
             "arguments": {"saga_id": ctx.saga_id, "step": ctx.step},
             "key": compensation_key(ctx.saga_id, ctx.step),
@@ -127,31 +171,53 @@ class SagaRunner:
             "result_type": type(None),
         }
 
+    def _hold(self, flow: SagaFlow, op: Act | Undo | Sleep) -> contextlib.AbstractContextManager[None]:
+        if self.renewer is None or op.token <= 0:
+            return contextlib.nullcontext()
+        until = op.context.deadline if isinstance(op, Act) else None
+        return self.renewer.hold(flow.saga_id, op.token, until=until)
+
     # -- sync -------------------------------------------------------------------------------
 
     def run(self, saga: Saga[I], saga_id: str, input: I) -> SagaOutcome:
-        """Run the saga instance ``saga_id`` to its end, or return its recorded outcome.
+        """Run the saga instance ``saga_id`` until it ends or waits, or return its recorded outcome.
 
-        Starting an id that finished (or is parked for an operator) returns the recorded outcome
-        with ``replayed=True``; one that another runner holds is waited for (``wait``), then
-        resumed if that runner's lease ran out; one whose runner crashed is resumed where its
-        journal stands.
+        Starting an id that finished (or is parked for an operator, or waits for a signal) returns
+        the recorded outcome with ``replayed=True``; one that another runner holds is waited for
+        (``wait``), then resumed if that runner's lease ran out; one whose runner crashed, or that
+        waited and whose signal, deadline or cancellation has come, is resumed where its journal
+        stands.
 
         Returns:
-            The outcome: COMPLETED, COMPENSATED, FAILED or NEEDS_ATTENTION, with step results.
+            The outcome: COMPLETED, COMPENSATED, FAILED or NEEDS_ATTENTION, with step results; or
+            WAITING (``waiting_for`` names the signal) when a step waits: nothing is held then.
 
         Raises:
             SagaConflict: the id was started with another input.
-            DefinitionMismatch: the id was started by another saga or version.
+            DefinitionMismatch: the id was started by another saga, or a version the runner's
+                registry does not hold; :class:`~saga.errors.StepMismatch` when the journal's steps
+                no longer match the definition's.
             SagaInProgress: another runner still holds it after ``wait`` seconds.
             LostSagaLease: another runner took the saga over while this one ran.
             JournalError: the journal failed (the saga resumes from its last commit).
             ConfigurationError: the saga has async steps (use :meth:`arun`) or a bad id.
         """
-        if any(_is_async(s.action) or _is_async(s.compensation_fn) for s in saga.steps):
-            raise ConfigurationError(f"saga {saga.name!r} has async steps: run it with arun()")
+        _refuse_async(saga)
         flow = self._flow(saga, saga_id, input)
-        gen = flow.run()
+        return self._drive(flow, flow.run())
+
+    def resume(self, saga: Saga[Any], snapshot: SagaSnapshot) -> SagaOutcome:
+        """Drive a saga this process has just taken over with ``journal.claim`` (``snapshot`` is
+        the claim's answer) until it ends or waits. Used by :func:`saga.recovery.recover`.
+
+        Raises:
+            as :meth:`run`.
+        """
+        _refuse_async(saga)
+        flow = self._claimed_flow(saga, snapshot)
+        return self._drive(flow, flow.resume(snapshot))
+
+    def _drive(self, flow: SagaFlow, gen: Generator[Op, Any, SagaOutcome]) -> SagaOutcome:
         answer: Any = None
         error: BaseException | None = None
         while True:
@@ -162,11 +228,14 @@ class SagaRunner:
             answer, error = None, None
             try:
                 if isinstance(op, Act):
-                    answer = self._act(flow, op)
+                    with self._hold(flow, op):
+                        answer = self._act(flow, op)
                 elif isinstance(op, Undo):
-                    answer = self._undo(flow, op)
+                    with self._hold(flow, op):
+                        answer = self._undo(flow, op)
                 elif isinstance(op, Sleep):
-                    self._sleep(op.seconds)
+                    with self._hold(flow, op):
+                        self._sleep(op.seconds)
                 else:
                     answer = self._journal_op(flow, op)
             except BaseException as exc:
@@ -177,9 +246,16 @@ class SagaRunner:
         action = flow.saga.steps[ctx.index].action
         with scope(step_scope(ctx.saga_id, ctx.step)):
             try:
-                return Ran(action(ctx, flow.input))
+                ran = Ran(action(ctx, flow.input))
             except BaseException as exc:
-                return Ran(error=exc)
+                ran = Ran(error=exc)
+        return self._finished(ctx, ran)
+
+    def _finished(self, ctx: StepContext, ran: Ran) -> Ran:
+        """Stamp the journal's time on a call that had a deadline or parked."""
+        if ctx.deadline is None and not isinstance(ran.error, SagaSuspended):
+            return ran
+        return Ran(ran.value, ran.error, self.journal.now())
 
     def _undo(self, flow: SagaFlow, op: Undo) -> Ran:
         ctx = op.context
@@ -191,7 +267,7 @@ class SagaRunner:
                 fn(ctx, flow.input, op.result)
 
         try:
-            self.guard.run(f"sagaguard.compensate.{flow.saga.name}", call, **self._guard_options(flow, ctx))
+            self.guard.run(f"sagaguard.compensate.{flow.saga.name}", call, **self._guard_options(ctx))
         except BaseException as exc:
             return Ran(error=_unwrap(exc))
         return Ran()
@@ -200,9 +276,17 @@ class SagaRunner:
 
     async def arun(self, saga: Saga[I], saga_id: str, input: I) -> SagaOutcome:
         """The async twin of :meth:`run`. Steps and compensations may be sync or async; sync ones
-        and journal calls run in a worker thread so the event loop never blocks on them."""
+        and journal calls run in a worker thread so the event loop never blocks on them. An async
+        step with a timeout is cancelled when it runs past it."""
         flow = self._flow(saga, saga_id, input)
-        gen = flow.run()
+        return await self._adrive(flow, flow.run())
+
+    async def aresume(self, saga: Saga[Any], snapshot: SagaSnapshot) -> SagaOutcome:
+        """The async twin of :meth:`resume`."""
+        flow = self._claimed_flow(saga, snapshot)
+        return await self._adrive(flow, flow.resume(snapshot))
+
+    async def _adrive(self, flow: SagaFlow, gen: Generator[Op, Any, SagaOutcome]) -> SagaOutcome:
         answer: Any = None
         error: BaseException | None = None
         while True:
@@ -213,11 +297,14 @@ class SagaRunner:
             answer, error = None, None
             try:
                 if isinstance(op, Act):
-                    answer = await self._act_async(flow, op)
+                    with self._hold(flow, op):
+                        answer = await self._act_async(flow, op)
                 elif isinstance(op, Undo):
-                    answer = await self._undo_async(flow, op)
+                    with self._hold(flow, op):
+                        answer = await self._undo_async(flow, op)
                 elif isinstance(op, Sleep):
-                    await self._async_sleep(op.seconds)
+                    with self._hold(flow, op):
+                        await self._async_sleep(op.seconds)
                 else:
                     answer = await asyncio.to_thread(self._journal_op, flow, op)
             except BaseException as exc:
@@ -225,14 +312,14 @@ class SagaRunner:
 
     async def _act_async(self, flow: SagaFlow, op: Act) -> Ran:
         ctx = op.context
-        action = flow.saga.steps[ctx.index].action
-        if not _is_async(action):
+        step = flow.saga.steps[ctx.index]
+        if not _is_async(step.action):
             return await asyncio.to_thread(self._act, flow, op)
         with scope(step_scope(ctx.saga_id, ctx.step)):
-            try:
-                return Ran(await action(ctx, flow.input))
-            except BaseException as exc:
-                return Ran(error=exc)
+            ran = await _call_async(step.action, ctx, flow.input)
+        if ctx.deadline is None and not isinstance(ran.error, SagaSuspended):
+            return ran
+        return await asyncio.to_thread(self._finished, ctx, ran)
 
     async def _undo_async(self, flow: SagaFlow, op: Undo) -> Ran:
         ctx = op.context
@@ -246,12 +333,33 @@ class SagaRunner:
                 await fn(ctx, flow.input, op.result)
 
         try:
-            await self.guard.arun(
-                f"sagaguard.compensate.{flow.saga.name}", call, **self._guard_options(flow, ctx)
-            )
+            await self.guard.arun(f"sagaguard.compensate.{flow.saga.name}", call, **self._guard_options(ctx))
         except BaseException as exc:
             return Ran(error=_unwrap(exc))
         return Ran()
+
+
+async def _call_async(action: Any, ctx: StepContext, value: Any) -> Ran:
+    """Await an async action; past ``ctx.deadline`` it is cancelled and fails with StepTimeout."""
+    try:
+        if ctx.deadline is None:
+            return Ran(await action(ctx, value))
+        timer = asyncio.timeout(max(0.0, ctx.deadline - ctx.now))
+        try:
+            async with timer:
+                result = await action(ctx, value)
+        except TimeoutError as exc:
+            if not timer.expired():
+                raise  # the step's own timeout error, not ours
+            return Ran(error=StepTimeout(ctx.step, ctx.deadline - ctx.now).with_traceback(exc.__traceback__))
+        return Ran(result)
+    except BaseException as exc:
+        return Ran(error=exc)
+
+
+def _refuse_async(saga: Saga[Any]) -> None:
+    if any(_is_async(s.action) or _is_async(s.compensation_fn) for s in saga.steps):
+        raise ConfigurationError(f"saga {saga.name!r} has async steps: run it with arun()")
 
 
 def _is_async(fn: Any) -> bool:

@@ -1,31 +1,27 @@
-"""Running sagas end to end, on every journal: memory, SQLite and Postgres (one contract suite).
+"""Running sagas end to end, on every journal: memory, SQLite, Postgres and Redis.
 
-Postgres is found at ``$SAGAGUARD_TEST_POSTGRES_URL`` (default
-``postgresql://postgres@127.0.0.1:5432/test``); each test gets its own table prefix, dropped after.
-When Postgres does not answer its tests skip with the reason, unless ``CI=true``: then they fail.
+Each test gets its own data set (``tests/_sagajournals.py``): a SQLite file, a Postgres table prefix,
+a Redis key prefix, dropped after. When Postgres or Redis does not answer its tests skip with the
+reason, unless ``CI=true``: then they fail.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import tenacity
+from _sagajournals import JOURNALS, factory_for
 
 from idempotency import Guard, KeyConflict, MemoryStore, NotApplied
 from idempotency.effect import Retry
 from idempotency.keys import EffectIdentity, fingerprint
 from saga import (
     LostSagaLease,
-    MemoryJournal,
     Phase,
     Saga,
     SagaInProgress,
@@ -38,7 +34,6 @@ from saga import (
     StepState,
 )
 
-POSTGRES_URL = os.environ.get("SAGAGUARD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 FAST = Retry(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_none())
 ONCE = Retry(stop=tenacity.stop_after_attempt(1), wait=tenacity.wait_none())
 
@@ -53,50 +48,15 @@ class Clock:
         return self.now
 
 
-def _postgres_problem() -> str | None:
-    parts = urlsplit(POSTGRES_URL)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5432), timeout=1):
-            pass
-        import psycopg
-
-        with psycopg.connect(POSTGRES_URL, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except Exception as exc:
-        return f"{POSTGRES_URL}: {exc}"
-    return None
-
-
 @pytest.fixture
 def saga_clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=JOURNALS)
 def journal(request: pytest.FixtureRequest, saga_clock: Clock, tmp_path: Path) -> Iterator[SagaJournal]:
-    if request.param == "memory":
-        yield MemoryJournal(clock=saga_clock)
-        return
-    from saga.journals.sql import SqlJournal
-
-    prefix = f"sgt_{uuid.uuid4().hex[:10]}_"
-    if request.param == "sqlite":
-        sql = SqlJournal(f"sqlite:///{tmp_path}/j.db", clock=saga_clock, table_prefix=prefix)
-        yield sql
-        sql.close()
-        return
-    problem = _postgres_problem()
-    if problem is not None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"Postgres is not available: {problem} (CI=true)")
-        pytest.skip(f"Postgres is not available: {problem}")
-    sql = SqlJournal(POSTGRES_URL, clock=saga_clock, table_prefix=prefix)
-    yield sql
-    sql.close()
-    import psycopg
-
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f'DROP TABLE IF EXISTS "{prefix}saga_steps", "{prefix}sagas"')
+    for factory in factory_for(request.param, saga_clock, tmp_path):  # type: ignore[arg-type]
+        yield factory.open()
 
 
 @pytest.fixture

@@ -1,8 +1,46 @@
-"""Journal backends. The SQL journal imports SQLAlchemy only in its own module:
-``from saga.journals.sql import SqlJournal``."""
+"""Journal backends, and :func:`open_journal`, which opens one from a URL.
+
+The SQL and Redis journals import their drivers only in their own modules:
+``from saga.journals.sql import SqlJournal``, ``from saga.journals.redis import RedisJournal``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from idempotency.errors import ConfigurationError
+from saga.journal import SagaJournal
 from saga.journals.memory import MemoryJournal
 
-__all__ = ["MemoryJournal"]
+__all__ = ["DEFAULT_URL", "MemoryJournal", "open_journal"]
+
+DEFAULT_URL = "sqlite:///sagaguard.db"
+"""The embedded default: a SQLite file in the working directory (next to the effect store)."""
+
+
+def open_journal(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = None) -> SagaJournal:
+    """Open the journal a URL names.
+
+    - ``memory://``: :class:`MemoryJournal` (one process, nothing survives it).
+    - ``sqlite:///path.db``, ``postgresql://user@host/db``: :class:`~saga.journals.sql.SqlJournal`.
+    - ``redis://host:port/db``, ``rediss://``, ``unix://``: :class:`~saga.journals.redis.RedisJournal`.
+
+    Raises:
+        ConfigurationError: the scheme is unknown.
+        JournalUnavailable: the backend cannot be reached.
+    """
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "memory":
+        return MemoryJournal(clock=clock)
+    if scheme.startswith(("sqlite", "postgres")):
+        from saga.journals.sql import SqlJournal
+
+        return SqlJournal(url, clock=clock)
+    if scheme in ("redis", "rediss", "unix"):
+        from saga.journals.redis import RedisJournal
+
+        return RedisJournal(url, clock=clock)
+    raise ConfigurationError(
+        f"unknown journal URL scheme {scheme or url!r}: use memory://, sqlite:///file.db, "
+        "postgresql://... or redis://..."
+    )

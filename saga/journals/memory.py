@@ -10,13 +10,16 @@ import threading
 import time
 from collections.abc import Callable, Collection
 
-from saga.errors import LostSagaLease
+from saga.errors import LostSagaLease, SagaNotFound
 from saga.records import (
     LIVE_STATES,
+    RESUMABLE_STATES,
+    CancelOutcome,
     Phase,
     SagaRecord,
     SagaSnapshot,
     SagaState,
+    SignalOutcome,
     StartOutcome,
     StartResult,
     StepRecord,
@@ -36,6 +39,7 @@ class MemoryJournal:
         self._clock = clock or time.time
         self._sagas: dict[str, SagaRecord] = {}
         self._steps: dict[str, dict[int, StepRecord]] = {}
+        self._signals: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 
     def now(self) -> float:
@@ -44,7 +48,23 @@ class MemoryJournal:
 
     def _snapshot(self, saga_id: str) -> SagaSnapshot:
         steps = self._steps.get(saga_id, {})
-        return SagaSnapshot(self._sagas[saga_id], tuple(steps[i] for i in sorted(steps)))
+        return SagaSnapshot(
+            self._sagas[saga_id],
+            tuple(steps[i] for i in sorted(steps)),
+            dict(self._signals.get(saga_id, {})),
+        )
+
+    def _take_over(self, old: SagaRecord, now: float, lease: float) -> SagaRecord:
+        waking = old.state is SagaState.WAITING
+        taken = old.evolve(
+            token=old.token + 1,
+            lease_until=now + lease,
+            updated_at=now,
+            state=SagaState.RUNNING if waking else old.state,
+            recoveries=old.recoveries + (0 if waking else 1),
+        )
+        self._sagas[old.saga_id] = taken
+        return taken
 
     def start(
         self,
@@ -55,6 +75,7 @@ class MemoryJournal:
         input: str,
         fingerprint: str,
         lease: float,
+        timeout: float = 0.0,
     ) -> StartResult:
         """See :meth:`SagaJournal.start`."""
         now = self._clock()
@@ -62,19 +83,46 @@ class MemoryJournal:
             old = self._sagas.get(saga_id)
             if old is None:
                 self._sagas[saga_id] = SagaRecord(
-                    saga_id, name, version, fingerprint, input, SagaState.RUNNING, 1, now + lease, now, now
+                    saga_id,
+                    name,
+                    version,
+                    fingerprint,
+                    input,
+                    SagaState.RUNNING,
+                    1,
+                    now + lease,
+                    now,
+                    now,
+                    deadline=now + timeout if timeout > 0 else 0.0,
                 )
                 self._steps[saga_id] = {}
                 return StartResult(StartOutcome.CREATED, self._snapshot(saga_id))
             if (
-                old.state in LIVE_STATES
+                old.state in RESUMABLE_STATES
                 and old.lease_until <= now
                 and (old.name, old.version, old.fingerprint) == (name, version, fingerprint)
             ):
-                taken = old.evolve(token=old.token + 1, lease_until=now + lease, updated_at=now)
-                self._sagas[saga_id] = taken
+                self._take_over(old, now, lease)
                 return StartResult(StartOutcome.TOOK_OVER, self._snapshot(saga_id))
             return StartResult(StartOutcome.EXISTING, self._snapshot(saga_id))
+
+    def claim(self, saga_id: str, *, lease: float) -> SagaSnapshot | None:
+        """See :meth:`SagaJournal.claim`."""
+        now = self._clock()
+        with self._lock:
+            old = self._sagas.get(saga_id)
+            if old is None or old.state not in RESUMABLE_STATES or old.lease_until > now:
+                return None
+            self._take_over(old, now, lease)
+            return self._snapshot(saga_id)
+
+    def due(self, *, limit: int = 100) -> list[SagaRecord]:
+        """See :meth:`SagaJournal.due`."""
+        now = self._clock()
+        with self._lock:
+            rows = [r for r in self._sagas.values() if r.state in RESUMABLE_STATES and r.lease_until <= now]
+        rows.sort(key=lambda r: (r.lease_until, r.saga_id))
+        return rows[: max(0, limit)]
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`."""
@@ -99,6 +147,12 @@ class MemoryJournal:
             if phase.state is not None:
                 changes["state"] = phase.state
                 changes["error"] = phase.error
+            if phase.state is SagaState.WAITING:
+                signalled = phase.waiting_for in self._signals.get(saga_id, {})
+                changes["waiting_for"] = phase.waiting_for
+                changes["wait_until"] = phase.wait_until
+                cancelled = old.cancel_requested and phase.wake_on_cancel
+                changes["lease_until"] = now if signalled or cancelled else phase.wake_at
             new = old.evolve(**changes)
             steps = self._steps.setdefault(saga_id, {})
             for row in phase.steps:
@@ -107,6 +161,40 @@ class MemoryJournal:
                 steps[row.index] = row.evolve(started_at=started, updated_at=now)
             self._sagas[saga_id] = new
             return new
+
+    def signal(self, saga_id: str, name: str, payload: str) -> SignalOutcome:
+        """See :meth:`SagaJournal.signal`."""
+        now = self._clock()
+        with self._lock:
+            old = self._sagas.get(saga_id)
+            if old is None:
+                raise SagaNotFound(saga_id)
+            if old.state not in RESUMABLE_STATES:
+                return SignalOutcome.TOO_LATE
+            signals = self._signals.setdefault(saga_id, {})
+            if name in signals:
+                return SignalOutcome.DUPLICATE
+            signals[name] = payload
+            if old.state is SagaState.WAITING and old.waiting_for == name:
+                self._sagas[saga_id] = old.evolve(lease_until=now, updated_at=now)
+            return SignalOutcome.DELIVERED
+
+    def cancel(self, saga_id: str, cause: str) -> CancelOutcome:
+        """See :meth:`SagaJournal.cancel`."""
+        now = self._clock()
+        with self._lock:
+            old = self._sagas.get(saga_id)
+            if old is None:
+                raise SagaNotFound(saga_id)
+            if old.state not in RESUMABLE_STATES:
+                return CancelOutcome.TOO_LATE
+            if old.cancel_requested or old.state is SagaState.COMPENSATING:
+                return CancelOutcome.ALREADY
+            changes: dict[str, object] = {"cancel_requested": True, "error": cause, "updated_at": now}
+            if old.state is SagaState.WAITING:
+                changes["lease_until"] = now
+            self._sagas[saga_id] = old.evolve(**changes)
+            return CancelOutcome.REQUESTED
 
     def list(
         self,

@@ -1,10 +1,14 @@
-"""The SQL journal: two SQLModel tables serving SQLite (the embedded default) and PostgreSQL.
+"""The SQL journal: SQLModel tables serving SQLite (the embedded default) and PostgreSQL.
 
-``{prefix}sagas`` holds one row per saga instance, ``{prefix}saga_steps`` one row per started step.
-Each primitive is one transaction; :meth:`SqlJournal.commit` (the atomic phase) is one fenced
+``{prefix}sagas`` holds one row per saga instance, ``{prefix}saga_steps`` one row per started step,
+``{prefix}saga_signals`` one row per delivered signal (see :mod:`saga.journals.sql_schema`). Each
+primitive is one transaction; :meth:`SqlJournal.commit` (the atomic phase) is one fenced
 ``UPDATE .. RETURNING`` of the saga row followed by an upsert per step row, committed together, so a
-phase is written entirely or not at all. The engine comes from :func:`idempotency.stores.sql.make_engine`:
-SQLite in WAL mode with ``BEGIN IMMEDIATE`` writers, Postgres through psycopg 3.
+phase is written entirely or not at all. :meth:`SqlJournal.claim` is one conditional
+``UPDATE .. RETURNING``: of two workers racing for a saga, the second finds it no longer due. The
+engine comes from :func:`idempotency.stores.sql.make_engine`: SQLite in WAL mode with
+``BEGIN IMMEDIATE`` writers (so writes are serialised), Postgres through psycopg 3, where parking a
+saga and delivering a signal both lock the saga row first, so neither misses the other.
 
 Times are the database's own, read inside the statement, unless a clock is injected.
 """
@@ -12,28 +16,35 @@ Times are the database's own, read inside the statement, unless a clock is injec
 from __future__ import annotations
 
 import contextlib
-import re
 import sqlite3
 import threading
-import types
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.orm import registry
 from sqlalchemy.pool import StaticPool
-from sqlmodel import Field, SQLModel
 
 from idempotency.errors import ConfigurationError
 from idempotency.stores.sql import make_engine
-from saga.errors import JournalError, JournalUnavailable, LostSagaLease
+from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
+from saga.journals.sql_schema import (
+    DEFAULT_PREFIX,
+    SAGA_COLUMNS,
+    SCHEMA_VERSION,
+    Statements,
+    journal_models,
+    metadata,
+)
 from saga.records import (
     LIVE_STATES,
+    RESUMABLE_STATES,
+    CancelOutcome,
     Phase,
     SagaRecord,
     SagaSnapshot,
     SagaState,
+    SignalOutcome,
     StartOutcome,
     StartResult,
     StepKind,
@@ -43,89 +54,7 @@ from saga.records import (
 
 __all__ = ["DEFAULT_PREFIX", "SCHEMA_VERSION", "SqlJournal", "journal_models"]
 
-SCHEMA_VERSION: Final = 1
-DEFAULT_PREFIX: Final = "sagaguard_"
-
-_PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
-_DB_NOW = {
-    "postgresql": "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
-    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
-}
-_SAGA_COLUMNS = (
-    "saga_id, name, version, fingerprint, input, state, token, lease_until, created_at, updated_at, error"
-)
-_STEP_COLUMNS = (
-    "saga_id, idx, name, kind, state, compensation, result, error, not_applied, compensation_error, "
-    "attempts, compensation_attempts, started_at, updated_at"
-)
-_LIVE = "('running', 'compensating')"
-
-
-class _JournalModel(SQLModel, registry=registry()):
-    """Base of the journal's tables: their own registry keeps them out of ``SQLModel.metadata``."""
-
-
-class SagaFields(_JournalModel):
-    """The columns of the sagas table (:class:`~saga.records.SagaRecord`)."""
-
-    saga_id: str = Field(primary_key=True, max_length=255)
-    name: str = Field(sa_type=sa.Text)
-    version: int
-    fingerprint: str = Field(max_length=80)
-    input: str = Field(sa_type=sa.Text)
-    state: str = Field(max_length=24, index=True)
-    token: int = Field(sa_type=sa.BigInteger)
-    lease_until: float = Field(sa_type=sa.Double)
-    created_at: float = Field(sa_type=sa.Double)
-    updated_at: float = Field(sa_type=sa.Double)
-    error: str | None = Field(default=None, sa_type=sa.Text)
-
-
-class StepFields(_JournalModel):
-    """The columns of the steps table (:class:`~saga.records.StepRecord`)."""
-
-    saga_id: str = Field(primary_key=True, max_length=255)
-    idx: int = Field(primary_key=True)
-    name: str = Field(sa_type=sa.Text)
-    kind: str = Field(max_length=24)
-    state: str = Field(max_length=24)
-    compensation: str | None = Field(default=None, sa_type=sa.Text)
-    result: str | None = Field(default=None, sa_type=sa.Text)
-    error: str | None = Field(default=None, sa_type=sa.Text)
-    not_applied: bool = False
-    compensation_error: str | None = Field(default=None, sa_type=sa.Text)
-    attempts: int = 0
-    compensation_attempts: int = 0
-    started_at: float = Field(sa_type=sa.Double)
-    updated_at: float = Field(sa_type=sa.Double)
-
-
-_models: dict[str, tuple[type[SagaFields], type[StepFields]]] = {}
-_models_lock = threading.Lock()
-
-
-def _model(base: type[Any], table: str) -> Any:
-    return types.new_class(
-        f"{base.__name__}_{table}", (base,), {"table": True}, lambda ns: ns.update(__tablename__=table)
-    )
-
-
-def journal_models(prefix: str = DEFAULT_PREFIX) -> tuple[type[SagaFields], type[StepFields]]:
-    """The SQLModel table classes ``{prefix}sagas`` and ``{prefix}saga_steps`` (built once, cached).
-
-    Raises:
-        ConfigurationError: the prefix is not a plain identifier of at most 40 characters.
-    """
-    if not _PREFIX.fullmatch(prefix):
-        raise ConfigurationError(
-            f"table prefix {prefix!r} must be a letter or _ then up to 39 of [A-Za-z0-9_]"
-        )
-    with _models_lock:
-        found = _models.get(prefix)
-        if found is None:
-            found = (_model(SagaFields, f"{prefix}sagas"), _model(StepFields, f"{prefix}saga_steps"))
-            _models[prefix] = found
-        return found
+_DIALECTS = ("postgresql", "sqlite")
 
 
 @contextlib.contextmanager
@@ -162,6 +91,11 @@ def _saga(row: Sequence[Any]) -> SagaRecord:
         created_at=float(row[8]),
         updated_at=float(row[9]),
         error=row[10],
+        deadline=float(row[11]),
+        recoveries=int(row[12]),
+        waiting_for=row[13],
+        wait_until=float(row[14]),
+        cancel_requested=bool(row[15]),
     )
 
 
@@ -190,7 +124,8 @@ class SqlJournal:
         url_or_engine: ``sqlite:///path.db``, ``sqlite://`` (private, in memory),
             ``postgresql://user@host/db``, or an engine (then not disposed by :meth:`close`).
         clock: seconds since the epoch; inject one to test lease expiry without sleeping.
-        table_prefix: the tables are ``{prefix}sagas`` and ``{prefix}saga_steps``.
+        table_prefix: the tables are ``{prefix}sagas``, ``{prefix}saga_steps`` and
+            ``{prefix}saga_signals``.
         create: create the tables when missing.
 
     Raises:
@@ -206,15 +141,12 @@ class SqlJournal:
         table_prefix: str = DEFAULT_PREFIX,
         create: bool = True,
     ) -> None:
-        saga_model, step_model = journal_models(table_prefix)
-        self._tables = [
-            cast(sa.Table, saga_model.__table__),  # type: ignore[attr-defined]
-            cast(sa.Table, step_model.__table__),  # type: ignore[attr-defined]
-        ]
+        models = journal_models(table_prefix)
+        self._tables = [cast(sa.Table, getattr(model, "__table__")) for model in models]  # noqa: B009
         self._owned = isinstance(url_or_engine, str)
         engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
         dialect = engine.dialect.name
-        if dialect not in _DB_NOW:
+        if dialect not in _DIALECTS:
             raise ConfigurationError(f"SqlJournal serves SQLite and PostgreSQL, not {dialect}")
         self._engine = engine
         self._clock = clock
@@ -223,47 +155,10 @@ class SqlJournal:
             threading.RLock() if isinstance(engine.pool, StaticPool) else contextlib.nullcontext()
         )
         quote = engine.dialect.identifier_preparer.quote
-        self._build(quote(f"{table_prefix}sagas"), quote(f"{table_prefix}saga_steps"), dialect)
+        sagas, steps, signals = (quote(t.name) for t in self._tables)
+        self._sql = Statements(sagas, steps, signals, dialect, injected_clock=clock is not None)
         if create:
             self.create_tables()
-
-    def _build(self, sagas: str, steps: str, dialect: str) -> None:
-        now = "CAST(:now AS DOUBLE PRECISION)" if self._clock else _DB_NOW[dialect]
-        self._now_sql = sa.text(f"SELECT {now}")
-        self._start_sql = sa.text(f"""
-            INSERT INTO {sagas} AS s ({_SAGA_COLUMNS})
-            SELECT :saga_id, :name, :version, :fingerprint, :input, 'running', 1,
-                   c.now + CAST(:lease AS DOUBLE PRECISION), c.now, c.now, NULL
-            FROM (SELECT {now} AS now) AS c WHERE true
-            ON CONFLICT (saga_id) DO UPDATE SET
-                token = s.token + 1, lease_until = excluded.lease_until, updated_at = excluded.updated_at
-            WHERE s.state IN {_LIVE} AND s.lease_until <= excluded.created_at
-              AND s.name = excluded.name AND s.version = excluded.version
-              AND s.fingerprint = excluded.fingerprint
-            RETURNING {_SAGA_COLUMNS}""")
-        self._get_saga_sql = sa.text(f"SELECT {_SAGA_COLUMNS} FROM {sagas} WHERE saga_id = :saga_id")
-        self._get_steps_sql = sa.text(
-            f"SELECT {_STEP_COLUMNS} FROM {steps} WHERE saga_id = :saga_id ORDER BY idx"
-        )
-        fence = f"saga_id = :saga_id AND token = :token AND state IN {_LIVE}"
-        lease = "CASE WHEN :lease > 0 THEN c.now + CAST(:lease AS DOUBLE PRECISION) ELSE 0 END"
-        clock_row = f"(SELECT {now} AS now) AS c"
-        self._touch_sql = sa.text(
-            f"UPDATE {sagas} SET lease_until = {lease}, updated_at = c.now FROM {clock_row} "
-            f"WHERE {fence} RETURNING {_SAGA_COLUMNS}"
-        )
-        self._move_sql = sa.text(
-            f"UPDATE {sagas} SET state = :state, error = :error, lease_until = {lease}, "
-            f"updated_at = c.now FROM {clock_row} WHERE {fence} RETURNING {_SAGA_COLUMNS}"
-        )
-        kept = ("saga_id", "idx", "started_at")
-        updates = ", ".join(f"{c} = excluded.{c}" for c in _STEP_COLUMNS.split(", ") if c not in kept)
-        self._upsert_step_sql = sa.text(
-            f"INSERT INTO {steps} ({_STEP_COLUMNS}) VALUES (:saga_id, :idx, :name, :kind, :state, "
-            ":compensation, :result, :error, :not_applied, :compensation_error, :attempts, "
-            ":compensation_attempts, :stamp, :stamp) "
-            f"ON CONFLICT (saga_id, idx) DO UPDATE SET {updates}"
-        )
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sa.Connection]:
@@ -275,8 +170,14 @@ class SqlJournal:
             params["now"] = float(self._clock())
         return params
 
+    def _lock_row(self, conn: sa.Connection, saga_id: str) -> Sequence[Any] | None:
+        """Postgres: lock the saga row for the transaction (SQLite writers are serialised anyway)."""
+        if not self._postgres:
+            return None
+        return conn.execute(self._sql.lock_saga, {"saga_id": saga_id}).first()
+
     def create_tables(self) -> None:
-        """Create both tables and their indexes if missing.
+        """Create the tables and their indexes if missing.
 
         Raises:
             JournalUnavailable: the database cannot be reached.
@@ -284,18 +185,20 @@ class SqlJournal:
         with self._connect() as conn:
             if self._postgres:  # two processes creating at once would collide
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": 0x5A6A_5A67})
-            _JournalModel.metadata.create_all(conn, tables=self._tables)
+            metadata().create_all(conn, tables=self._tables)
 
     def now(self) -> float:
         """See :meth:`SagaJournal.now`."""
         if self._clock is not None:
             return float(self._clock())
         with self._connect() as conn:
-            return float(conn.execute(self._now_sql).scalar_one())
+            return float(conn.execute(self._sql.now).scalar_one())
 
     def _snapshot(self, conn: sa.Connection, saga: SagaRecord) -> SagaSnapshot:
-        rows = conn.execute(self._get_steps_sql, {"saga_id": saga.saga_id})
-        return SagaSnapshot(saga, tuple(_step(row) for row in rows))
+        key = {"saga_id": saga.saga_id}
+        steps = tuple(_step(row) for row in conn.execute(self._sql.get_steps, key))
+        signals = {str(row[0]): str(row[1]) for row in conn.execute(self._sql.get_signals, key)}
+        return SagaSnapshot(saga, steps, signals)
 
     def start(
         self,
@@ -306,25 +209,43 @@ class SqlJournal:
         input: str,
         fingerprint: str,
         lease: float,
+        timeout: float = 0.0,
     ) -> StartResult:
         """See :meth:`SagaJournal.start`. One upsert (created or taken over), else one read."""
         params = self._params(
-            saga_id=saga_id, name=name, version=version, input=input, fingerprint=fingerprint, lease=lease
+            saga_id=saga_id,
+            name=name,
+            version=version,
+            input=input,
+            fingerprint=fingerprint,
+            lease=float(lease),
+            timeout=float(timeout),
         )
         with self._connect() as conn:
-            row = conn.execute(self._start_sql, params).first()
+            row = conn.execute(self._sql.start, params).first()
             if row is not None:
                 saga = _saga(row)
                 outcome = StartOutcome.CREATED if saga.token == 1 else StartOutcome.TOOK_OVER
             else:
-                saga = _saga(conn.execute(self._get_saga_sql, {"saga_id": saga_id}).one())
+                saga = _saga(conn.execute(self._sql.get_saga, {"saga_id": saga_id}).one())
                 outcome = StartOutcome.EXISTING
             return StartResult(outcome, self._snapshot(conn, saga))
+
+    def claim(self, saga_id: str, *, lease: float) -> SagaSnapshot | None:
+        """See :meth:`SagaJournal.claim`. One conditional UPDATE, then the steps and signals."""
+        with self._connect() as conn:
+            row = conn.execute(self._sql.claim, self._params(saga_id=saga_id, lease=float(lease))).first()
+            return None if row is None else self._snapshot(conn, _saga(row))
+
+    def due(self, *, limit: int = 100) -> list[SagaRecord]:
+        """See :meth:`SagaJournal.due`. Served by the ``(state, lease_until)`` index."""
+        with self._connect() as conn:
+            return [_saga(row) for row in conn.execute(self._sql.due, self._params(limit=max(0, limit)))]
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`."""
         with self._connect() as conn:
-            row = conn.execute(self._get_saga_sql, {"saga_id": saga_id}).first()
+            row = conn.execute(self._sql.get_saga, {"saga_id": saga_id}).first()
             return None if row is None else self._snapshot(conn, _saga(row))
 
     def commit(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:
@@ -332,17 +253,27 @@ class SqlJournal:
         params = self._params(saga_id=saga_id, token=token, lease=float(phase.lease))
         with self._connect() as conn:
             if phase.state is None:
-                row = conn.execute(self._touch_sql, params).first()
+                row = conn.execute(self._sql.touch, params).first()
+            elif phase.state is SagaState.WAITING:
+                self._lock_row(conn, saga_id)
+                params.update(
+                    error=phase.error,
+                    waiting_for=phase.waiting_for,
+                    wait_until=float(phase.wait_until),
+                    wake_at=float(phase.wake_at),
+                    wake_on_cancel=bool(phase.wake_on_cancel),
+                )
+                row = conn.execute(self._sql.park, params).first()
             else:
                 params.update(state=phase.state.value, error=phase.error)
-                row = conn.execute(self._move_sql, params).first()
+                row = conn.execute(self._sql.move, params).first()
             if row is None:
-                found = conn.execute(self._get_saga_sql, {"saga_id": saga_id}).first()
+                found = conn.execute(self._sql.get_saga, {"saga_id": saga_id}).first()
                 raise _lost(saga_id, token, None if found is None else _saga(found))
             saga = _saga(row)
             for step in phase.steps:
                 conn.execute(
-                    self._upsert_step_sql,
+                    self._sql.upsert_step,
                     {
                         "saga_id": saga_id,
                         "idx": step.index,
@@ -361,6 +292,35 @@ class SqlJournal:
                 )
             return saga
 
+    def signal(self, saga_id: str, name: str, payload: str) -> SignalOutcome:
+        """See :meth:`SagaJournal.signal`. Locks the saga row (Postgres), inserts, wakes."""
+        with self._connect() as conn:
+            self._lock_row(conn, saga_id)
+            found = conn.execute(self._sql.get_saga, {"saga_id": saga_id}).first()
+            if found is None:
+                raise SagaNotFound(saga_id)
+            saga = _saga(found)
+            if saga.state not in RESUMABLE_STATES:
+                return SignalOutcome.TOO_LATE
+            added = conn.execute(
+                self._sql.add_signal, self._params(saga_id=saga_id, name=name, payload=payload)
+            ).first()
+            if added is None:
+                return SignalOutcome.DUPLICATE
+            conn.execute(self._sql.wake, self._params(saga_id=saga_id, name=name))
+            return SignalOutcome.DELIVERED
+
+    def cancel(self, saga_id: str, cause: str) -> CancelOutcome:
+        """See :meth:`SagaJournal.cancel`. One conditional UPDATE, else one read."""
+        with self._connect() as conn:
+            if conn.execute(self._sql.cancel, self._params(saga_id=saga_id, cause=cause)).first():
+                return CancelOutcome.REQUESTED
+            found = conn.execute(self._sql.get_saga, {"saga_id": saga_id}).first()
+        if found is None:
+            raise SagaNotFound(saga_id)
+        state = _saga(found).state
+        return CancelOutcome.ALREADY if state in RESUMABLE_STATES else CancelOutcome.TOO_LATE
+
     def list(
         self,
         *,
@@ -370,7 +330,7 @@ class SqlJournal:
     ) -> list[SagaRecord]:
         """See :meth:`SagaJournal.list`. Ordered by saga id (the primary key index)."""
         t = self._tables[0].c
-        query = sa.select(*(t[name] for name in _SAGA_COLUMNS.split(", ")))
+        query = sa.select(*(t[name] for name in SAGA_COLUMNS.split(", ")))
         if states is not None:
             query = query.where(t.state.in_([SagaState(s).value for s in states]))
         if after is not None:

@@ -1,0 +1,269 @@
+"""The saga's decisions, free of I/O, table-tested: what a start means, what a snapshot does next.
+
+:func:`decide_start` maps a journal start to what the runner does (resume, replay, attach, refuse);
+:func:`decide` maps a saga's journal snapshot to its next move; :func:`failure_state` says where a
+failed step leaves the saga; :func:`abandon_cause`, :func:`step_deadline` and :func:`wake_at` say
+when cancellation and deadlines stop the saga going forward. :mod:`saga.coordinator` strings them
+together; nothing here reads a clock: "now" is the journal time of the snapshot's latest write
+(``saga.updated_at``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from idempotency.codec import encode_error
+from saga.definition import Saga
+from saga.errors import DefinitionMismatch, SagaCancelled, SagaDeadlineExceeded, StepMismatch
+from saga.records import (
+    FOREVER,
+    LIVE_STATES,
+    Phase,
+    SagaSnapshot,
+    SagaState,
+    StartOutcome,
+    StartResult,
+    StepKind,
+    StepRecord,
+    StepState,
+)
+
+__all__ = [
+    "Abandon",
+    "Compensate",
+    "Done",
+    "Next",
+    "RunStep",
+    "SetState",
+    "StartAction",
+    "StartStep",
+    "abandon_cause",
+    "apply",
+    "check",
+    "decide",
+    "decide_start",
+    "failure_state",
+    "needs_compensation",
+    "pivot_started",
+    "step_deadline",
+    "wake_at",
+]
+
+
+class StartAction(enum.Enum):
+    """What the runner does with the result of a journal start."""
+
+    RESUME = "resume"
+    """We own the saga (new or taken over): drive it from where the journal stands."""
+    REPLAY = "replay"
+    """It is finished, parked or waiting: return its recorded outcome."""
+    ATTACH = "attach"
+    """Another runner holds a live lease: wait, then start again."""
+    CONFLICT = "conflict"
+    """Same id, other input."""
+    MISMATCH = "mismatch"
+    """Same id, another saga name or version."""
+
+
+def decide_start(started: StartResult, *, name: str, version: int, fingerprint: str) -> StartAction:
+    """The next action for a journal start. Pure."""
+    if started.outcome is not StartOutcome.EXISTING:
+        return StartAction.RESUME
+    saga = started.snapshot.saga
+    if (saga.name, saga.version) != (name, version):
+        return StartAction.MISMATCH
+    if saga.fingerprint != fingerprint:
+        return StartAction.CONFLICT
+    if saga.state in LIVE_STATES:
+        return StartAction.ATTACH
+    return StartAction.REPLAY
+
+
+@dataclass(frozen=True, slots=True)
+class StartStep:
+    """Write step ``index`` STARTED with its compensation registered (no action runs yet)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunStep:
+    """Step ``index`` is STARTED: run its action (again, after a crash: its effects replay)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Compensate:
+    """Run the compensation of step ``index``."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetState:
+    """Move the saga to ``state`` (nothing else is left to do in the current one)."""
+
+    state: SagaState
+
+
+@dataclass(frozen=True, slots=True)
+class Abandon:
+    """Stop going forward and compensate: the saga was cancelled or passed its deadline.
+
+    ``cause`` is the error (JSON) the saga records.
+    """
+
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The saga is no longer live: report its outcome."""
+
+
+Next = StartStep | RunStep | Compensate | SetState | Abandon | Done
+
+
+def failure_state(kind: StepKind, not_applied: bool) -> SagaState:
+    """Where a step that failed for good leaves the saga. Pure.
+
+    - compensatable: COMPENSATING (its own compensation runs unless ``not_applied``);
+    - pivot: COMPENSATING when it did not apply, else NEEDS_ATTENTION: it may have happened, and
+      undoing the steps before it would be wrong if it did;
+    - retriable: NEEDS_ATTENTION: after the pivot the saga only goes forward.
+    """
+    if kind is StepKind.COMPENSATABLE or (kind is StepKind.PIVOT and not_applied):
+        return SagaState.COMPENSATING
+    return SagaState.NEEDS_ATTENTION
+
+
+def needs_compensation(row: StepRecord) -> bool:
+    """Whether a step row still has a registered compensation to run. Pure."""
+    if row.compensation is None or row.kind is not StepKind.COMPENSATABLE:
+        return False
+    if row.state is StepState.FAILED:
+        return not row.not_applied
+    return row.state in (StepState.SUCCEEDED, StepState.STARTED)
+
+
+def pivot_started(snapshot: SagaSnapshot, fresh: int | None = None) -> bool:
+    """Whether the pivot (or a step after it) has a row, so the saga may only go forward. Pure.
+
+    ``fresh`` is the index of a row the caller wrote STARTED and knows never ran: it does not count.
+    """
+    return any(
+        row.kind is not StepKind.COMPENSATABLE and row.index != fresh and not row.not_applied
+        for row in snapshot.steps
+    )
+
+
+def abandon_cause(snapshot: SagaSnapshot, fresh: int | None = None) -> str | None:
+    """Why a RUNNING saga must stop going forward (its cause as JSON), or None. Pure.
+
+    A pending cancellation, or the saga's deadline passed (as of its latest write); both only before
+    the pivot started (see :func:`pivot_started`).
+    """
+    saga = snapshot.saga
+    if saga.state is not SagaState.RUNNING or pivot_started(snapshot, fresh):
+        return None
+    if saga.cancel_requested:
+        return saga.error or encode_error(SagaCancelled())
+    if 0 < saga.deadline <= saga.updated_at:
+        return encode_error(SagaDeadlineExceeded(saga.saga_id))
+    return None
+
+
+def step_deadline(saga: Saga[Any], snapshot: SagaSnapshot, index: int) -> float | None:
+    """When step ``index`` (STARTED) must be done: its timeout from its start and, for a step
+    before the pivot, the saga's deadline; None when neither applies. Pure."""
+    step = saga.steps[index]
+    row = snapshot.step(index)
+    found: list[float] = []
+    if step.timeout is not None and row is not None:
+        found.append(row.started_at + step.timeout)
+    if step.kind is StepKind.COMPENSATABLE and snapshot.saga.deadline > 0:
+        found.append(snapshot.saga.deadline)
+    return min(found) if found else None
+
+
+def wake_at(snapshot: SagaSnapshot, wait_until: float) -> float:
+    """When a saga parked with a wait deadline of ``wait_until`` (0: none) must be taken over:
+    the earlier of that and, before the pivot, the saga's deadline. Pure."""
+    found = [FOREVER]
+    if wait_until > 0:
+        found.append(wait_until)
+    if snapshot.saga.deadline > 0 and not pivot_started(snapshot):
+        found.append(snapshot.saga.deadline)
+    return min(found)
+
+
+def check(saga: Saga[Any], snapshot: SagaSnapshot) -> None:
+    """Refuse a journal written by another definition. Pure.
+
+    Raises:
+        DefinitionMismatch: another name or version, or a registered compensation the step lacks.
+        StepMismatch: a journal step's name differs from the definition's step at that position.
+    """
+    record = snapshot.saga
+    if (record.name, record.version) != (saga.name, saga.version):
+        raise DefinitionMismatch(
+            record.saga_id,
+            f"journal has {record.name!r} v{record.version}, definition is {saga.name!r} v{saga.version}",
+        )
+    for row in snapshot.steps:
+        if row.index >= len(saga.steps) or saga.steps[row.index].name != row.name:
+            expected = saga.steps[row.index].name if row.index < len(saga.steps) else None
+            raise StepMismatch(record.saga_id, row.index, row.name, expected)
+        step = saga.steps[row.index]
+        if row.compensation is not None and step.compensation_fn is None:
+            raise DefinitionMismatch(
+                record.saga_id, f"step {row.name!r} registered a compensation the definition lacks"
+            )
+
+
+def decide(saga: Saga[Any], snapshot: SagaSnapshot, fresh: int | None = None) -> Next:
+    """The saga's next move, given its journal. Pure.
+
+    ``fresh``: see :func:`pivot_started`.
+
+    Raises:
+        DefinitionMismatch: the journal's name, version or steps do not match ``saga``.
+    """
+    check(saga, snapshot)
+    state = snapshot.saga.state
+    if state not in LIVE_STATES:
+        return Done()
+    if state is SagaState.RUNNING:
+        rows = [snapshot.step(step.index) for step in saga.steps]
+        if all(row is not None and row.state is StepState.SUCCEEDED for row in rows):
+            return SetState(SagaState.COMPLETED)
+        cause = abandon_cause(snapshot, fresh)
+        if cause is not None:
+            return Abandon(cause)
+        for step, row in zip(saga.steps, rows, strict=True):
+            if row is None:
+                return StartStep(step.index)
+            if row.state is StepState.STARTED:
+                return RunStep(step.index)
+            if row.state is not StepState.SUCCEEDED:
+                # Only a hand-edited journal gets here: failures change the saga state atomically.
+                return SetState(failure_state(row.kind, row.not_applied))
+    for row in reversed(snapshot.steps):
+        if needs_compensation(row):
+            return Compensate(row.index)
+    undone = any(row.state is StepState.COMPENSATED for row in snapshot.steps)
+    return SetState(SagaState.COMPENSATED if undone else SagaState.FAILED)
+
+
+def apply(snapshot: SagaSnapshot, phase: Phase) -> SagaSnapshot:
+    """The snapshot after ``phase`` is committed (journal timestamps aside). Pure."""
+    rows = {row.index: row for row in snapshot.steps}
+    for row in phase.steps:
+        rows[row.index] = row
+    saga = snapshot.saga
+    if phase.state is not None:
+        saga = saga.evolve(state=phase.state, error=phase.error)
+    return SagaSnapshot(saga, tuple(rows[i] for i in sorted(rows)), snapshot.signals)

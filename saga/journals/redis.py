@@ -1,0 +1,444 @@
+"""The Redis journal: every primitive is one Lua script over the keys of one saga.
+
+A saga lives in three keys that share the hash tag ``{<saga id>}``, so every script touches one hash
+slot and the layout suits Redis Cluster:
+
+- ``<prefix>:{<id>}``: a hash of the saga row (:class:`~saga.records.SagaRecord`'s fields; numbers as
+  text that reads back as the exact float, None as an absent field);
+- ``<prefix>:{<id>}:steps``: a hash of step rows: field ``<index>`` is the row as JSON (written by
+  Python), ``<index>:s`` and ``<index>:u`` its start and update times (stamped by the script);
+- ``<prefix>:{<id>}:signals``: a hash of delivered signals, name to payload.
+
+The recovery sweep needs "which sagas are due" without scanning every saga, and a cluster-safe
+script cannot update an index in another slot atomically. So ``<prefix>:due`` is a sorted set whose
+score is a *lower bound* of each resumable saga's ``lease_until``: every write that may make a saga
+due earlier (a start, a signal, a cancellation, a parking) first lowers its score to 0 in the same
+pipeline, and writes that only push ``lease_until`` later leave it alone. :meth:`RedisJournal.due`
+reads the entries whose score has passed, checks each saga, and repairs the index with
+compare-and-set scripts: a saga not due yet gets its real ``lease_until``, an ended one is removed.
+The claim, one script on the saga's keys, stays the only authority, so a stale index can delay a
+recovery (by at most one lease when a runner with a shorter lease takes over from one with a
+longer lease) but never cause a wrong one.
+
+Times come from Redis (``TIME`` inside the script) unless a clock is injected. Requires Redis 7.
+Saga ids must not contain ``{`` or ``}`` (they would break the hash tag).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, cast
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+from idempotency.errors import ConfigurationError
+from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
+from saga.journals.redis_scripts import (
+    CANCEL,
+    CLAIM,
+    COMMIT,
+    FIELDS,
+    INDEX_CAS,
+    LOAD,
+    ORPHAN_GRACE,
+    SIGNAL,
+    START,
+)
+from saga.records import (
+    FINAL_STATES,
+    RESUMABLE_STATES,
+    CancelOutcome,
+    Phase,
+    SagaRecord,
+    SagaSnapshot,
+    SagaState,
+    SignalOutcome,
+    StartOutcome,
+    StartResult,
+    StepKind,
+    StepRecord,
+    StepState,
+)
+
+__all__ = ["RedisJournal"]
+
+_TRANSIENT = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
+
+
+def _error(exc: redis.RedisError) -> JournalError:
+    if isinstance(exc, _TRANSIENT):
+        return JournalUnavailable(f"redis journal unavailable: {exc}")
+    return JournalError(f"redis journal failed: {exc}")
+
+
+def _text(value: Any) -> Any:
+    """Decode bytes replies of a client built without ``decode_responses``."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return [_text(v) for v in value]
+    return value
+
+
+def _saga(saga_id: str, r: Sequence[Any]) -> SagaRecord:
+    return SagaRecord(
+        saga_id=saga_id,
+        name=r[0],
+        version=int(r[1]),
+        fingerprint=r[2],
+        input=r[3],
+        state=SagaState(r[4]),
+        token=int(r[5]),
+        lease_until=float(r[6]),
+        created_at=float(r[7]),
+        updated_at=float(r[8]),
+        error=r[9],
+        deadline=float(r[10] or 0),
+        recoveries=int(r[11] or 0),
+        waiting_for=r[12],
+        wait_until=float(r[13] or 0),
+        cancel_requested=r[14] == "1",
+    )
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _steps(flat: Sequence[Any]) -> tuple[StepRecord, ...]:
+    fields = _pairs(flat)
+    rows = []
+    for key, text in fields.items():
+        if ":" in key:
+            continue
+        data = json.loads(text)
+        rows.append(
+            StepRecord(
+                index=int(key),
+                name=data["name"],
+                kind=StepKind(data["kind"]),
+                state=StepState(data["state"]),
+                compensation=data["compensation"],
+                result=data["result"],
+                error=data["error"],
+                not_applied=bool(data["not_applied"]),
+                compensation_error=data["compensation_error"],
+                attempts=int(data["attempts"]),
+                compensation_attempts=int(data["compensation_attempts"]),
+                started_at=float(fields[f"{key}:s"]),
+                updated_at=float(fields[f"{key}:u"]),
+            )
+        )
+    return tuple(sorted(rows, key=lambda row: row.index))
+
+
+def _step_json(row: StepRecord) -> str:
+    return json.dumps(
+        {
+            "name": row.name,
+            "kind": row.kind.value,
+            "state": row.state.value,
+            "compensation": row.compensation,
+            "result": row.result,
+            "error": row.error,
+            "not_applied": row.not_applied,
+            "compensation_error": row.compensation_error,
+            "attempts": row.attempts,
+            "compensation_attempts": row.compensation_attempts,
+        },
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+
+
+class RedisJournal:
+    """A :class:`~saga.journal.SagaJournal` in Redis, shared by any number of processes.
+
+    Args:
+        url_or_client: a ``redis://``, ``rediss://`` or ``unix://`` URL, or a ready ``redis.Redis``
+            (left open by :meth:`close`). From a URL the client fails fast (connect timeout 2 s,
+            read timeout 5 s) and never retries on its own: whether to retry a script whose reply
+            was lost is the caller's decision.
+        clock: seconds since the epoch; inject one to test leases without sleeping. By default every
+            script reads Redis's ``TIME``.
+        prefix: the first part of every key; the journal owns ``{prefix}:{*}`` and ``{prefix}:due``.
+
+    Raises:
+        ConfigurationError: the URL or prefix is malformed.
+        JournalUnavailable: Redis cannot be reached (the scripts are loaded at once).
+    """
+
+    def __init__(
+        self,
+        url_or_client: str | redis.Redis,
+        *,
+        clock: Callable[[], float] | None = None,
+        prefix: str = "sgj",
+    ) -> None:
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ConfigurationError(f"a redis prefix must be non-empty and brace-free: {prefix!r}")
+        if isinstance(url_or_client, str):
+            try:
+                client = redis.Redis.from_url(
+                    url_or_client,
+                    decode_responses=True,
+                    socket_connect_timeout=2.0,
+                    socket_timeout=5.0,
+                    retry=Retry(NoBackoff(), 0),
+                )
+            except ValueError as exc:
+                raise ConfigurationError(f"malformed redis URL: {exc}") from exc
+            self._owned = True
+        else:
+            client, self._owned = url_or_client, False
+        self._client = client
+        self._clock = clock
+        self._prefix = prefix
+        self._due_key = f"{prefix}:due"
+        sources = (START, CLAIM, LOAD, COMMIT, SIGNAL, CANCEL, INDEX_CAS)
+        scripts: list[Script] = [client.register_script(s) for s in sources]
+        (self._start, self._claim, self._load, self._commit, self._signal, self._cancel, self._cas) = scripts
+        try:
+            pipe = client.pipeline(transaction=False)
+            for script in scripts:
+                pipe.script_load(script.script)
+            pipe.execute()
+        except redis.RedisError as exc:
+            if self._owned:
+                client.close()
+            raise _error(exc) from exc
+
+    # -- keys and calls -------------------------------------------------------------------------
+
+    def _keys(self, saga_id: str) -> list[str]:
+        if "{" in saga_id or "}" in saga_id or not saga_id:
+            raise ConfigurationError(f"the redis journal takes saga ids without braces: {saga_id!r}")
+        base = f"{self._prefix}:{{{saga_id}}}"
+        return [base, f"{base}:steps", f"{base}:signals"]
+
+    def _now_arg(self) -> float | str:
+        return "" if self._clock is None else float(self._clock())
+
+    def _run(self, script: Script, keys: list[str], args: Sequence[Any], *, lower: str | None = None) -> Any:
+        """Run a script, first lowering ``lower``'s due-index score to 0 in the same round trip."""
+        try:
+            if lower is None:
+                return _text(script(keys=keys, args=list(args)))
+            for _ in range(2):
+                # EVALSHA in a plain pipeline: redis-py's script-in-pipeline would add a round trip.
+                pipe = self._client.pipeline(transaction=False)
+                pipe.zadd(self._due_key, {lower: 0}, lt=True)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                try:
+                    return _text(pipe.execute()[1])
+                except NoScriptError:  # Redis restarted or flushed its scripts: NOSCRIPT did not run
+                    self._client.script_load(script.script)
+            raise JournalError("redis keeps refusing the journal's scripts (NOSCRIPT)")
+        except redis.RedisError as exc:
+            raise _error(exc) from exc
+
+    def _snapshot(self, saga_id: str, reply: Sequence[Any]) -> SagaSnapshot:
+        return SagaSnapshot(_saga(saga_id, reply[1]), _steps(reply[2]), _pairs(reply[3]))
+
+    # -- the contract ---------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """See :meth:`SagaJournal.now`: the injected clock, or Redis's ``TIME``."""
+        if self._clock is not None:
+            return float(self._clock())
+        try:
+            seconds, micros = self._client.time()
+        except redis.RedisError as exc:
+            raise _error(exc) from exc
+        return int(seconds) + int(micros) / 1_000_000
+
+    def start(
+        self,
+        saga_id: str,
+        *,
+        name: str,
+        version: int,
+        input: str,
+        fingerprint: str,
+        lease: float,
+        timeout: float = 0.0,
+    ) -> StartResult:
+        """See :meth:`SagaJournal.start`: one script (after lowering the saga's index entry)."""
+        args = (self._now_arg(), name, str(version), fingerprint, input, float(lease), float(timeout))
+        reply = self._run(self._start, self._keys(saga_id), args, lower=saga_id)
+        return StartResult(StartOutcome(reply[0]), self._snapshot(saga_id, reply))
+
+    def claim(self, saga_id: str, *, lease: float) -> SagaSnapshot | None:
+        """See :meth:`SagaJournal.claim`: one script."""
+        reply = self._run(self._claim, self._keys(saga_id), (self._now_arg(), float(lease)))
+        return None if reply[0] == "not_due" else self._snapshot(saga_id, reply)
+
+    def load(self, saga_id: str) -> SagaSnapshot | None:
+        """See :meth:`SagaJournal.load`: one read-only script, a consistent view of the saga."""
+        reply = self._run(self._load, self._keys(saga_id), (self._now_arg(),))
+        return None if reply[0] == "unknown" else self._snapshot(saga_id, reply)
+
+    def commit(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:
+        """See :meth:`SagaJournal.commit`: one fenced script; an ended saga leaves the due index."""
+        args: list[Any] = [
+            self._now_arg(),
+            str(token),
+            float(phase.lease),
+            "" if phase.state is None else phase.state.value,
+            "1" if phase.error is not None else "0",
+            phase.error or "",
+            phase.waiting_for or "",
+            float(phase.wait_until),
+            float(phase.wake_at),
+            "1" if phase.wake_on_cancel else "0",
+        ]
+        for row in phase.steps:
+            args += [str(row.index), _step_json(row)]
+        parking = phase.state is SagaState.WAITING
+        reply = self._run(self._commit, self._keys(saga_id), args, lower=saga_id if parking else None)
+        if reply[0] == "lost":
+            _, state, current = reply
+            if state is None:
+                raise LostSagaLease(saga_id, token, "saga is unknown")
+            if int(current) != token:
+                raise LostSagaLease(saga_id, token, f"token is now {int(current)}")
+            raise LostSagaLease(saga_id, token, f"saga is already {state}")
+        record = _saga(saga_id, reply[1])
+        if record.state not in RESUMABLE_STATES:
+            self._unindex(saga_id)
+        return record
+
+    def _unindex(self, saga_id: str) -> None:
+        # Best effort: an ended saga never becomes resumable again; a sweep removes it otherwise.
+        with contextlib.suppress(redis.RedisError):
+            self._client.zrem(self._due_key, saga_id)
+
+    def signal(self, saga_id: str, name: str, payload: str) -> SignalOutcome:
+        """See :meth:`SagaJournal.signal`: one script (after lowering the saga's index entry)."""
+        keys = self._keys(saga_id)
+        reply = self._run(self._signal, [keys[0], keys[2]], (self._now_arg(), name, payload), lower=saga_id)
+        if reply == "unknown":
+            raise SagaNotFound(saga_id)
+        return SignalOutcome(reply)
+
+    def cancel(self, saga_id: str, cause: str) -> CancelOutcome:
+        """See :meth:`SagaJournal.cancel`: one script (after lowering the saga's index entry)."""
+        keys = self._keys(saga_id)
+        reply = self._run(self._cancel, keys[:1], (self._now_arg(), cause), lower=saga_id)
+        if reply == "unknown":
+            raise SagaNotFound(saga_id)
+        return CancelOutcome(reply)
+
+    def due(self, *, limit: int = 100) -> list[SagaRecord]:
+        """See :meth:`SagaJournal.due`: reads the due index, checks each saga, repairs the index."""
+        if limit <= 0:
+            return []
+        now = self.now()
+        found: list[SagaRecord] = []
+        offset, page = 0, max(limit, 100)
+        try:
+            while len(found) < limit:
+                entries = cast(
+                    "list[tuple[Any, float]]",
+                    self._client.zrangebyscore(
+                        self._due_key, "-inf", now, start=offset, num=page, withscores=True
+                    ),
+                )
+                if not entries:
+                    break
+                kept = 0
+                for member, score in entries:
+                    saga_id = _text(member)
+                    record = self._check(saga_id, float(score), now)
+                    if record is not None:
+                        found.append(record)
+                        kept += 1
+                offset += kept
+                if len(entries) < page:
+                    break
+        except redis.RedisError as exc:
+            raise _error(exc) from exc
+        found.sort(key=lambda r: (r.lease_until, r.saga_id))
+        return found[:limit]
+
+    def _check(self, saga_id: str, score: float, now: float) -> SagaRecord | None:
+        """The saga if it is due; else repair its index entry (compare-and-set on the score)."""
+        if "{" in saga_id or "}" in saga_id:
+            self._cas(keys=[self._due_key], args=[saga_id, score, ""])
+            return None
+        values = _text(self._client.hmget(self._keys(saga_id)[0], FIELDS))
+        if values[4] is None:
+            # No saga (yet): a start lowers the entry just before creating it. Look again later.
+            new = "" if score > 0 else now + ORPHAN_GRACE
+            self._cas(keys=[self._due_key], args=[saga_id, score, new])
+            return None
+        record = _saga(saga_id, values)
+        if record.state in FINAL_STATES or record.state not in RESUMABLE_STATES:
+            self._cas(keys=[self._due_key], args=[saga_id, score, ""])
+            return None
+        if record.lease_until > now:
+            self._cas(keys=[self._due_key], args=[saga_id, score, record.lease_until])
+            return None
+        return record
+
+    def list(
+        self,
+        *,
+        states: Collection[SagaState] | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[SagaRecord]:
+        """See :meth:`SagaJournal.list`.
+
+        Redis has no ordered index of ids, so listing scans the prefix's keys and sorts them: O(n)
+        in the number of sagas, for operators and tools, never the hot path.
+        """
+        if limit <= 0:
+            return []
+        wanted = None if states is None else {SagaState(s) for s in states}
+        head = f"{self._prefix}:{{"
+        match = head.replace("\\", "\\\\").replace("*", "\\*").replace("?", "\\?").replace("[", "\\[")
+        found: list[SagaRecord] = []
+        try:
+            ids = sorted(
+                name[len(head) : -1]
+                for name in map(_text, self._client.scan_iter(match=match + "*}", count=1000, _type="hash"))
+                if name.endswith("}") and (after is None or name[len(head) : -1] > after)
+            )
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                pipe = self._client.pipeline(transaction=False)
+                for saga_id in chunk:
+                    pipe.hmget(self._keys(saga_id)[0], FIELDS)
+                for saga_id, raw in zip(chunk, pipe.execute(), strict=True):
+                    values = _text(raw)
+                    if values[4] is None:
+                        continue
+                    record = _saga(saga_id, values)
+                    if wanted is None or record.state in wanted:
+                        found.append(record)
+                        if len(found) == limit:
+                            return found
+        except redis.RedisError as exc:
+            raise _error(exc) from exc
+        return found
+
+    def close(self) -> None:
+        """Close the client if the journal built it from a URL."""
+        if self._owned:
+            self._client.close()
+
+    def __repr__(self) -> str:
+        return f"RedisJournal(prefix={self._prefix!r})"

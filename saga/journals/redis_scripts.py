@@ -1,0 +1,158 @@
+"""The Lua scripts of :class:`~saga.journals.redis.RedisJournal`, one per primitive.
+
+Each works on the keys of one saga (``KEYS``: the saga hash, its steps hash, its signals hash), so
+it runs atomically in one hash slot. ``ARGV[1]`` is the injected clock's reading, or empty for
+Redis's own ``TIME``. Numbers are written with ``%.17g`` so that Python's ``float()`` reads back the
+very same double.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CANCEL", "CLAIM", "COMMIT", "FIELDS", "INDEX_CAS", "LOAD", "ORPHAN_GRACE", "SIGNAL", "START",
+]  # fmt: skip
+
+FIELDS = (
+    "name", "version", "fingerprint", "input", "state", "token", "lease_until", "created_at",
+    "updated_at", "error", "deadline", "recoveries", "waiting_for", "wait_until", "cancel",
+)  # fmt: skip
+"""Saga hash fields in reply order; the Lua below indexes them from 1 (state is r[5])."""
+
+ORPHAN_GRACE = 60.0
+"""Seconds an index entry of a saga that does not exist (yet) is kept: a start lowers the entry a
+moment before its script creates the saga, so the sweep must not drop it at first sight."""
+
+_HMGET = "redis.call('HMGET', KEYS[1], " + ", ".join(f"'{f}'" for f in FIELDS) + ")"
+
+_PRELUDE = (
+    """
+local now = tonumber(ARGV[1])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+local function f(x) return string.format('%.17g', x) end
+local function resumable(st) return st == 'running' or st == 'compensating' or st == 'waiting' end
+local function live(st) return st == 'running' or st == 'compensating' end
+local function snapshot(marker)
+  return {marker, """
+    + _HMGET
+    + """, redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3])}
+end
+local function take(r, lease)
+  local waking = r[5] == 'waiting'
+  redis.call('HSET', KEYS[1], 'token', tonumber(r[6]) + 1, 'lease_until', f(now + lease),
+    'updated_at', f(now), 'state', waking and 'running' or r[5],
+    'recoveries', tonumber(r[12]) + (waking and 0 or 1))
+end
+local r = """
+    + _HMGET
+    + "\n"
+)
+
+# KEYS: saga, steps, signals. ARGV: now, name, version, fingerprint, input, lease, timeout.
+START = (
+    _PRELUDE
+    + """
+if not r[5] then
+  local timeout = tonumber(ARGV[7])
+  redis.call('HSET', KEYS[1], 'name', ARGV[2], 'version', ARGV[3], 'fingerprint', ARGV[4],
+    'input', ARGV[5], 'state', 'running', 'token', 1, 'lease_until', f(now + tonumber(ARGV[6])),
+    'created_at', f(now), 'updated_at', f(now), 'deadline', timeout > 0 and f(now + timeout) or '0',
+    'recoveries', 0, 'wait_until', '0', 'cancel', '0')
+  return snapshot('created')
+end
+if resumable(r[5]) and tonumber(r[7]) <= now and r[1] == ARGV[2] and r[2] == ARGV[3]
+    and r[3] == ARGV[4] then
+  take(r, tonumber(ARGV[6]))
+  return snapshot('took_over')
+end
+return snapshot('existing')
+"""
+)
+
+# KEYS: saga, steps, signals. ARGV: now, lease.
+CLAIM = (
+    _PRELUDE
+    + """
+if r[5] and resumable(r[5]) and tonumber(r[7]) <= now then
+  take(r, tonumber(ARGV[2]))
+  return snapshot('claimed')
+end
+return {'not_due'}
+"""
+)
+
+# KEYS: saga, steps, signals. ARGV: now (or ''), then nothing: a consistent read of the three keys.
+LOAD = _PRELUDE + "\nif not r[5] then return {'unknown'} end\nreturn snapshot('ok')\n"
+
+# KEYS: saga, steps, signals. ARGV: now, token, lease, state ('' keeps it), has_error, error,
+# waiting_for, wait_until, wake_at, wake_on_cancel, then pairs of (step index, step row JSON).
+COMMIT = (
+    _PRELUDE
+    + """
+if not r[5] or not live(r[5]) or tonumber(r[6]) ~= tonumber(ARGV[2]) then
+  return {'lost', r[5] or false, r[6] or false}
+end
+local lease = tonumber(ARGV[3])
+local lease_until = lease > 0 and f(now + lease) or '0'
+local state = ARGV[4]
+if state == 'waiting' then
+  if (r[15] == '1' and ARGV[10] == '1') or redis.call('HEXISTS', KEYS[3], ARGV[7]) == 1 then
+    lease_until = f(now)
+  else
+    lease_until = ARGV[9]
+  end
+  redis.call('HSET', KEYS[1], 'waiting_for', ARGV[7], 'wait_until', ARGV[8])
+end
+redis.call('HSET', KEYS[1], 'lease_until', lease_until, 'updated_at', f(now))
+if state ~= '' then
+  redis.call('HSET', KEYS[1], 'state', state)
+  if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'error', ARGV[6])
+  else redis.call('HDEL', KEYS[1], 'error') end
+end
+for i = 11, #ARGV, 2 do
+  local idx = ARGV[i]
+  if redis.call('HEXISTS', KEYS[2], idx .. ':s') == 0 then
+    redis.call('HSET', KEYS[2], idx .. ':s', f(now))
+  end
+  redis.call('HSET', KEYS[2], idx, ARGV[i + 1], idx .. ':u', f(now))
+end
+return {'ok', """
+    + _HMGET
+    + """}
+"""
+)
+
+# KEYS: saga, signals. ARGV: now, name, payload.
+SIGNAL = (
+    _PRELUDE
+    + """
+if not r[5] then return 'unknown' end
+if not resumable(r[5]) then return 'too_late' end
+if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 0 then return 'duplicate' end
+if r[5] == 'waiting' and r[13] == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'lease_until', f(now), 'updated_at', f(now))
+end
+return 'delivered'
+"""
+)
+
+# KEYS: saga. ARGV: now, cause.
+CANCEL = (
+    _PRELUDE
+    + """
+if not r[5] then return 'unknown' end
+if not resumable(r[5]) then return 'too_late' end
+if r[15] == '1' or r[5] == 'compensating' then return 'already' end
+redis.call('HSET', KEYS[1], 'cancel', '1', 'error', ARGV[2], 'updated_at', f(now))
+if r[5] == 'waiting' then redis.call('HSET', KEYS[1], 'lease_until', f(now)) end
+return 'requested'
+"""
+)
+
+# KEYS: due index. ARGV: member, expected score, new score ('' removes). Compare and set.
+INDEX_CAS = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
+if ARGV[3] == '' then return redis.call('ZREM', KEYS[1], ARGV[1]) end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
+"""

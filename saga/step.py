@@ -1,0 +1,137 @@
+"""One declared saga step (:class:`Step`) and the decorator :meth:`Saga.step` returns with options."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+from idempotency.codec import Codec
+from idempotency.effect import Classifier, Retry, classify
+from idempotency.records import Disposition
+from saga.checks import check_compensation, result_codec
+from saga.context import StepContext
+from saga.errors import StepOrderError
+from saga.records import StepKind
+
+if TYPE_CHECKING:
+    from saga.definition import Saga
+
+__all__ = ["MISSING", "Action", "Compensation", "Step"]
+
+I = TypeVar("I")  # noqa: E741  (the saga's input type)
+R = TypeVar("R")
+
+
+class _Missing:
+    """Marks a compensatable step whose compensation was not given (yet)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+Action = Callable[[StepContext, Any], Any]
+Compensation = Callable[[StepContext, Any, Any], Any]
+
+
+class Step(Generic[I, R]):
+    """One declared step: returned by :meth:`Saga.step`, :meth:`Saga.pivot`, :meth:`Saga.retriable`.
+
+    Attributes:
+        name: unique in its saga; part of effect scopes and journal rows.
+        kind: compensatable, pivot or retriable.
+        action: the forward call, ``action(ctx, input) -> R``.
+        compensation_fn: ``compensation(ctx, input, result | None)``; None when nothing is undone.
+        retry: how the action is retried before the step counts as failed.
+        compensation_retry: how the compensation is retried before the saga needs attention.
+        timeout: seconds the step may take from its start (all tries), or None. Past it the step
+            fails as *maybe applied* (:class:`~saga.errors.StepTimeout`): it is not retried and its
+            compensation runs with ``result=None``.
+        signal: for a step declared with :meth:`Saga.wait`, the signal it waits for.
+        codec: stores the action's result as JSON.
+    """
+
+    def __init__(
+        self,
+        saga: Saga[I],
+        index: int,
+        name: str,
+        kind: StepKind,
+        action: Action,
+        *,
+        compensation: Compensation | None,
+        retry: Retry,
+        compensation_retry: Retry,
+        not_applied: tuple[type[BaseException], ...],
+        classifier: Classifier | None,
+        timeout: float | None = None,
+        codec: Codec[Any] | None = None,
+        signal: str | None = None,
+    ) -> None:
+        self.saga = saga
+        self.index = index
+        self.name = name
+        self.kind = kind
+        self.action = action
+        self.compensation_fn: Compensation | None = compensation
+        self.retry = retry
+        self.compensation_retry = compensation_retry
+        self.not_applied = not_applied
+        self.classifier = classifier
+        self.timeout = timeout
+        self.signal = signal
+        self.codec: Codec[R] = codec if codec is not None else result_codec(saga.name, name, action)
+
+    def compensation(
+        self, fn: Callable[[StepContext, I, R | None], Any]
+    ) -> Callable[[StepContext, I, R | None], Any]:
+        """Decorator: attach ``fn`` as this step's compensation. Returns ``fn`` unchanged.
+
+        Raises:
+            StepOrderError: the step is a pivot or retriable, already has a compensation, or the saga
+                is frozen.
+            SignatureError: ``fn`` cannot be called as ``fn(ctx, input, result_or_none)``.
+        """
+        if self.kind is not StepKind.COMPENSATABLE:
+            raise StepOrderError(f"step {self.name!r} is {self.kind}: only compensatable steps are undone")
+        if self.compensation_fn is not MISSING:
+            raise StepOrderError(f"step {self.name!r} already has a compensation")
+        self.saga._check_open()
+        check_compensation(self.name, fn)
+        self.compensation_fn = fn
+        return fn
+
+    def disposition(self, exc: BaseException) -> Disposition:
+        """Classify an exception raised by the action (see :func:`idempotency.effect.classify`)."""
+        return classify(exc, self.classifier, self.not_applied, ())
+
+    @property
+    def compensation_name(self) -> str | None:
+        """The compensation's qualified name, recorded in the journal when the step starts."""
+        fn = self.compensation_fn
+        if fn is None or fn is MISSING:
+            return None
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+    def __repr__(self) -> str:
+        return f"Step({self.saga.name!r}, {self.name!r}, {self.kind})"
+
+
+class _StepDecorator(Generic[I]):
+    """Returned by :meth:`Saga.step` and friends when called with options."""
+
+    def __init__(self, saga: Saga[I], kind: StepKind, options: dict[str, Any]) -> None:
+        self._saga = saga
+        self._kind = kind
+        self._options = options
+
+    @overload
+    def __call__(self, fn: Callable[[StepContext, I], Awaitable[R]]) -> Step[I, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[[StepContext, I], R]) -> Step[I, R]: ...
+
+    def __call__(self, fn: Callable[[StepContext, I], Any]) -> Step[I, Any]:
+        return self._saga._add(fn, self._kind, **self._options)

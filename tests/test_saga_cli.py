@@ -1,0 +1,136 @@
+"""``sagaguard sagas ...``: list, show, signal, cancel and a worker sweep, on a SQLite journal."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from saga import SagaRunner, SagaState
+from saga.cli import add_commands, main, run
+
+pytestmark = pytest.mark.timeout(60)
+
+APP = """
+from dataclasses import dataclass
+
+from idempotency import Guard
+from idempotency.stores import open_store
+from saga import Saga, SagaRegistry, StepContext
+
+guard = Guard(open_store({url!r}))
+
+
+@dataclass
+class Order:
+    id: str
+
+
+hitl: Saga[Order] = Saga("hitl", input=Order)
+
+
+@hitl.step(compensate=None)
+def prepare(ctx: StepContext, order: Order) -> str:
+    return "ready"
+
+
+hitl.wait("approval", payload=dict)
+
+
+@hitl.step(compensate=None)
+def finish(ctx: StepContext, order: Order) -> str:
+    return "approved by " + ctx.signal("approval")["by"]
+
+
+registry = SagaRegistry(hitl)
+"""
+
+
+@pytest.fixture
+def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ModuleType, str]]:
+    url = f"sqlite:///{tmp_path}/sagaguard.db"
+    name = f"sagaapp_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(APP.format(url=url)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SAGAGUARD_JOURNAL", url)
+    module = importlib.import_module(name)
+    yield module, name
+    module.guard.close()
+    sys.modules.pop(name, None)
+
+
+def _start(module: ModuleType, saga_id: str) -> None:
+    from saga.journals import open_journal
+
+    journal = open_journal(os.environ["SAGAGUARD_JOURNAL"])
+    runner = SagaRunner(journal, module.guard, wait=0)
+    try:
+        assert runner.run(module.hitl, saga_id, module.Order("o1")).state is SagaState.WAITING
+    finally:
+        runner.close()
+        journal.close()
+
+
+def test_list_show_signal_and_a_worker_sweep(
+    app: tuple[ModuleType, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    module, name = app
+    _start(module, "order-1")
+    _start(module, "order-2")
+    assert main(["sagas", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "order-1" in out and "waiting" in out and "approval" in out and "never" in out
+    assert main(["sagas", "list", "--json", "--state", "completed"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["sagas", "show", "order-1"]) == 0
+    out = capsys.readouterr().out
+    assert "hitl v1" in out and "0. prepare [compensatable] succeeded" in out and "1. approval" in out
+
+    assert main(["sagas", "signal", "order-1", "approval", "--payload", '{"by": "ana"}']) == 0
+    assert "delivered" in capsys.readouterr().out
+    assert main(["sagas", "signal", "order-1", "approval", "--payload", "{nope"]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+    assert main(["sagas", "worker", "--app", f"{name}:registry", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "1 due, 1 driven" in out and "order-1: completed" in out
+
+    assert main(["sagas", "show", "order-1", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["state"] == "completed" and json.loads(shown["signals"]["approval"]) == {"by": "ana"}
+    assert [s["state"] for s in shown["steps"]] == ["succeeded"] * 3
+
+
+def test_cancel_and_errors(app: tuple[ModuleType, str], capsys: pytest.CaptureFixture[str]) -> None:
+    module, name = app
+    _start(module, "order-3")
+    assert main(["sagas", "cancel", "order-3", "--reason", "withdrawn"]) == 0
+    assert "requested" in capsys.readouterr().out
+    assert main(["sagas", "worker", "--app", f"{name}:hitl", "--once"]) == 0
+    assert "order-3: failed" in capsys.readouterr().out  # nothing to undo: failed, with the cause
+    assert main(["sagas", "cancel", "order-3"]) == 1
+    assert "too_late" in capsys.readouterr().out
+    assert main(["sagas", "show", "nope"]) == 1
+    assert "no saga 'nope'" in capsys.readouterr().err
+    assert main(["sagas", "worker", "--app", "no_such_module:x", "--once"]) == 2
+    assert main(["sagas", "list", "--journal", "ftp://x"]) == 2
+    assert main(["sagas"]) == 2
+
+
+def test_add_commands_plugs_into_another_parser(app: tuple[ModuleType, str]) -> None:
+    parser = argparse.ArgumentParser(prog="sagaguard")
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("effects")
+    add_commands(commands)
+    args = parser.parse_args(["sagas", "list", "--limit", "5"])
+    assert args.command == "sagas" and args.limit == 5 and callable(args.saga_command)
+    assert run(args) == 0
