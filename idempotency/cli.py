@@ -27,6 +27,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
@@ -86,11 +87,32 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
-    return _build()[0]
+    return _build(_plugins())[0]
 
 
-def _build() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """The parser and its ``effects`` sub-parser."""
+PLUGIN_GROUP = "sagaguard.commands"
+"""Entry-point group of modules that add commands (``saga.cli``, ``connectors.cli``, the outbox's).
+
+Each such module has ``add_commands(subparsers)`` and ``run(args) -> int``. They are found through
+the installed distribution's entry points, so this package never imports the packages above it
+(imports flow connectors -> saga -> idempotency)."""
+
+
+def _plugins() -> list[Any]:
+    """The command modules registered under :data:`PLUGIN_GROUP` that import here."""
+    found = []
+    for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            found.append(entry.load())
+        except ImportError:  # an optional extra is not installed: its commands are absent
+            continue
+    return found
+
+
+def _build(
+    plugins: Sequence[Any] = (),
+) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, dict[str, Any]]:
+    """The parser, its ``effects`` sub-parser, and which plugin owns each other command."""
     # --store is accepted before the command and after it; SUPPRESS keeps the later one from
     # overwriting the earlier one with a default.
     store_option = argparse.ArgumentParser(add_help=False)
@@ -182,7 +204,12 @@ def _build() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         add_help=False,
         help="run the demo (arguments go to the demo; try: sagaguard demo --help)",
     )
-    return parser, effects
+    owners: dict[str, Any] = {}
+    for plugin in plugins:
+        before = set(commands.choices)
+        plugin.add_commands(commands)
+        owners.update(dict.fromkeys(set(commands.choices) - before, plugin))
+    return parser, effects, owners
 
 
 def _split_demo(argv: Sequence[str]) -> list[str] | None:
@@ -511,11 +538,13 @@ def main(argv: list[str] | None = None) -> int:
     if demo_args is not None:
         return _run_demo(demo_args)
 
-    parser, effects = _build()
+    parser, effects, owners = _build(_plugins())
     try:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command in owners:
+        return int(owners[args.command].run(args))
     if args.command != "effects" or args.action is None:
         (parser if args.command is None else effects).print_help(sys.stderr)
         return EXIT_USAGE

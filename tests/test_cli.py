@@ -500,3 +500,28 @@ def test_python_dash_m_idempotency(url: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+def test_plugin_commands_are_found_through_entry_points(capsys: pytest.CaptureFixture[str]) -> None:
+    """`sagaguard sagas` and `sagaguard llm` come from the packages above idempotency, found by the
+    entry-point group, so idempotency never imports them."""
+    from idempotency.cli import main
+
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert "sagas" in text and "llm" in text
+    import ast
+    import pathlib
+
+    source = pathlib.Path("idempotency/cli.py").read_text()
+    imported = {
+        node.module or ""
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom)
+    } | {
+        alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    assert not any(name.startswith(("saga", "connectors")) for name in imported)
