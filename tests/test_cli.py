@@ -513,7 +513,7 @@ def test_plugin_commands_are_found_through_entry_points(capsys: pytest.CaptureFi
     import ast
     import pathlib
 
-    source = pathlib.Path("idempotency/cli.py").read_text()
+    source = (pathlib.Path(__file__).resolve().parents[1] / "idempotency" / "cli.py").read_text()
     imported = {
         node.module or ""
         for node in ast.walk(ast.parse(source))
