@@ -511,7 +511,7 @@ class BlockingClaims:
 def cancel_mid_claim(store: IdempotencyStore, effect: Callable[[Guard], Any], scope_id: str) -> None:
     """Call ``effect`` (built on an offloading guard over ``store``) and cancel it mid-claim."""
     blocking = BlockingClaims(store)
-    guard = Guard(blocking, lease=LEASE, sleep=forbidden_sleep)  # type: ignore[arg-type]
+    guard = Guard(blocking, lease=LEASE, sleep=forbidden_sleep, offload=True)  # type: ignore[arg-type]
     call = effect(guard)
 
     async def main() -> None:
@@ -789,3 +789,15 @@ def test_async_spans(guard: Guard) -> None:
         ("execute_tool pay.charge", "replayed", None),
         ("execute_tool pay.charge", "in_doubt", "OutcomeUnknown"),
     ]
+
+
+def test_offload_defaults_to_what_the_store_says(store: IdempotencyStore) -> None:
+    """SQL stores wait on fsync, so async calls hand them to a thread; Redis and memory answer in
+    one round trip, cheaper than two thread hops, so they are called directly."""
+    guard = Guard(store)
+    try:
+        assert guard._offload is (type(store).__name__ == "SqlStore")
+        assert Guard(store, offload=True)._offload is True
+        assert Guard(store, offload=False)._offload is False
+    finally:
+        guard.close()

@@ -28,6 +28,9 @@ class MemoryStore:
         clock: seconds since the epoch; inject one to test lease expiry without sleeping.
     """
 
+    offload_async = False
+    """Whether the guard runs this store's calls in a worker thread for async effects."""
+
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._clock = clock or time.time
         self._records: dict[str, Record] = {}

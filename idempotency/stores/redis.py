@@ -255,6 +255,9 @@ class RedisStore:
         StoreError: Redis refused to load the scripts.
     """
 
+    offload_async = False
+    """Whether the guard runs this store's calls in a worker thread for async effects."""
+
     def __init__(
         self,
         url_or_client: str | redis.Redis,

@@ -242,6 +242,9 @@ class SqlStore:
         StoreUnavailable: ``create`` is set and the database cannot be reached.
     """
 
+    offload_async = True
+    """Whether the guard runs this store's calls in a worker thread for async effects."""
+
     def __init__(
         self,
         url_or_engine: str | sa.Engine,
