@@ -105,6 +105,18 @@ class EffectSpec(Generic[T]):
     retention: float
     wait: float
     """How long a duplicate waits, in total, for a live claim to finish before AlreadyInProgress."""
+    provider_window: float | None = None
+    """Seconds after the first attempt during which the provider still deduplicates on the provider
+    key (Stripe: 24 hours); an in-doubt record older than this is not re-sent. None: forever."""
+
+    def within_provider_window(self, record: Record) -> bool:
+        """Whether a re-send of ``record`` under its provider key is still absorbed by the provider.
+
+        The record's age is measured on the store's clock: ``updated_at`` (the take-over) minus
+        ``created_at`` (the first claim, before the first send).
+        """
+        window = self.provider_window
+        return window is None or record.updated_at - record.created_at < window
 
     def disposition(self, exc: BaseException) -> Disposition:
         """Classify an exception raised by this effect."""
@@ -316,10 +328,13 @@ class Flow(Generic[T]):
             if isinstance(resolution, NotAppliedResolution):
                 return (yield from self._execute(record))
             reason = "the reconciler could not tell whether it happened"
-        if spec.provider_idempotent or spec.policy is Policy.AT_LEAST_ONCE:
-            # Re-send: the provider deduplicates on the same provider key, or the effect said it is
-            # harmless to repeat.
+        resend = spec.provider_idempotent and spec.within_provider_window(record)
+        if resend or spec.policy is Policy.AT_LEAST_ONCE:
+            # Re-send: the provider deduplicates on the same provider key (still within its window),
+            # or the effect said it is harmless to repeat.
             return (yield from self._execute(record))
+        if spec.provider_idempotent:
+            reason += "; the provider's deduplication window has passed, so it is not re-sent"
         # Release the lease and leave the record IN_DOUBT, for an operator or a later reconciler.
         yield Fail(record.token, Disposition.AMBIGUOUS, record.error or _CRASH_NOTE)
         self.outcome = Outcome.IN_DOUBT

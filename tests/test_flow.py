@@ -404,6 +404,31 @@ def test_flow_resolve_runs_again_under_the_new_token(
     assert op == next_op
 
 
+@pytest.mark.parametrize(
+    ("age", "resent"), [(0.0, True), (86_399.0, True), (86_400.0, False), (3 * 86_400.0, False)]
+)
+def test_flow_resolve_resends_under_the_provider_key_only_within_its_window(age: float, resent: bool) -> None:
+    d = Driver(flow(provider_idempotent=True, provider_window=86_400.0))
+    d.start()
+    taken = record(State.IN_DOUBT, token=2)
+    taken = taken.evolve(updated_at=taken.created_at + age)
+    op = d.send(ClaimResult(ClaimOutcome.TOOK_OVER, taken))
+    if resent:
+        assert op == Execute(2)
+        return
+    assert isinstance(op, Fail) and op.disposition is Disposition.AMBIGUOUS
+    with pytest.raises(OutcomeUnknown, match="window"):
+        d.send(taken.evolve(lease_until=0.0))
+
+
+def test_flow_past_the_provider_window_at_least_once_still_runs_again() -> None:
+    d = Driver(flow(provider_idempotent=True, provider_window=60.0, policy=Policy.AT_LEAST_ONCE))
+    d.start()
+    taken = record(State.IN_DOUBT, token=2)
+    op = d.send(ClaimResult(ClaimOutcome.TOOK_OVER, taken.evolve(updated_at=taken.created_at + 3600)))
+    assert op == Execute(2)
+
+
 @pytest.mark.parametrize("reconciler", [None, lambda r: None], ids=["no-reconciler", "unknown"])
 def test_flow_resolve_unknown_at_most_once_releases_and_raises(reconciler: Any) -> None:
     d = Driver(flow(reconciler=reconciler))

@@ -487,6 +487,8 @@ def test_unstorable_return_type_is_codec_error_at_decoration(guard: Guard, store
         {"lease": 0},
         {"retention": -5},
         {"wait": -1},
+        {"provider_window": 0},
+        {"provider_window": "1 day"},
     ],
     ids=lambda o: "-".join(f"{k}={v!r}" for k, v in o.items())[:40],
 )
