@@ -6,11 +6,13 @@ Declare a saga with :class:`Saga`, run it with :class:`SagaRunner` over a :class
 undoes what was done in reverse order; what cannot be undone is parked as NEEDS_ATTENTION with its
 cause. :func:`recover` (or a :class:`RecoveryWorker`) continues sagas whose runner is gone; a step
 can wait for a :func:`signal` with no process held; :func:`cancel` undoes a saga before its pivot;
+:func:`retry` and :func:`resolve` are an operator's hand on a saga that needs attention, and
+:func:`timeline` shows what happened;
 a :class:`SagaRegistry` lets old instances finish on the version that started them.
 """
 
 from saga.context import StepContext
-from saga.control import cancel, signal
+from saga.control import NotParked, cancel, resolve, retry, signal
 from saga.coordinator import SagaFlow, decide, decide_start, failure_state
 from saga.definition import FORWARD_RETRY, Saga, Step
 from saga.errors import (
@@ -57,6 +59,7 @@ from saga.recovery import RecoveryReport, RecoveryWorker, arecover, recover, run
 from saga.registry import SagaRegistry
 from saga.renewer import LeaseRenewer
 from saga.runner import SagaRunner, compensation_key, step_scope
+from saga.timeline import Event, render, timeline
 
 __all__ = [
     "FORWARD_RETRY",
@@ -64,11 +67,13 @@ __all__ = [
     "DefinitionError",
     "DefinitionMismatch",
     "DuplicateStep",
+    "Event",
     "JournalError",
     "JournalUnavailable",
     "LeaseRenewer",
     "LostSagaLease",
     "MemoryJournal",
+    "NotParked",
     "Phase",
     "RecoveryExhausted",
     "RecoveryReport",
@@ -112,7 +117,11 @@ __all__ = [
     "decide_start",
     "failure_state",
     "recover",
+    "render",
+    "resolve",
+    "retry",
     "run_worker",
     "signal",
     "step_scope",
+    "timeline",
 ]

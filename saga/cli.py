@@ -6,6 +6,8 @@
     sagaguard sagas show SAGA_ID [--json]
     sagaguard sagas signal SAGA_ID NAME [--payload JSON]
     sagaguard sagas cancel SAGA_ID [--reason TEXT]
+    sagaguard sagas retry SAGA_ID
+    sagaguard sagas resolve SAGA_ID STEP [--note TEXT]
     sagaguard sagas worker --app MODULE:ATTR [--guard MODULE:ATTR] [--interval S] [--once] ...
 
 The journal is ``--journal``, else ``$SAGAGUARD_JOURNAL``, else ``$SAGAGUARD_STORE``, else
@@ -37,7 +39,7 @@ from idempotency.errors import ConfigurationError, IdempotencyError
 from idempotency.guard import Guard
 from idempotency.stores import DEFAULT_URL as STORE_URL
 from idempotency.stores import open_store
-from saga.control import cancel, signal
+from saga.control import cancel, resolve, retry, signal
 from saga.definition import Saga
 from saga.errors import SagaError, SagaNotFound
 from saga.journal import SagaJournal
@@ -45,6 +47,7 @@ from saga.journals import DEFAULT_URL, open_journal
 from saga.records import FOREVER, RESUMABLE_STATES, SagaRecord, SagaSnapshot, SagaState
 from saga.recovery import RecoveryReport, RecoveryWorker, run_worker
 from saga.registry import SagaRegistry, as_registry
+from saga.timeline import timeline
 
 __all__ = ["add_commands", "main", "run"]
 
@@ -81,7 +84,7 @@ def _positive(kind: type[int] | type[float]) -> Any:
 
 
 def add_commands(subparsers: Any) -> None:
-    """Add the ``sagas`` command (list, show, signal, cancel, worker) to ``subparsers``.
+    """Add the ``sagas`` command (list, show, signal, cancel, retry, resolve, worker) to ``subparsers``.
 
     Args:
         subparsers: what ``ArgumentParser.add_subparsers()`` returned.
@@ -138,6 +141,28 @@ def add_commands(subparsers: Any) -> None:
     stop.add_argument("saga_id", metavar="SAGA_ID")
     stop.add_argument("--reason", default="cancelled by an operator", help="recorded as the cause")
     stop.set_defaults(saga_command=cmd_cancel)
+
+    again = actions.add_parser(
+        "retry",
+        parents=[where],
+        help="try again what made a saga need attention",
+        description="A failed compensation is due again (the saga compensates on); a step after "
+        "the pivot that ran out of retries runs again. The next recovery sweep continues the saga.",
+    )
+    again.add_argument("saga_id", metavar="SAGA_ID")
+    again.set_defaults(saga_command=cmd_retry)
+
+    settle = actions.add_parser(
+        "resolve",
+        parents=[where],
+        help="mark a step's failed compensation as done by hand, then compensate on",
+        description="The step counts as compensated (with your note); the compensations of the "
+        "steps before it run at the next recovery sweep.",
+    )
+    settle.add_argument("saga_id", metavar="SAGA_ID")
+    settle.add_argument("step", metavar="STEP", help="the step whose compensation failed")
+    settle.add_argument("--note", default="resolved by an operator", help="recorded on the step")
+    settle.set_defaults(saga_command=cmd_resolve)
 
     worker = actions.add_parser(
         "worker",
@@ -257,6 +282,9 @@ def _show(snapshot: SagaSnapshot, now: float, out: TextIO) -> None:
         print(f"  {row.index}. {row.name} [{row.kind.value}] {row.state.value}{extra}", file=out)
     if snapshot.signals:
         print(f"signals: {', '.join(sorted(snapshot.signals))}", file=out)
+    print("timeline:", file=out)
+    for event in timeline(snapshot):
+        print(f"  {event}", file=out)
     if r.error is not None:
         print("error:", file=out)
         for line in _pretty(r.error).splitlines():
@@ -325,6 +353,24 @@ def cmd_cancel(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> i
     outcome = cancel(journal, args.saga_id, reason=args.reason)
     print(f"cancel saga {args.saga_id!r}: {outcome.value}", file=out)
     return EXIT_OK if outcome.value != "too_late" else EXIT_FAILED
+
+
+def cmd_retry(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int:
+    """``sagas retry``."""
+    record = retry(journal, args.saga_id)
+    print(f"retry saga {args.saga_id!r}: {record.state.value}, due now (the worker continues it)", file=out)
+    return EXIT_OK
+
+
+def cmd_resolve(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int:
+    """``sagas resolve``."""
+    record = resolve(journal, args.saga_id, args.step, note=args.note)
+    print(
+        f"resolve step {args.step!r} of saga {args.saga_id!r}: {record.state.value}, due now "
+        "(the worker runs the remaining compensations)",
+        file=out,
+    )
+    return EXIT_OK
 
 
 def _import(ref: str) -> Any:

@@ -1,11 +1,13 @@
-"""Steering saga instances from outside: deliver a signal, ask for a cancellation.
+"""Steering saga instances from outside: signals, cancellation, and an operator's hand.
 
 ::
 
     signal(journal, "order-42", "approval", Approval(by="ana"))   # a WAITING saga becomes due
     cancel(journal, "order-43", reason="customer withdrew")       # compensates at the next boundary
+    retry(journal, "order-44")                  # NEEDS_ATTENTION: try the failed part again
+    resolve(journal, "order-45", "book_hotel", note="refunded by phone")  # undone by hand: go on
 
-Both only write to the journal; the saga is continued by its runner or by
+All only write to the journal; the saga is continued by its runner or by
 :func:`saga.recovery.recover` (the ``sagaguard sagas worker`` command).
 """
 
@@ -17,12 +19,21 @@ from typing import Any
 
 from idempotency.codec import Codec, encode_error
 from idempotency.errors import ConfigurationError
-from saga.decisions import pivot_started
-from saga.errors import SagaCancelled, SagaNotFound
+from saga.decisions import failure_state, pivot_started
+from saga.errors import SagaCancelled, SagaError, SagaNotFound
 from saga.journal import SagaJournal
-from saga.records import RESUMABLE_STATES, CancelOutcome, SignalOutcome
+from saga.records import (
+    RESUMABLE_STATES,
+    CancelOutcome,
+    SagaRecord,
+    SagaSnapshot,
+    SagaState,
+    SignalOutcome,
+    StepRecord,
+    StepState,
+)
 
-__all__ = ["cancel", "signal"]
+__all__ = ["NotParked", "cancel", "resolve", "retry", "signal"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
 
@@ -78,3 +89,129 @@ def cancel(journal: SagaJournal, saga_id: str, *, reason: str = "cancelled") -> 
     if snapshot.saga.state not in RESUMABLE_STATES or pivot_started(snapshot):
         return CancelOutcome.TOO_LATE
     return journal.cancel(saga_id, encode_error(SagaCancelled(reason)))
+
+
+class NotParked(SagaError):
+    """An operator action that needs a NEEDS_ATTENTION saga (or step) found something else.
+
+    Attributes:
+        saga_id: the saga.
+        state: the saga's state when it was read.
+    """
+
+    def __init__(self, saga_id: str, state: SagaState, message: str | None = None) -> None:
+        self.saga_id = saga_id
+        self.state = state
+        super().__init__(message or f"saga {saga_id!r} is {state.value}, not needs_attention")
+
+
+def _parked(journal: SagaJournal, saga_id: str) -> SagaSnapshot:
+    snapshot = journal.load(saga_id)
+    if snapshot is None:
+        raise SagaNotFound(saga_id)
+    if snapshot.saga.state is not SagaState.NEEDS_ATTENTION:
+        raise NotParked(saga_id, snapshot.saga.state)
+    return snapshot
+
+
+def _before_compensation(row: StepRecord) -> StepState:
+    """The state a COMPENSATION_FAILED row had before its compensation ran."""
+    if row.result is not None:
+        return StepState.SUCCEEDED
+    return StepState.FAILED if row.error is not None else StepState.STARTED
+
+
+def _compensating(snapshot: SagaSnapshot) -> bool:
+    """Whether the saga had turned to compensation before it was parked."""
+    for row in snapshot.steps:
+        if row.state in (StepState.COMPENSATED, StepState.COMPENSATION_FAILED):
+            return True
+        undo = failure_state(row.kind, row.not_applied) is SagaState.COMPENSATING
+        if row.state is StepState.FAILED and undo:
+            return True
+    return False
+
+
+def _cause(snapshot: SagaSnapshot) -> str | None:
+    """The error that made the saga compensate: its failed step's, else what the saga recorded."""
+    for row in snapshot.steps:
+        if row.state is StepState.FAILED and row.error is not None:
+            return row.error
+    return snapshot.saga.error
+
+
+def _reopen(
+    journal: SagaJournal, snapshot: SagaSnapshot, state: SagaState, rows: list[StepRecord]
+) -> SagaRecord:
+    error = _cause(snapshot) if state is SagaState.COMPENSATING else None
+    if state is SagaState.RUNNING and snapshot.saga.cancel_requested:
+        error = snapshot.saga.error  # the pending cancellation's cause, still honoured before the pivot
+    record = journal.reopen(snapshot.saga.saga_id, snapshot.saga.token, state, tuple(rows), error)
+    if record is None:
+        # Another operator (or a second click) acted on the same read first.
+        saga_id = snapshot.saga.saga_id
+        found = journal.load(saga_id)
+        raise NotParked(saga_id, SagaState.NEEDS_ATTENTION if found is None else found.saga.state)
+    return record
+
+
+def retry(journal: SagaJournal, saga_id: str) -> SagaRecord:
+    """Put a NEEDS_ATTENTION saga back to work, to try again what made it stop.
+
+    - A compensation exhausted its retries: the step's compensation is due again and the saga
+      COMPENSATING (the compensation runs through the guard under the same key, so it is at least
+      once and must be idempotent, as always).
+    - A step after the pivot ran out of forward retries, or the pivot failed in a way that may have
+      applied it: that step runs again (its effects replay through the guard) and the saga RUNNING.
+    - It was taken over too often: it continues where its journal stands, with its recovery count
+      reset.
+
+    The saga is due at once: the recovery sweeper (``sagaguard sagas worker``, :func:`saga.recover`)
+    takes it, or a ``runner.run`` of the same id does.
+
+    Returns:
+        The saga row after the write.
+
+    Raises:
+        SagaNotFound: no saga has this id.
+        NotParked: it does not need attention (or another operator acted on it first).
+        JournalError: the journal failed.
+    """
+    snapshot = _parked(journal, saga_id)
+    rows: list[StepRecord] = []
+    for row in snapshot.steps:
+        if row.state is StepState.COMPENSATION_FAILED:
+            rows.append(row.evolve(state=_before_compensation(row)))
+    if rows or _compensating(snapshot):
+        return _reopen(journal, snapshot, SagaState.COMPENSATING, rows)
+    for row in snapshot.steps:
+        if row.state is StepState.FAILED:
+            rows.append(row.evolve(state=StepState.STARTED))
+    return _reopen(journal, snapshot, SagaState.RUNNING, rows)
+
+
+def resolve(
+    journal: SagaJournal, saga_id: str, step: str, *, note: str = "resolved by an operator"
+) -> SagaRecord:
+    """Mark the failed compensation of ``step`` as done by hand, then go on compensating.
+
+    The step becomes COMPENSATED with ``note`` as its ``resolution``; the saga COMPENSATING and due
+    at once, so the compensations of the steps before it run (in reverse order), and it ends
+    COMPENSATED when they succeed.
+
+    Returns:
+        The saga row after the write.
+
+    Raises:
+        SagaNotFound: no saga has this id.
+        NotParked: it does not need attention, or ``step`` is not a step whose compensation failed.
+        JournalError: the journal failed.
+    """
+    snapshot = _parked(journal, saga_id)
+    found = [row for row in snapshot.steps if row.name == step]
+    if not found or found[0].state is not StepState.COMPENSATION_FAILED:
+        failed = [row.name for row in snapshot.steps if row.state is StepState.COMPENSATION_FAILED]
+        message = f"saga {saga_id!r}: step {step!r} has no failed compensation (failed: {failed or 'none'})"
+        raise NotParked(saga_id, snapshot.saga.state, message)
+    done = found[0].evolve(state=StepState.COMPENSATED, resolution=note or "resolved by an operator")
+    return _reopen(journal, snapshot, SagaState.COMPENSATING, [done])

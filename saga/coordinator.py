@@ -7,7 +7,7 @@ receives the answers, so the sync and async drivers in :mod:`saga.runner` are ea
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, cast
 
 import tenacity
@@ -155,6 +155,9 @@ class SagaFlow:
         self.signals: dict[str, str] = {}
         self._fresh: int | None = None
         """A step this flow wrote STARTED and has not run yet (a cancellation fails it unrun)."""
+        self.trace_step: Callable[[int], str | None] | None = None
+        """Set by the driver: starts step ``index``'s span and returns its ``traceparent``, which
+        is written with the step's STARTED row (see :mod:`saga.telemetry`)."""
 
     @classmethod
     def claimed(
@@ -304,7 +307,10 @@ class SagaFlow:
 
     def _started(self, index: int) -> StepRecord:
         step = self.saga.steps[index]
-        return StepRecord(index, step.name, step.kind, StepState.STARTED, compensation=step.compensation_name)
+        trace = None if self.trace_step is None else self.trace_step(index)
+        return StepRecord(
+            index, step.name, step.kind, StepState.STARTED, compensation=step.compensation_name, trace=trace
+        )
 
     def context(
         self, index: int, attempt: int, *, error: str | None = None, snapshot: SagaSnapshot | None = None
@@ -435,7 +441,7 @@ class SagaFlow:
         cause = snapshot.saga.error or encode_error(RuntimeError("compensating"))
         while True:
             ctx = self.context(index, retrier.attempt, error=cause, snapshot=snapshot)
-            ran: Ran = yield Undo(ctx, result, self.token)
+            ran: Ran = yield Undo(ctx, result, self.token, row.trace)
             attempts = row.compensation_attempts + retrier.attempt
             if ran.error is None:
                 done = row.evolve(state=StepState.COMPENSATED, compensation_attempts=attempts)

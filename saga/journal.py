@@ -15,7 +15,7 @@ chained as ``__cause__``.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
 from saga.records import (
@@ -26,6 +26,7 @@ from saga.records import (
     SagaState,
     SignalOutcome,
     StartResult,
+    StepRecord,
 )
 
 __all__ = ["SagaJournal"]
@@ -142,6 +143,23 @@ class SagaJournal(Protocol):
 
         Raises:
             SagaNotFound: no saga has this id.
+        """
+        ...
+
+    def reopen(
+        self, saga_id: str, token: int, state: SagaState, steps: Sequence[StepRecord], error: str | None
+    ) -> SagaRecord | None:
+        """An operator puts a saga that needs attention back to work; one transaction.
+
+        Only when the saga is NEEDS_ATTENTION and its token equals ``token`` (the one the operator
+        read, so two operators never act on the same read twice): its state becomes ``state``
+        (RUNNING or COMPENSATING), its error ``error``, token + 1, ``recoveries`` 0 and
+        ``lease_until`` *now*, so the next :meth:`due`/:meth:`claim` takes it; ``steps`` are written
+        as by :meth:`commit`.
+
+        Returns:
+            The saga row after the write, or None when the saga is not (or no longer) in that state
+            with that token.
         """
         ...
 

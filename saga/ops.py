@@ -48,11 +48,15 @@ class Act:
 
 @dataclass(frozen=True, slots=True)
 class Undo:
-    """Run the compensation of step ``context.index`` through the guard. Answer: :class:`Ran`."""
+    """Run the compensation of step ``context.index`` through the guard. Answer: :class:`Ran`.
+
+    ``link`` is the ``traceparent`` the step's journal row keeps, for the compensation span's link.
+    """
 
     context: StepContext
     result: Any
     token: int
+    link: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

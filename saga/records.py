@@ -175,6 +175,11 @@ class StepRecord:
     compensation_attempts: int = 0
     started_at: float = 0.0
     updated_at: float = 0.0
+    trace: str | None = None
+    """The W3C ``traceparent`` of the step's span, written with the STARTED row, so that its
+    compensation links to it even when it runs in another process (see :mod:`saga.telemetry`)."""
+    resolution: str | None = None
+    """An operator's note: the compensation was resolved by hand (:func:`saga.control.resolve`)."""
 
     def evolve(self, **changes: object) -> StepRecord:
         """A copy with ``changes`` applied."""

@@ -15,6 +15,7 @@ the scope of the effects inside it.
 
 While a step, compensation or retry pause runs, a :class:`~saga.renewer.LeaseRenewer` thread renews
 the saga's lease; a runner that dies stops renewing, and :func:`saga.recovery.recover` takes over.
+Each run is traced (:mod:`saga.telemetry`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from saga.ops import Act, Begin, Claim, Op, Ran, Sleep, Undo, Write
 from saga.records import SagaOutcome, SagaSnapshot
 from saga.registry import SagaRegistry
 from saga.renewer import LeaseRenewer
+from saga.telemetry import RunTrace
 
 __all__ = ["SagaRunner", "compensation_key", "step_scope"]
 
@@ -218,28 +220,34 @@ class SagaRunner:
         return self._drive(flow, flow.resume(snapshot))
 
     def _drive(self, flow: SagaFlow, gen: Generator[Op, Any, SagaOutcome]) -> SagaOutcome:
-        answer: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                op: Op = gen.send(answer) if error is None else gen.throw(error)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            answer, error = None, None
-            try:
-                if isinstance(op, Act):
-                    with self._hold(flow, op):
-                        answer = self._act(flow, op)
-                elif isinstance(op, Undo):
-                    with self._hold(flow, op):
-                        answer = self._undo(flow, op)
-                elif isinstance(op, Sleep):
-                    with self._hold(flow, op):
-                        self._sleep(op.seconds)
-                else:
-                    answer = self._journal_op(flow, op)
-            except BaseException as exc:
-                error = exc
+        run = RunTrace(flow)
+        with run.running():
+            answer: Any = None
+            error: BaseException | None = None
+            while True:
+                try:
+                    op: Op = gen.send(answer) if error is None else gen.throw(error)
+                except StopIteration as stop:
+                    run.finished(stop.value)
+                    return stop.value  # type: ignore[no-any-return]
+                answer, error = None, None
+                try:
+                    if isinstance(op, Act):
+                        with self._hold(flow, op), run.step(op):
+                            answer = self._act(flow, op)
+                    elif isinstance(op, Undo):
+                        with self._hold(flow, op), run.compensation(op) as span:
+                            answer = self._undo(flow, op)
+                            run.compensated(span, answer.error)
+                    elif isinstance(op, Sleep):
+                        with self._hold(flow, op):
+                            self._sleep(op.seconds)
+                    else:
+                        answer = self._journal_op(flow, op)
+                        if isinstance(op, Write):
+                            run.written(op.phase.steps)
+                except BaseException as exc:
+                    error = exc
 
     def _act(self, flow: SagaFlow, op: Act) -> Ran:
         ctx = op.context
@@ -287,28 +295,34 @@ class SagaRunner:
         return await self._adrive(flow, flow.resume(snapshot))
 
     async def _adrive(self, flow: SagaFlow, gen: Generator[Op, Any, SagaOutcome]) -> SagaOutcome:
-        answer: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                op: Op = gen.send(answer) if error is None else gen.throw(error)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            answer, error = None, None
-            try:
-                if isinstance(op, Act):
-                    with self._hold(flow, op):
-                        answer = await self._act_async(flow, op)
-                elif isinstance(op, Undo):
-                    with self._hold(flow, op):
-                        answer = await self._undo_async(flow, op)
-                elif isinstance(op, Sleep):
-                    with self._hold(flow, op):
-                        await self._async_sleep(op.seconds)
-                else:
-                    answer = await asyncio.to_thread(self._journal_op, flow, op)
-            except BaseException as exc:
-                error = exc
+        run = RunTrace(flow)
+        with run.running():
+            answer: Any = None
+            error: BaseException | None = None
+            while True:
+                try:
+                    op: Op = gen.send(answer) if error is None else gen.throw(error)
+                except StopIteration as stop:
+                    run.finished(stop.value)
+                    return stop.value  # type: ignore[no-any-return]
+                answer, error = None, None
+                try:
+                    if isinstance(op, Act):
+                        with self._hold(flow, op), run.step(op):
+                            answer = await self._act_async(flow, op)
+                    elif isinstance(op, Undo):
+                        with self._hold(flow, op), run.compensation(op) as span:
+                            answer = await self._undo_async(flow, op)
+                            run.compensated(span, answer.error)
+                    elif isinstance(op, Sleep):
+                        with self._hold(flow, op):
+                            await self._async_sleep(op.seconds)
+                    else:
+                        answer = await asyncio.to_thread(self._journal_op, flow, op)
+                        if isinstance(op, Write):
+                            run.written(op.phase.steps)
+                except BaseException as exc:
+                    error = exc
 
     async def _act_async(self, flow: SagaFlow, op: Act) -> Ran:
         ctx = op.context

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 from saga.errors import LostSagaLease, SagaNotFound
 from saga.records import (
@@ -159,6 +159,27 @@ class MemoryJournal:
                 previous = steps.get(row.index)
                 started = previous.started_at if previous is not None else now
                 steps[row.index] = row.evolve(started_at=started, updated_at=now)
+            self._sagas[saga_id] = new
+            return new
+
+    def reopen(
+        self, saga_id: str, token: int, state: SagaState, steps: Sequence[StepRecord], error: str | None
+    ) -> SagaRecord | None:
+        """See :meth:`SagaJournal.reopen`."""
+        now = self._clock()
+        with self._lock:
+            old = self._sagas.get(saga_id)
+            if old is None or old.token != token or old.state is not SagaState.NEEDS_ATTENTION:
+                return None
+            new = old.evolve(
+                state=SagaState(state), error=error, token=token + 1, lease_until=now, updated_at=now,
+                recoveries=0,
+            )  # fmt: skip
+            rows = self._steps.setdefault(saga_id, {})
+            for row in steps:
+                previous = rows.get(row.index)
+                started = previous.started_at if previous is not None else now
+                rows[row.index] = row.evolve(started_at=started, updated_at=now)
             self._sagas[saga_id] = new
             return new
 

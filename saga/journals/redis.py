@@ -47,6 +47,7 @@ from saga.journals.redis_scripts import (
     INDEX_CAS,
     LOAD,
     ORPHAN_GRACE,
+    REOPEN,
     SIGNAL,
     START,
 )
@@ -139,6 +140,8 @@ def _steps(flat: Sequence[Any]) -> tuple[StepRecord, ...]:
                 compensation_attempts=int(data["compensation_attempts"]),
                 started_at=float(fields[f"{key}:s"]),
                 updated_at=float(fields[f"{key}:u"]),
+                trace=data.get("trace"),
+                resolution=data.get("resolution"),
             )
         )
     return tuple(sorted(rows, key=lambda row: row.index))
@@ -157,6 +160,8 @@ def _step_json(row: StepRecord) -> str:
             "compensation_error": row.compensation_error,
             "attempts": row.attempts,
             "compensation_attempts": row.compensation_attempts,
+            "trace": row.trace,
+            "resolution": row.resolution,
         },
         ensure_ascii=False,
         separators=(",", ":"),
@@ -207,9 +212,10 @@ class RedisJournal:
         self._clock = clock
         self._prefix = prefix
         self._due_key = f"{prefix}:due"
-        sources = (START, CLAIM, LOAD, COMMIT, SIGNAL, CANCEL, INDEX_CAS)
+        sources = (START, CLAIM, LOAD, COMMIT, SIGNAL, CANCEL, INDEX_CAS, REOPEN)
         scripts: list[Script] = [client.register_script(s) for s in sources]
-        (self._start, self._claim, self._load, self._commit, self._signal, self._cancel, self._cas) = scripts
+        (self._start, self._claim, self._load, self._commit, self._signal, self._cancel, self._cas,
+         self._reopen) = scripts  # fmt: skip
         try:
             pipe = client.pipeline(transaction=False)
             for script in scripts:
@@ -319,6 +325,21 @@ class RedisJournal:
         if record.state not in RESUMABLE_STATES:
             self._unindex(saga_id)
         return record
+
+    def reopen(
+        self, saga_id: str, token: int, state: SagaState, steps: Sequence[StepRecord], error: str | None
+    ) -> SagaRecord | None:
+        """See :meth:`SagaJournal.reopen`: one fenced script, after putting the saga in the due index."""
+        args: list[Any] = [
+            self._now_arg(), str(token), SagaState(state).value,
+            "1" if error is not None else "0", error or "",
+        ]  # fmt: skip
+        for row in steps:
+            args += [str(row.index), _step_json(row)]
+        reply = self._run(self._reopen, self._keys(saga_id), args, lower=saga_id)
+        if reply[0] != "ok":
+            return None
+        return _saga(saga_id, reply[1])
 
     def _unindex(self, saga_id: str) -> None:
         # Best effort: an ended saga never becomes resumable again; a sweep removes it otherwise.

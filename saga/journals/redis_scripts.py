@@ -9,7 +9,8 @@ very same double.
 from __future__ import annotations
 
 __all__ = [
-    "CANCEL", "CLAIM", "COMMIT", "FIELDS", "INDEX_CAS", "LOAD", "ORPHAN_GRACE", "SIGNAL", "START",
+    "CANCEL", "CLAIM", "COMMIT", "FIELDS", "INDEX_CAS", "LOAD", "ORPHAN_GRACE", "REOPEN", "SIGNAL",
+    "START",
 ]  # fmt: skip
 
 FIELDS = (
@@ -145,6 +146,29 @@ if r[15] == '1' or r[5] == 'compensating' then return 'already' end
 redis.call('HSET', KEYS[1], 'cancel', '1', 'error', ARGV[2], 'updated_at', f(now))
 if r[5] == 'waiting' then redis.call('HSET', KEYS[1], 'lease_until', f(now)) end
 return 'requested'
+"""
+)
+
+# KEYS: saga, steps, signals. ARGV: now, token, state, has_error, error, then pairs of (step index,
+# step row JSON). An operator's reopen of a saga that needs attention: due at once.
+REOPEN = (
+    _PRELUDE
+    + """
+if r[5] ~= 'needs_attention' or tonumber(r[6]) ~= tonumber(ARGV[2]) then return {'no'} end
+redis.call('HSET', KEYS[1], 'state', ARGV[3], 'token', tonumber(r[6]) + 1, 'lease_until', f(now),
+  'updated_at', f(now), 'recoveries', 0)
+if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'error', ARGV[5])
+else redis.call('HDEL', KEYS[1], 'error') end
+for i = 6, #ARGV, 2 do
+  local idx = ARGV[i]
+  if redis.call('HEXISTS', KEYS[2], idx .. ':s') == 0 then
+    redis.call('HSET', KEYS[2], idx .. ':s', f(now))
+  end
+  redis.call('HSET', KEYS[2], idx, ARGV[i + 1], idx .. ':u', f(now))
+end
+return {'ok', """
+    + _HMGET
+    + """}
 """
 )
 

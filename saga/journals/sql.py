@@ -114,6 +114,8 @@ def _step(row: Sequence[Any]) -> StepRecord:
         compensation_attempts=int(row[11]),
         started_at=float(row[12]),
         updated_at=float(row[13]),
+        trace=row[14],
+        resolution=row[15],
     )
 
 
@@ -186,6 +188,16 @@ class SqlJournal:
             if self._postgres:  # two processes creating at once would collide
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": 0x5A6A_5A67})
             metadata().create_all(conn, tables=self._tables)
+            self._upgrade(conn)
+
+    def _upgrade(self, conn: sa.Connection) -> None:
+        """Add the columns schema 3 added to a steps table created by an older version."""
+        steps = self._tables[1]
+        present = {c["name"] for c in sa.inspect(conn).get_columns(steps.name)}
+        quote = conn.dialect.identifier_preparer.quote
+        for name in ("trace", "resolution"):
+            if name not in present:
+                conn.execute(sa.text(f"ALTER TABLE {quote(steps.name)} ADD COLUMN {name} TEXT"))
 
     def now(self) -> float:
         """See :meth:`SagaJournal.now`."""
@@ -271,25 +283,43 @@ class SqlJournal:
                 found = conn.execute(self._sql.get_saga, {"saga_id": saga_id}).first()
                 raise _lost(saga_id, token, None if found is None else _saga(found))
             saga = _saga(row)
-            for step in phase.steps:
-                conn.execute(
-                    self._sql.upsert_step,
-                    {
-                        "saga_id": saga_id,
-                        "idx": step.index,
-                        "name": step.name,
-                        "kind": step.kind.value,
-                        "state": step.state.value,
-                        "compensation": step.compensation,
-                        "result": step.result,
-                        "error": step.error,
-                        "not_applied": step.not_applied,
-                        "compensation_error": step.compensation_error,
-                        "attempts": step.attempts,
-                        "compensation_attempts": step.compensation_attempts,
-                        "stamp": saga.updated_at,
-                    },
-                )
+            self._write_steps(conn, saga, phase.steps)
+            return saga
+
+    def _write_steps(self, conn: sa.Connection, saga: SagaRecord, steps: Sequence[StepRecord]) -> None:
+        for step in steps:
+            conn.execute(
+                self._sql.upsert_step,
+                {
+                    "saga_id": saga.saga_id,
+                    "idx": step.index,
+                    "name": step.name,
+                    "kind": step.kind.value,
+                    "state": step.state.value,
+                    "compensation": step.compensation,
+                    "result": step.result,
+                    "error": step.error,
+                    "not_applied": step.not_applied,
+                    "compensation_error": step.compensation_error,
+                    "attempts": step.attempts,
+                    "compensation_attempts": step.compensation_attempts,
+                    "stamp": saga.updated_at,
+                    "trace": step.trace,
+                    "resolution": step.resolution,
+                },
+            )
+
+    def reopen(
+        self, saga_id: str, token: int, state: SagaState, steps: Sequence[StepRecord], error: str | None
+    ) -> SagaRecord | None:
+        """See :meth:`SagaJournal.reopen`. One fenced UPDATE and one upsert per step row."""
+        params = self._params(saga_id=saga_id, token=token, state=SagaState(state).value, error=error)
+        with self._connect() as conn:
+            row = conn.execute(self._sql.reopen, params).first()
+            if row is None:
+                return None
+            saga = _saga(row)
+            self._write_steps(conn, saga, steps)
             return saga
 
     def signal(self, saga_id: str, name: str, payload: str) -> SignalOutcome:

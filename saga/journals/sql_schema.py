@@ -31,8 +31,9 @@ __all__ = [
     "journal_models",
 ]
 
-SCHEMA_VERSION: Final = 2
-"""2 added deadlines, recovery counts, waits, cancellation and the signals table."""
+SCHEMA_VERSION: Final = 3
+"""2 added deadlines, recovery counts, waits, cancellation and the signals table; 3 added the
+steps' ``trace`` and ``resolution`` columns (added to existing tables by ``create_tables``)."""
 DEFAULT_PREFIX: Final = "sagaguard_"
 
 _PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
@@ -47,7 +48,7 @@ SAGA_COLUMNS: Final = (
 """In the order of :class:`~saga.records.SagaRecord`'s fields."""
 STEP_COLUMNS: Final = (
     "saga_id, idx, name, kind, state, compensation, result, error, not_applied, compensation_error, "
-    "attempts, compensation_attempts, started_at, updated_at"
+    "attempts, compensation_attempts, started_at, updated_at, trace, resolution"
 )
 _LIVE = "('running', 'compensating')"
 _RESUMABLE = "('running', 'compensating', 'waiting')"
@@ -95,6 +96,8 @@ class StepFields(_JournalModel):
     compensation_attempts: int = 0
     started_at: float = Field(sa_type=sa.Double)
     updated_at: float = Field(sa_type=sa.Double)
+    trace: str | None = Field(default=None, max_length=64)
+    resolution: str | None = Field(default=None, sa_type=sa.Text)
 
 
 class SignalFields(_JournalModel):
@@ -221,8 +224,15 @@ class Statements:
         self.upsert_step = sa.text(
             f"INSERT INTO {steps} ({STEP_COLUMNS}) VALUES (:saga_id, :idx, :name, :kind, :state, "
             ":compensation, :result, :error, :not_applied, :compensation_error, :attempts, "
-            ":compensation_attempts, :stamp, :stamp) "
+            ":compensation_attempts, :stamp, :stamp, :trace, :resolution) "
             f"ON CONFLICT (saga_id, idx) DO UPDATE SET {updates}"
+        )
+        # An operator puts a saga that needs attention back to work, due at once (fenced on token).
+        self.reopen = sa.text(
+            f"UPDATE {sagas} SET state = :state, error = :error, token = token + 1, lease_until = c.now, "
+            f"updated_at = c.now, recoveries = 0 FROM {clock} "
+            "WHERE saga_id = :saga_id AND token = :token AND state = 'needs_attention' "
+            f"RETURNING {SAGA_COLUMNS}"
         )
         self.add_signal = sa.text(
             f"INSERT INTO {signals} (saga_id, name, payload, created_at) "

@@ -1,0 +1,116 @@
+"""A saga instance as a readable timeline: what ran, what was undone, how often, why, and when.
+
+::
+
+    for event in timeline(journal.load("order-42")):
+        print(event)
+    print(render(journal.load("order-42")))     # what ``sagaguard sagas show`` prints
+
+The journal keeps two times per step (its start, its latest write), so the timeline is built from
+them: a step's outcome is reported at its latest write, or at its start once it was compensated
+(the latest write is then the compensation's).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from idempotency.codec import decode_error
+from saga.records import SagaSnapshot, SagaState, StepRecord, StepState
+
+__all__ = ["Event", "render", "timeline"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of a timeline.
+
+    Attributes:
+        at: journal time (seconds since the epoch).
+        step: the step's name, or None for the saga itself.
+        what: ``created``, ``started``, ``succeeded``, ``failed``, ``compensated``, ``resolved``,
+            ``compensation failed``, ``resolved by hand``, ``in progress``, or the saga's current
+            state (its last event, with the signals delivered so far).
+        detail: attempts, the error's type and message, the operator's note, the trace id.
+    """
+
+    at: float
+    step: str | None
+    what: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        when = dt.datetime.fromtimestamp(self.at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        who = "saga" if self.step is None else f"step {self.step}"
+        tail = f"  ({self.detail})" if self.detail else ""
+        return f"{when}  {who}: {self.what}{tail}"
+
+
+def _error(text: str | None) -> str:
+    if text is None:
+        return ""
+    info = decode_error(text)
+    return f"{info.type_name.rsplit('.', 1)[-1]}: {info.message}" if info.message else info.type_name
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def _trace_id(row: StepRecord) -> str:
+    parts = (row.trace or "").split("-")
+    return f"trace {parts[1]}" if len(parts) == 4 else ""
+
+
+def _step_events(row: StepRecord) -> list[Event]:
+    events = [Event(row.started_at, row.name, "started", _join(row.kind.value, _trace_id(row)))]
+    tries = f"{row.attempts} attempt{'s' * (row.attempts != 1)}" if row.attempts else ""
+    # Once compensated, the row's latest write is the compensation's: the forward outcome happened
+    # between the start and then, and is shown at the start.
+    undone = row.state in (StepState.COMPENSATED, StepState.COMPENSATION_FAILED)
+    at = row.started_at if undone else row.updated_at
+    if row.result is not None or row.state is StepState.SUCCEEDED:
+        events.append(Event(at, row.name, "succeeded", tries))
+    elif row.error is not None:
+        applied = "not applied" if row.not_applied else "may have applied"
+        events.append(Event(at, row.name, "failed", _join(tries, applied, _error(row.error))))
+    n = row.compensation_attempts
+    undo_tries = f"{n} compensation attempt{'s' * (n != 1)}"
+    if row.state is StepState.COMPENSATED and row.resolution is not None:
+        earlier = _error(row.compensation_error)
+        detail = _join(row.resolution, f"after {undo_tries}", f"last error {earlier}" if earlier else "")
+        events.append(Event(row.updated_at, row.name, "resolved by hand", detail))
+    elif row.state is StepState.COMPENSATED:
+        earlier = _error(row.compensation_error)
+        detail = _join(undo_tries, f"earlier error {earlier}" if earlier else "")
+        events.append(Event(row.updated_at, row.name, "compensated", detail))
+    elif row.state is StepState.COMPENSATION_FAILED:
+        detail = _join(undo_tries, _error(row.compensation_error))
+        events.append(Event(row.updated_at, row.name, "compensation failed", detail))
+    elif row.state is StepState.STARTED:
+        events.append(Event(row.updated_at, row.name, "in progress", tries))
+    return events
+
+
+def timeline(snapshot: SagaSnapshot) -> list[Event]:
+    """The saga's events in time order (ties keep step order: a step's start before its outcome)."""
+    saga = snapshot.saga
+    events = [Event(saga.created_at, None, "created", f"{saga.name} v{saga.version}")]
+    for row in snapshot.steps:
+        events.extend(_step_events(row))
+    detail = _join(
+        f"{saga.recoveries} recover{'ies' if saga.recoveries != 1 else 'y'}" if saga.recoveries else "",
+        f"waiting for {saga.waiting_for!r}" if saga.state is SagaState.WAITING else "",
+        "cancel requested" if saga.cancel_requested else "",
+        f"signals {', '.join(sorted(snapshot.signals))}" if snapshot.signals else "",
+        _error(saga.error) if saga.state is not SagaState.COMPLETED else "",
+    )
+    events.append(Event(saga.updated_at, None, saga.state.value, detail))
+    order = {id(e): i for i, e in enumerate(events)}
+    return sorted(events, key=lambda e: (e.at, order[id(e)]))
+
+
+def render(snapshot: SagaSnapshot) -> str:
+    """The timeline as text, one event a line."""
+    return "\n".join(str(event) for event in timeline(snapshot))
