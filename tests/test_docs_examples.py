@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARKER = re.compile(r"<!-- example: (?P<name>[\w.-]+\.py) -->\n```python\n(?P<code>.*?)```", re.S)
 
 EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.glob("*.py"))

@@ -1,0 +1,489 @@
+"""LangGraph adapter: tool calls, node effects and model calls keyed on the graph's own identity.
+
+LangGraph re-runs an interrupted task from its first line; a finished sibling task is not re-run
+(REFERENCES.md, "Agent frameworks"). So an effect's key is the task's durable identity,
+``thread_id`` + ``checkpoint_ns`` (which holds the task id), plus the call's position in the task:
+the ``tool_call_id`` for tool calls (a ToolNode re-runs all of its calls, in a thread pool), a
+per-task counter for sequential code. ``node_attempt`` stays out of the key: a retry is the same call.
+
+::
+
+    guard = Guard(open_store("sqlite:///sagaguard.db"))
+    tools = ToolGuard(guard)
+    node = ToolNode([book_flight], wrap_tool_call=tools.wrap_tool_call,
+                    awrap_tool_call=tools.awrap_tool_call)
+    model = JournaledChatModel(inner=ChatOpenAI(...).bind_tools([book_flight]), guard=guard)
+
+    @task_scoped                 # guard.effect calls inside are keyed on this task
+    def notify(state: State) -> State:
+        send_receipt(state["order"])
+        return state
+
+    graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}}, durability="sync")
+
+The model call is journaled so that a crash inside the model node replays the recorded
+``AIMessage``: the same tool calls with the same ids, so the tools' keys stay the same. Run graphs
+with ``durability="sync"``: the default ``"async"`` may lose the parent checkpoint in a crash, and
+with it the task id the keys are built on (:class:`DurabilityWarning`, or refused with
+``strict=True``). Works with any checkpointer (in-memory, SQLite, Postgres): the keys only use what
+the graph puts in the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any, ParamSpec, TypeVar, cast, overload
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import Runnable, RunnableConfig
+from langgraph.config import get_config
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Command
+from pydantic import ConfigDict
+
+from connectors.telemetry import record_llm_call
+from idempotency.effect import Policy
+from idempotency.errors import ConfigurationError, NoScope
+from idempotency.guard import Guard
+from idempotency.keys import Scope, scope
+from idempotency.telemetry import TOOL_CALL_ID
+
+__all__ = [
+    "DurabilityWarning",
+    "JournaledChatModel",
+    "ToolGuard",
+    "check_durability",
+    "graph_scope",
+    "task_scope",
+    "task_scope_id",
+    "task_scoped",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_CONF = "configurable"
+_DURABILITY = "__pregel_durability"
+"""Where LangGraph 1.x puts the run's durability mode (``langgraph._internal._constants``); set only
+when ``durability=`` was passed (or inherited by a subgraph), else the run is ``"async"``."""
+_RUNTIME = "__pregel_runtime"
+"""The per-attempt ``Runtime`` object: a new one for every task attempt (``pregel/_retry.py``)."""
+
+ToolResult = ToolMessage | Command[Any]
+Execute = Callable[[ToolCallRequest], ToolResult]
+AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
+
+
+class DurabilityWarning(UserWarning):
+    """The graph runs with a durability other than ``"sync"``: a crash may lose the parent
+    checkpoint, the task then gets a new id on resume, and its effects new keys."""
+
+
+# -- the task's identity ---------------------------------------------------------------------------
+
+
+def _graph_config(config: RunnableConfig | None) -> RunnableConfig | None:
+    if config is not None:
+        return config
+    try:
+        return get_config()
+    except RuntimeError:  # not inside a runnable
+        return None
+
+
+def _configurable(config: RunnableConfig) -> Mapping[str, Any]:
+    return cast(Mapping[str, Any], config.get(_CONF) or {})
+
+
+def check_durability(config: RunnableConfig | None = None, *, strict: bool = False) -> None:
+    """Warn (or refuse, with ``strict``) when the running graph's durability is not ``"sync"``.
+
+    Args:
+        config: the task's config (default: the current one, via ``langgraph.config.get_config``).
+        strict: raise instead of warning.
+
+    Raises:
+        ConfigurationError: ``strict`` and the durability is ``"async"`` or ``"exit"``.
+    """
+    found = _graph_config(config)
+    if found is None:
+        return
+    conf = _configurable(found)
+    if not conf.get("checkpoint_ns"):
+        return  # not inside a graph task
+    # Absent when invoke() was not given durability=: the run then uses "async" (pregel/main.py).
+    mode = conf.get(_DURABILITY, "async")
+    if mode == "sync":
+        return
+    message = (
+        f"the graph runs with durability={mode!r}: a crash may lose the parent checkpoint and give "
+        "the re-run task a new id, so its effects would run again; pass durability='sync'"
+    )
+    if strict:
+        raise ConfigurationError(message)
+    warnings.warn(message, DurabilityWarning, stacklevel=3)
+
+
+def task_scope_id(config: RunnableConfig | None = None, *, strict: bool = False) -> str:
+    """The scope id of the current LangGraph task: ``thread_id`` + ``checkpoint_ns``.
+
+    Args:
+        config: the task's config (default: the current one).
+        strict: refuse a durability other than ``"sync"`` (see :func:`check_durability`).
+
+    Raises:
+        NoScope: not inside a graph task, or the graph has no checkpointer (no ``thread_id``).
+        ConfigurationError: ``strict`` and the durability is not ``"sync"``.
+    """
+    found = _graph_config(config)
+    if found is None:
+        raise NoScope("not inside a LangGraph task: pass config= or use `with scope(...)`")
+    conf = _configurable(found)
+    thread_id, ns = conf.get("thread_id"), conf.get("checkpoint_ns")
+    if thread_id is None or not ns:
+        raise NoScope(
+            "the graph has no thread_id/checkpoint_ns: compile it with a checkpointer and "
+            "invoke it with config={'configurable': {'thread_id': ...}}"
+        )
+    check_durability(found, strict=strict)
+    # JSON, so no thread id can forge another's namespace by containing a separator.
+    return json.dumps(["langgraph", str(thread_id), str(ns)], separators=(",", ":"))
+
+
+class _TaskScopes:
+    """One :class:`Scope` per task *attempt*, for code that runs in a task without our decorator.
+
+    Keyed by the attempt's ``Runtime`` object, which LangGraph builds anew for every attempt, so a
+    retry or a resume in the same process counts from zero again. Bounded: old attempts drop out.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self._size = size
+        self._scopes: OrderedDict[int, tuple[object, Scope]] = OrderedDict()
+
+    def get(self, config: RunnableConfig, scope_id: str) -> Scope:
+        conf = _configurable(config)
+        # Holding the runtime keeps its id from being reused while the entry lives.
+        owner: object = conf.get(_RUNTIME) or conf
+        with self._lock:
+            entry = self._scopes.get(id(owner))
+            if entry is None or entry[0] is not owner or entry[1].id != scope_id:
+                entry = (owner, Scope(scope_id))
+                self._scopes[id(owner)] = entry
+                while len(self._scopes) > self._size:
+                    self._scopes.popitem(last=False)
+            self._scopes.move_to_end(id(owner))
+            return entry[1]
+
+
+_TASK_SCOPES = _TaskScopes()
+_BOUND: ContextVar[tuple[str, Scope] | None] = ContextVar("sagaguard_langgraph_scope", default=None)
+"""The scope this adapter made current, with the ``checkpoint_ns`` it belongs to: a subgraph's
+task inherits the context of its parent's node and must not take the parent's scope for its own."""
+
+
+def task_scope(config: RunnableConfig | None = None, *, strict: bool = False) -> Scope:
+    """The :class:`Scope` of the current task attempt (its per-name counters included).
+
+    Raises:
+        NoScope, ConfigurationError: as :func:`task_scope_id`.
+    """
+    found = _graph_config(config)
+    scope_id = task_scope_id(found, strict=strict)
+    bound = _BOUND.get()
+    assert found is not None  # task_scope_id raised otherwise
+    if bound is not None and bound[0] == _configurable(found).get("checkpoint_ns"):
+        return bound[1]
+    return _TASK_SCOPES.get(found, scope_id)
+
+
+@contextlib.contextmanager
+def _bound(ns: str, scope_id: str) -> Iterator[Scope]:
+    with scope(scope_id) as unit:
+        token = _BOUND.set((ns, unit))
+        try:
+            yield unit
+        finally:
+            _BOUND.reset(token)
+
+
+@contextlib.contextmanager
+def graph_scope(config: RunnableConfig | None = None, *, strict: bool = False) -> Iterator[Scope]:
+    """Run a block of a node or ``@task`` as the current task's scope.
+
+    ``guard.effect`` calls inside get ordinals from a fresh per-task counter, so the re-run of the
+    task after a crash maps each call to its first run's record. Sequential code only: parallel
+    calls need an explicit ``key=``.
+
+    Raises:
+        NoScope, ConfigurationError: as :func:`task_scope_id`.
+    """
+    found = _graph_config(config)
+    scope_id = task_scope_id(found, strict=strict)
+    assert found is not None
+    with _bound(str(_configurable(found).get("checkpoint_ns")), scope_id) as unit:
+        yield unit
+
+
+@overload
+def task_scoped(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+
+@overload
+def task_scoped(fn: Callable[P, R]) -> Callable[P, R]: ...
+
+
+def task_scoped(fn: Callable[P, Any]) -> Callable[P, Any]:
+    """Decorate a node or ``@task`` function (sync or async) to run in :func:`graph_scope`.
+
+    Put it under ``@task`` (``@task`` then ``@task_scoped``), so it runs inside the task.
+    """
+    if inspect.iscoroutinefunction(fn):
+        afn = cast(Callable[P, Awaitable[Any]], fn)
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            with graph_scope():
+                return await afn(*args, **kwargs)
+
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+        with graph_scope():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+# -- tool calls -------------------------------------------------------------------------------------
+
+
+def _as_message(result: ToolResult) -> ToolMessage:
+    if isinstance(result, ToolMessage):
+        return result
+    raise ConfigurationError(
+        f"a journaled tool returned {type(result).__name__}, not a ToolMessage: list the tool in "
+        "ToolGuard(exclude=...) (Command results are not journaled)"
+    )
+
+
+class ToolGuard:
+    """``wrap_tool_call`` / ``awrap_tool_call`` handlers for ``ToolNode``: each tool call is an
+    effect keyed on ``thread_id`` + ``checkpoint_ns`` + ``tool_call_id``.
+
+    A re-run of the task returns the recorded ``ToolMessage`` without running the tool. Inside the
+    tool, the same scope is current, so ``guard.effect`` calls in the tool body are keyed on the
+    tool call too (and ``gen_ai.tool.call.id`` is on their spans).
+
+    Args:
+        guard: the guard the calls run under.
+        policy: what a tool call left in doubt by a crash does. ``at_most_once`` (default): raise
+            ``OutcomeUnknown`` for an operator. ``at_least_once``: run the tool again; right when
+            the calls inside it that change the world are ``guard.effect`` s themselves (they then
+            replay, or are reconciled), or are harmless to repeat.
+        prefix: prepended to the tool's name to make the effect's name.
+        exclude: names of tools that are not journaled (read-only tools, tools returning a
+            ``Command``).
+        strict: refuse a durability other than ``"sync"`` instead of warning.
+        options: any other :meth:`Guard.run` option (``reconciler=``, ``lease=``, ...).
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        policy: Policy | str = Policy.AT_MOST_ONCE,
+        prefix: str = "langgraph.tool.",
+        exclude: Collection[str] = (),
+        strict: bool = False,
+        **options: Any,
+    ) -> None:
+        self.guard = guard
+        self.prefix = prefix
+        self.exclude = frozenset(exclude)
+        self.strict = strict
+        self._options: dict[str, Any] = {"policy": policy, **options}
+
+    def _identity(self, request: ToolCallRequest) -> tuple[str, str, str, Mapping[str, Any]] | None:
+        call = request.tool_call
+        if call["name"] in self.exclude:
+            return None
+        call_id = call.get("id")
+        if not call_id:
+            raise ConfigurationError(f"tool call {call['name']!r} has no id: it cannot be keyed")
+        config = request.runtime.config
+        task = task_scope_id(config, strict=self.strict)
+        ns = str(_configurable(config).get("checkpoint_ns"))
+        scope_id = json.dumps([task, "tool_call", call_id], separators=(",", ":"))
+        return ns, scope_id, call_id, {"args": call["args"]}
+
+    def wrap_tool_call(self, request: ToolCallRequest, execute: Execute) -> ToolResult:
+        """The sync handler: ``ToolNode(wrap_tool_call=tool_guard.wrap_tool_call)``."""
+        found = self._identity(request)
+        if found is None:
+            return execute(request)
+        ns, scope_id, call_id, arguments = found
+        name = self.prefix + request.tool_call["name"]
+        token = TOOL_CALL_ID.set(call_id)
+        try:
+            with _bound(ns, scope_id):
+                return self.guard.run(
+                    name, lambda: _as_message(execute(request)), arguments=arguments,
+                    result_type=ToolMessage, **self._options,
+                )  # fmt: skip
+        finally:
+            TOOL_CALL_ID.reset(token)
+
+    async def awrap_tool_call(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
+        """The async handler: ``ToolNode(awrap_tool_call=tool_guard.awrap_tool_call)``."""
+        found = self._identity(request)
+        if found is None:
+            return await execute(request)
+        ns, scope_id, call_id, arguments = found
+        name = self.prefix + request.tool_call["name"]
+
+        async def call() -> ToolMessage:
+            return _as_message(await execute(request))
+
+        token = TOOL_CALL_ID.set(call_id)
+        try:
+            with _bound(ns, scope_id):
+                return await self.guard.arun(
+                    name, call, arguments=arguments, result_type=ToolMessage, **self._options
+                )
+        finally:
+            TOOL_CALL_ID.reset(token)
+
+
+# -- model calls ------------------------------------------------------------------------------------
+
+
+def _message_args(
+    messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    # Message ids are left out: they say where a message is stored, not what the model was asked.
+    dumped = [m.model_dump(mode="json", exclude={"id"}) for m in messages]
+    return {"messages": dumped, "stop": stop, **kwargs}
+
+
+def _ai(message: Any) -> AIMessage:
+    if isinstance(message, AIMessage):
+        return message
+    raise ConfigurationError(f"the journaled model returned {type(message).__name__}, not an AIMessage")
+
+
+def _tokens(message: AIMessage) -> tuple[int, int]:
+    usage = message.usage_metadata
+    return (usage["input_tokens"], usage["output_tokens"]) if usage else (0, 0)
+
+
+class JournaledChatModel(BaseChatModel):
+    """A chat model whose calls are journaled: a re-run returns the recorded ``AIMessage``.
+
+    Inside a graph the key is the task's scope plus the model call's ordinal in the task attempt
+    (inside a journaled tool call: the tool call's scope); outside a graph, the current
+    :func:`~idempotency.keys.scope`. The recorded message keeps its tool calls and their ids, so
+    the tools the resumed run calls have the keys of the first run's.
+
+    Attributes:
+        inner: the model to ask: a chat model, or one with tools bound (``model.bind_tools(...)``).
+        guard: the guard the calls run under.
+        effect_name: the effect's name.
+        policy: what a call left in doubt does (default ``at_least_once``: ask again; a model call
+            changes nothing in the world, the tools it picks are effects of their own).
+        strict: refuse a durability other than ``"sync"`` instead of warning.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    inner: Runnable[LanguageModelInput, BaseMessage]
+    guard: Guard
+    effect_name: str = "langgraph.model"
+    policy: Policy = Policy.AT_LEAST_ONCE
+    strict: bool = False
+
+    @property
+    def _llm_type(self) -> str:
+        return "sagaguard-journaled"
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | Any],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind the tools on the inner model and journal the result."""
+        bind = getattr(self.inner, "bind_tools", None)
+        if bind is None:
+            raise ConfigurationError("the inner model has no bind_tools: bind them before wrapping it")
+        if tool_choice is not None:
+            kwargs["tool_choice"] = tool_choice
+        return self.model_copy(update={"inner": bind(tools, **kwargs)})
+
+    def _key(self) -> str | None:
+        """An explicit key for a call in a task not scoped by this adapter, else None (scope + ordinal)."""
+        config = _graph_config(None)
+        if config is None or not _configurable(config).get("thread_id"):
+            return None
+        unit = task_scope(config, strict=self.strict)
+        return json.dumps(
+            [unit.id, self.effect_name, unit.next_ordinal(self.effect_name)], separators=(",", ":")
+        )
+
+    def _run_options(self) -> dict[str, Any]:
+        return {"key": self._key(), "result_type": AIMessage, "policy": self.policy}
+
+    def _account(self, message: AIMessage, paid: bool) -> ChatResult:
+        tokens_in, tokens_out = _tokens(message)
+        record_llm_call(self.effect_name, paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        paid = False
+
+        def call() -> AIMessage:
+            nonlocal paid
+            paid = True
+            return _ai(self.inner.invoke(messages, stop=stop, **kwargs))
+
+        arguments = _message_args(messages, stop, kwargs)
+        message = self.guard.run(self.effect_name, call, arguments=arguments, **self._run_options())
+        return self._account(message, paid)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        paid = False
+
+        async def call() -> AIMessage:
+            nonlocal paid
+            paid = True
+            return _ai(await self.inner.ainvoke(messages, stop=stop, **kwargs))
+
+        arguments = _message_args(messages, stop, kwargs)
+        message = await self.guard.arun(self.effect_name, call, arguments=arguments, **self._run_options())
+        return self._account(message, paid)
