@@ -1,0 +1,359 @@
+"""OpenAI Agents SDK runs whose tools happen once and whose model calls replay after a crash.
+
+::
+
+    run = AgentRun(guard, "ticket-881/turn-3")        # the run key: the caller's, stable across reruns
+    result = await Runner.run(run.wrap(agent), "Refund order 42")
+
+:meth:`AgentRun.wrap` returns a copy of the agent (and of the agents it hands off to) in which:
+
+- every ``FunctionTool`` is a guarded effect keyed on (run key, ``tool_call_id``): a rerun returns the
+  recorded output without running the tool;
+- the model is a :class:`JournaledModel`: ``get_response`` is a journaled effect keyed on (run key,
+  model-call ordinal), so a rerun gets the recorded responses, hence the same tool calls with the same
+  ``tool_call_id``\\ s, and pays nothing for them.
+
+The SDK has no run id at tool time (``ToolContext`` carries ``tool_call_id``, ``tool_name``,
+``tool_arguments``), so the caller names the run. Use one run key per ``Runner.run`` of a turn: with a
+session, ``f"{session_id}/turn-{n}"``; rerun a crashed turn with the same key and the same input.
+
+Human approval: a tool with ``needs_approval`` interrupts the run; the model calls made so far are in
+the ``RunState``. Resume with :meth:`AgentRun.resume` (it continues the model-call ordinals after
+those in the state), in this process or another::
+
+    run = AgentRun(guard, "ticket-881/turn-3")
+    wrapped = run.wrap(agent)
+    state = run.resume(await RunState.from_json(wrapped, saved))   # load against the wrapped agent
+    state.approve(state.get_interruptions()[0])
+    result = await Runner.run(wrapped, state)
+
+Streaming (``Runner.run_streamed``) is not journaled: a stream cannot be replayed as it was. By default
+:meth:`JournaledModel.stream_response` raises :class:`~idempotency.errors.ConfigurationError`;
+``stream="passthrough"`` streams from the wrapped model unrecorded (tools stay guarded, but a crash
+mid-turn gets new ``tool_call_id``\\ s, so tools already run would run again).
+
+A ``RunConfig(model=...)`` overrides the agent's model and so bypasses the journal: leave it unset.
+Only ``Agent`` handoffs are followed; a ``Handoff`` object's target is not wrapped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator, Collection, Mapping
+from typing import Any, Literal, TypeVar
+
+from agents import Agent, FunctionTool, RunState
+from agents.agent_output import AgentOutputSchemaBase
+from agents.handoffs import Handoff
+from agents.items import ModelResponse, TResponseInputItem, TResponseOutputItem, TResponseStreamEvent
+from agents.model_settings import ModelSettings
+from agents.models.interface import Model, ModelProvider, ModelTracing
+from agents.models.multi_provider import MultiProvider
+from agents.tool import Tool
+from agents.tool_context import ToolContext
+from agents.usage import deserialize_usage, serialize_usage
+from openai.types.responses.response_prompt_param import ResponsePromptParam
+from pydantic import BaseModel, TypeAdapter
+
+from connectors.llm import LlmUsage
+from connectors.telemetry import record_llm_call
+from idempotency.effect import NO_RETRY, Policy
+from idempotency.errors import ConfigurationError
+from idempotency.guard import Guard
+from idempotency.records import Disposition
+from idempotency.telemetry import TOOL_CALL_ID
+
+__all__ = [
+    "MODEL_EFFECT",
+    "AgentRun",
+    "JournaledModel",
+    "dump_response",
+    "load_response",
+    "model_call_key",
+    "tool_call_key",
+]
+
+log = logging.getLogger("sagaguard.connectors.openai_agents")
+
+TContext = TypeVar("TContext")
+
+MODEL_EFFECT = "agents.model"
+"""The effect name of journaled model calls."""
+
+_OUTPUT_ITEMS: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutputItem])
+
+
+def tool_call_key(run_key: str, tool_call_id: str) -> str:
+    """The explicit effect key of a tool call: the run key and the model's ``tool_call_id``.
+
+    JSON-encoded, so no run key or call id can make two pairs read the same.
+    """
+    return json.dumps(["agents.tool", run_key, tool_call_id])
+
+
+def model_call_key(run_key: str, ordinal: int) -> str:
+    """The explicit effect key of the ``ordinal``-th model call (from 0) of a run."""
+    return json.dumps([MODEL_EFFECT, run_key, ordinal])
+
+
+def dump_response(response: ModelResponse) -> dict[str, Any]:
+    """A model response as JSON types: output items by alias with only the fields that were set.
+
+    By alias and without unset fields, so a replayed item sent back to the model as input is the
+    item the provider sent (a plain dump would add fields such as ``async_`` that it never sent).
+    """
+    output = [
+        item.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        if isinstance(item, BaseModel)
+        else item
+        for item in response.output
+    ]
+    return {
+        "output": output,
+        "usage": serialize_usage(response.usage),
+        "response_id": response.response_id,
+        "request_id": response.request_id,
+    }
+
+
+def load_response(data: Mapping[str, Any]) -> ModelResponse:
+    """The inverse of :func:`dump_response`."""
+    return ModelResponse(
+        output=_OUTPUT_ITEMS.validate_python(data["output"]),
+        usage=deserialize_usage(data.get("usage") or {}),
+        response_id=data.get("response_id"),
+        request_id=data.get("request_id"),
+    )
+
+
+class JournaledModel(Model):
+    """A ``Model`` whose ``get_response`` is a journaled effect of an :class:`AgentRun`.
+
+    The n-th call of the run (counted across every agent of the run, whose model calls are
+    sequential) has the key :func:`model_call_key` ``(run_key, n)``. The counter advances only when
+    a call returns. A model call changes nothing in the world (the tools it picks are effects of
+    their own), so a call that raised leaves no record (the SDK's retries, configured in its
+    ``ModelSettings``, and a rerun ask again under the same key), and a call left in doubt by a
+    crash between the answer and its record is asked again (``at_least_once``).
+
+    Args:
+        inner: the model that answers.
+        run: the run this model belongs to.
+        stream: ``"error"`` (default): ``stream_response`` raises; ``"passthrough"``: it streams
+            from ``inner`` without a record.
+    """
+
+    def __init__(
+        self, inner: Model, run: AgentRun, *, stream: Literal["error", "passthrough"] = "error"
+    ) -> None:
+        self.inner = inner
+        self.run = run
+        self.stream = stream
+
+    async def get_response(  # noqa: PLR0917 - the SDK's Model signature
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: ResponsePromptParam | None,
+    ) -> ModelResponse:
+        """The inner model's response, or the one recorded for this call of the run."""
+        run = self.run
+        ordinal = run.model_calls
+        paid = False
+
+        async def call() -> dict[str, Any]:
+            nonlocal paid
+            paid = True
+            response = await self.inner.get_response(
+                system_instructions=system_instructions, input=input, model_settings=model_settings,
+                tools=tools, output_schema=output_schema, handoffs=handoffs, tracing=tracing,
+                previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt,
+            )  # fmt: skip
+            return dump_response(response)
+
+        arguments: dict[str, Any] = {}
+        if run.fingerprint_model:
+            arguments = {
+                "instructions": system_instructions,
+                "input": input,
+                "tools": sorted(tool.name for tool in tools),
+                "handoffs": sorted(h.tool_name for h in handoffs),
+                "previous_response_id": previous_response_id,
+                "conversation_id": conversation_id,
+            }
+        data = await run.guard.arun(
+            MODEL_EFFECT, call, arguments=arguments, key=model_call_key(run.run_key, ordinal),
+            result_type=dict[str, Any], policy=Policy.AT_LEAST_ONCE, classify=_not_applied, retry=NO_RETRY,
+        )  # fmt: skip
+        run.model_calls = ordinal + 1
+        response = load_response(data)
+        tokens_in, tokens_out = response.usage.input_tokens, response.usage.output_tokens
+        run.usage.add(paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
+        record_llm_call(MODEL_EFFECT, paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
+        return response
+
+    async def stream_response(  # noqa: PLR0917 - the SDK's Model signature
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: ResponsePromptParam | None,
+    ) -> AsyncIterator[TResponseStreamEvent]:
+        """Streams from the inner model unrecorded when ``stream="passthrough"``.
+
+        Raises:
+            ConfigurationError: ``stream="error"`` (the default): a stream is not journaled.
+        """
+        if self.stream != "passthrough":
+            raise ConfigurationError(
+                "streamed model calls are not journaled: use Runner.run, "
+                "or AgentRun(..., stream='passthrough')"
+            )
+        async for event in self.inner.stream_response(
+            system_instructions=system_instructions, input=input, model_settings=model_settings,
+            tools=tools, output_schema=output_schema, handoffs=handoffs, tracing=tracing,
+            previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt,
+        ):  # fmt: skip
+            yield event
+
+    async def close(self) -> None:
+        """Close the inner model."""
+        await self.inner.close()
+
+
+class AgentRun:
+    """One run of an agent (one ``Runner.run`` of a turn), named by the caller's run key.
+
+    Args:
+        guard: the guard tool calls and model calls run under.
+        run_key: the run's durable name; a rerun after a crash passes the same one.
+        model_calls: model calls already made in this run (see :meth:`resume`).
+        tools: names of the function tools to guard (default: all of them).
+        tool_options: per tool name, :meth:`Guard.effect` options (``policy``, ``reconciler``,
+            ``provider_idempotent``, ``permanent``, ...) for its effect.
+        provider: resolves an agent's model given by name or left unset (default ``MultiProvider``).
+        fingerprint_model: whether a model call's instructions and input must match on replay
+            (default True: a changed prompt is a ``KeyConflict``, never a silent replay). Turn off
+            for instructions that change on every run (a timestamp).
+        stream: see :class:`JournaledModel`.
+        usage: where to total model usage, paid and saved (default: a new one, as ``self.usage``).
+
+    Raises:
+        ConfigurationError: the run key is empty.
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        run_key: str,
+        *,
+        model_calls: int = 0,
+        tools: Collection[str] | None = None,
+        tool_options: Mapping[str, Mapping[str, Any]] | None = None,
+        provider: ModelProvider | None = None,
+        fingerprint_model: bool = True,
+        stream: Literal["error", "passthrough"] = "error",
+        usage: LlmUsage | None = None,
+    ) -> None:
+        if not run_key:
+            raise ConfigurationError("an agent run needs a non-empty run key")
+        self.guard = guard
+        self.run_key = run_key
+        self.model_calls = model_calls
+        self.tools = None if tools is None else frozenset(tools)
+        self.tool_options = {name: dict(options) for name, options in (tool_options or {}).items()}
+        self.provider = provider if provider is not None else MultiProvider()
+        self.fingerprint_model = fingerprint_model
+        self.stream: Literal["error", "passthrough"] = stream
+        self.usage = usage if usage is not None else LlmUsage()
+
+    def resume(self, state: RunState[Any, Any]) -> RunState[Any, Any]:
+        """Continue this run's model-call ordinals after the model responses ``state`` holds.
+
+        Call it before ``Runner.run(agent, state)`` resumes a run interrupted for approval, with
+        ``state`` loaded against this run's wrapped agent (``RunState.from_json(run.wrap(agent),
+        ...)``: the SDK resumes with the state's current agent, so its model must be this run's).
+        The resumed run's next model call then gets a new key, and a rerun of the resume from the
+        same saved state replays it.
+
+        Returns:
+            ``state``, for chaining.
+        """
+        responses = getattr(state, "_model_responses", None)
+        if responses is None:  # pragma: no cover - an SDK without it
+            raise ConfigurationError("this RunState does not expose its model responses; set model_calls")
+        self.model_calls = len(responses)
+        return state
+
+    def wrap(self, agent: Agent[TContext]) -> Agent[TContext]:
+        """A copy of ``agent`` and of the agents it hands off to, guarded and journaled.
+
+        The original agents are not changed. Agents reached through several handoffs (cycles
+        included) are copied once.
+        """
+        return self._wrap(agent, {})
+
+    def _wrap(self, agent: Agent[Any], done: dict[int, Agent[Any]]) -> Agent[Any]:
+        if id(agent) in done:
+            return done[id(agent)]
+        copy = agent.clone(model=self._model(agent), tools=[self._tool(tool) for tool in agent.tools])
+        done[id(agent)] = copy
+        copy.handoffs = [self._wrap(h, done) if isinstance(h, Agent) else h for h in agent.handoffs]
+        return copy
+
+    def _model(self, agent: Agent[Any]) -> JournaledModel:
+        model = agent.model
+        if isinstance(model, JournaledModel):
+            model = model.inner
+        inner = model if isinstance(model, Model) else self.provider.get_model(model)
+        return JournaledModel(inner, self, stream=self.stream)
+
+    def _tool(self, tool: Tool) -> Tool:
+        if not isinstance(tool, FunctionTool) or (self.tools is not None and tool.name not in self.tools):
+            return tool
+        original = tool.on_invoke_tool
+        options = self.tool_options.get(tool.name, {})
+        guard, run_key, name = self.guard, self.run_key, tool.name
+
+        async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
+            call_id = ctx.tool_call_id
+            reset = TOOL_CALL_ID.set(call_id)
+            try:
+                return await guard.arun(
+                    name, lambda: original(ctx, arguments), arguments={"arguments": _parsed(arguments)},
+                    key=tool_call_key(run_key, call_id), **options,
+                )  # fmt: skip
+            finally:
+                TOOL_CALL_ID.reset(reset)
+
+        return dataclasses.replace(tool, on_invoke_tool=invoke)
+
+
+def _not_applied(exc: BaseException) -> Disposition | None:
+    # A failed model call has no answer to act on: drop the claim; the SDK decides about retries.
+    return Disposition.RETRYABLE if isinstance(exc, Exception) else None
+
+
+def _parsed(arguments: str) -> Any:
+    # Fingerprint the arguments' meaning, not their spelling (white space, key order).
+    try:
+        return json.loads(arguments) if arguments else None
+    except ValueError:
+        return arguments
