@@ -6,7 +6,6 @@ import dataclasses
 import datetime as dt
 import enum
 import math
-import sys
 import threading
 import typing
 import uuid
