@@ -197,15 +197,19 @@ def render(series: dict[str, dict[str, float]], meta: dict[str, Any], extra: dic
     return "\n".join(out)
 
 
-def write(path: Path, block: str) -> None:
-    """Replace the text between the markers in ``path`` (creating the file or markers if absent)."""
-    wrapped = f"{START}\n{block}\n{END}"
+def write(path: Path, block: str, markers: tuple[str, str] = (START, END)) -> None:
+    """Replace the text between the markers in ``path`` (creating the file or markers if absent).
+
+    ``markers``: the start and end comments of the section (default: the guard benchmark's).
+    """
+    start, end = markers
+    wrapped = f"{start}\n{block}\n{end}"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"# Benchmarks\n\n{wrapped}\n", encoding="utf-8")
         return
     text = path.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.DOTALL)
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
     if pattern.search(text):
         text = pattern.sub(lambda _: wrapped, text, count=1)
     else:

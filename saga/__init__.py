@@ -16,6 +16,7 @@ from saga.control import NotParked, cancel, resolve, retry, signal
 from saga.coordinator import SagaFlow, decide, decide_start, failure_state
 from saga.definition import FORWARD_RETRY, Saga, Step
 from saga.errors import (
+    CompensationsFailed,
     DefinitionError,
     DefinitionMismatch,
     DuplicateStep,
@@ -43,6 +44,7 @@ from saga.journal import SagaJournal
 from saga.journals.memory import MemoryJournal
 from saga.records import (
     CancelOutcome,
+    CompensationPolicy,
     Phase,
     SagaOutcome,
     SagaRecord,
@@ -64,6 +66,8 @@ from saga.timeline import Event, render, timeline
 __all__ = [
     "FORWARD_RETRY",
     "CancelOutcome",
+    "CompensationPolicy",
+    "CompensationsFailed",
     "DefinitionError",
     "DefinitionMismatch",
     "DuplicateStep",

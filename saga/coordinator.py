@@ -27,6 +27,7 @@ from saga.decisions import (
     StartStep,
     apply,
     check,
+    compensation_failure_state,
     decide,
     decide_start,
     failure_state,
@@ -232,8 +233,8 @@ class SagaFlow:
             elif isinstance(move, Abandon):
                 snapshot = yield from self._abandon(snapshot, move.cause)
             else:
-                phase = Phase(state=move.state, error=snapshot.saga.error)
-                snapshot = yield from self._write(snapshot, phase)
+                error = snapshot.saga.error if move.error is None else move.error
+                snapshot = yield from self._write(snapshot, Phase(state=move.state, error=error))
 
     def _begin(self) -> Generator[Op, Any, StartResult]:
         waited, delay = 0.0, _WAIT_FIRST
@@ -280,7 +281,8 @@ class SagaFlow:
             phase = Phase(steps=(*phase.steps, self._started(move.index)))
             started = move.index
         elif isinstance(move, SetState) and phase.state is None:
-            phase = Phase(steps=phase.steps, state=move.state, error=after.saga.error)
+            error = after.saga.error if move.error is None else move.error
+            phase = Phase(steps=phase.steps, state=move.state, error=error)
         final = apply(snapshot, phase)
         live = final.saga.state in LIVE_STATES
         phase = Phase(
@@ -457,7 +459,11 @@ class SagaFlow:
         failed = row.evolve(
             state=StepState.COMPENSATION_FAILED, compensation_error=text, compensation_attempts=attempts
         )
-        phase = Phase(steps=(failed,), state=SagaState.NEEDS_ATTENTION, error=text)
+        state = compensation_failure_state(step.on_compensation_failure)
+        # Going on, the saga keeps its cause (the next compensations are told it); the failures
+        # are recorded with the saga once none is left to run (decide: compensation_failures).
+        recorded = text if state is SagaState.NEEDS_ATTENTION else cause
+        phase = Phase(steps=(failed,), state=state, error=recorded)
         return (yield from self._write(snapshot, phase))
 
     def _decoded_results(self, snapshot: SagaSnapshot) -> dict[str, Any]:

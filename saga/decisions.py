@@ -2,10 +2,10 @@
 
 :func:`decide_start` maps a journal start to what the runner does (resume, replay, attach, refuse);
 :func:`decide` maps a saga's journal snapshot to its next move; :func:`failure_state` says where a
-failed step leaves the saga; :func:`abandon_cause`, :func:`step_deadline` and :func:`wake_at` say
-when cancellation and deadlines stop the saga going forward. :mod:`saga.coordinator` strings them
-together; nothing here reads a clock: "now" is the journal time of the snapshot's latest write
-(``saga.updated_at``).
+failed step leaves the saga, :func:`compensation_failure_state` where a failed compensation does;
+:func:`abandon_cause`, :func:`step_deadline` and :func:`wake_at` say when cancellation and deadlines
+stop the saga going forward. :mod:`saga.coordinator` strings them together; nothing here reads a
+clock: "now" is the journal time of the snapshot's latest write (``saga.updated_at``).
 """
 
 from __future__ import annotations
@@ -14,12 +14,20 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from idempotency.codec import encode_error
+from idempotency.codec import decode_error, encode_error
+from idempotency.errors import CodecError
 from saga.definition import Saga
-from saga.errors import DefinitionMismatch, SagaCancelled, SagaDeadlineExceeded, StepMismatch
+from saga.errors import (
+    CompensationsFailed,
+    DefinitionMismatch,
+    SagaCancelled,
+    SagaDeadlineExceeded,
+    StepMismatch,
+)
 from saga.records import (
     FOREVER,
     LIVE_STATES,
+    CompensationPolicy,
     Phase,
     SagaSnapshot,
     SagaState,
@@ -42,6 +50,8 @@ __all__ = [
     "abandon_cause",
     "apply",
     "check",
+    "compensation_failure_state",
+    "compensation_failures",
     "decide",
     "decide_start",
     "failure_state",
@@ -104,9 +114,13 @@ class Compensate:
 
 @dataclass(frozen=True, slots=True)
 class SetState:
-    """Move the saga to ``state`` (nothing else is left to do in the current one)."""
+    """Move the saga to ``state`` (nothing else is left to do in the current one).
+
+    ``error`` is the cause (JSON) to record with it; None keeps the saga's current one.
+    """
 
     state: SagaState
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +152,43 @@ def failure_state(kind: StepKind, not_applied: bool) -> SagaState:
     if kind is StepKind.COMPENSATABLE or (kind is StepKind.PIVOT and not_applied):
         return SagaState.COMPENSATING
     return SagaState.NEEDS_ATTENTION
+
+
+def compensation_failure_state(policy: CompensationPolicy) -> SagaState:
+    """Where a compensation that exhausted its retries leaves the saga. Pure.
+
+    - halt: NEEDS_ATTENTION at once; the earlier compensations wait for an operator;
+    - continue: still COMPENSATING, so the earlier compensations run; :func:`decide` ends the saga
+      NEEDS_ATTENTION once none is left (see :func:`compensation_failures`).
+    """
+    if policy is CompensationPolicy.CONTINUE:
+        return SagaState.COMPENSATING
+    return SagaState.NEEDS_ATTENTION
+
+
+def compensation_failures(snapshot: SagaSnapshot) -> str | None:
+    """The cause (JSON) a saga records when it ends compensating with failed compensations, or
+    None when none failed. Pure.
+
+    One failure: that compensation's error. Several: :class:`~saga.errors.CompensationsFailed`
+    naming each step (latest first) with its error's message.
+    """
+    failed = [row for row in reversed(snapshot.steps) if row.state is StepState.COMPENSATION_FAILED]
+    if not failed:
+        return None
+    if len(failed) == 1:
+        return failed[0].compensation_error or encode_error(RuntimeError("compensation failed"))
+    failures: dict[str, str] = {}
+    for row in failed:
+        message = "compensation failed"
+        if row.compensation_error is not None:
+            try:
+                info = decode_error(row.compensation_error)
+                message = f"{info.type_name.rsplit('.', 1)[-1]}: {info.message}"
+            except CodecError:
+                message = row.compensation_error
+        failures[row.name] = message
+    return encode_error(CompensationsFailed(snapshot.saga.saga_id, failures))
 
 
 def needs_compensation(row: StepRecord) -> bool:
@@ -254,6 +305,9 @@ def decide(saga: Saga[Any], snapshot: SagaSnapshot, fresh: int | None = None) ->
     for row in reversed(snapshot.steps):
         if needs_compensation(row):
             return Compensate(row.index)
+    failed = compensation_failures(snapshot)
+    if failed is not None:
+        return SetState(SagaState.NEEDS_ATTENTION, failed)
     undone = any(row.state is StepState.COMPENSATED for row in snapshot.steps)
     return SetState(SagaState.COMPENSATED if undone else SagaState.FAILED)
 

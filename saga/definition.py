@@ -41,8 +41,8 @@ from idempotency.effect import Classifier, Retry
 from idempotency.errors import CodecError
 from saga.checks import check_callable, check_compensation
 from saga.context import StepContext
-from saga.errors import DuplicateStep, SignatureError, StepOrderError, UnstorableType
-from saga.records import StepKind
+from saga.errors import DefinitionError, DuplicateStep, SignatureError, StepOrderError, UnstorableType
+from saga.records import CompensationPolicy, StepKind
 from saga.step import MISSING, Step, _StepDecorator
 
 __all__ = ["FORWARD_RETRY", "Saga", "Step", "StepContext"]
@@ -73,13 +73,27 @@ class Saga(Generic[I]):
             a pivot, finished); None for no deadline. Past it, the runner stops going forward at
             the next step boundary and compensates (:class:`~saga.errors.SagaDeadlineExceeded`).
             Once the pivot has started the saga only goes forward, deadline or not.
+        on_compensation_failure: what happens when a compensation exhausts its retries (a
+            :class:`~saga.records.CompensationPolicy` or its value). ``"halt"`` (default): the
+            step is COMPENSATION_FAILED and the saga NEEDS_ATTENTION at once; the earlier
+            compensations wait for an operator. ``"continue"``: the step is COMPENSATION_FAILED,
+            the earlier compensations still run in reverse order, and the saga then ends
+            NEEDS_ATTENTION with the cause(s), never COMPENSATED. A step may override it.
 
     Raises:
-        DefinitionError: bad name, version or timeout.
+        DefinitionError: bad name, version, timeout or ``on_compensation_failure``.
         UnstorableType: ``input`` cannot round-trip through JSON.
     """
 
-    def __init__(self, name: str, *, version: int = 1, input: type[I], timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        version: int = 1,
+        input: type[I],
+        timeout: float | None = None,
+        on_compensation_failure: CompensationPolicy | str = CompensationPolicy.HALT,
+    ) -> None:
         if not _NAME.fullmatch(name):
             raise StepOrderError(f"saga name {name!r} must be a letter or _ then letters, digits, _ . -")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
@@ -87,6 +101,8 @@ class Saga(Generic[I]):
         self.name = name
         self.version = version
         self.timeout = _check_timeout(f"saga {name!r}", timeout)
+        self.on_compensation_failure = _check_policy(f"saga {name!r}", on_compensation_failure)
+        """What a compensation that exhausts its retries does, unless its step says otherwise."""
         self.input_type: Any = input
         try:
             self.input_codec: Codec[I] = Codec(input)
@@ -114,6 +130,7 @@ class Saga(Generic[I]):
         not_applied: tuple[type[BaseException], ...] = (),
         classify: Classifier | None = None,
         timeout: float | None = None,
+        on_compensation_failure: CompensationPolicy | str | None = None,
     ) -> _StepDecorator[I]: ...
 
     def step(
@@ -127,6 +144,7 @@ class Saga(Generic[I]):
         not_applied: tuple[type[BaseException], ...] = (),
         classify: Classifier | None = None,
         timeout: float | None = None,
+        on_compensation_failure: CompensationPolicy | str | None = None,
     ) -> Any:
         """Declare a compensatable step (bare, or with options).
 
@@ -141,9 +159,12 @@ class Saga(Generic[I]):
             classify: maps an exception to a disposition before ``not_applied`` is consulted.
             timeout: seconds the step may take from its start, all tries included (see
                 :attr:`Step.timeout`); None for no limit.
+            on_compensation_failure: ``"halt"`` or ``"continue"`` when this step's compensation
+                exhausts its retries (see :class:`Saga`); None: the saga's setting.
 
         Raises:
-            DuplicateStep, StepOrderError, SignatureError, UnstorableType: see :mod:`saga.errors`.
+            DuplicateStep, StepOrderError, SignatureError, UnstorableType, DefinitionError: see
+                :mod:`saga.errors`.
         """
         options = {
             "name": name,
@@ -153,6 +174,7 @@ class Saga(Generic[I]):
             "not_applied": not_applied,
             "classify": classify,
             "timeout": timeout,
+            "on_compensation_failure": on_compensation_failure,
         }
         return self._declare(fn, StepKind.COMPENSATABLE, options)
 
@@ -291,6 +313,7 @@ class Saga(Generic[I]):
             "not_applied": (),
             "classify": None,
             "timeout": None,
+            "on_compensation_failure": None,
         }
         if any(options[k] is not defaults[k] and options[k] != defaults[k] for k in options):
             raise SignatureError("pass options as keywords: @saga.step(name=...), not with the function")
@@ -310,6 +333,7 @@ class Saga(Generic[I]):
         timeout: float | None = None,
         codec: Codec[Any] | None = None,
         signal: str | None = None,
+        on_compensation_failure: CompensationPolicy | str | None = None,
     ) -> Step[I, Any]:
         self._check_open()
         step_name = name if name is not None else getattr(fn, "__name__", "")
@@ -325,6 +349,11 @@ class Saga(Generic[I]):
             raise SignatureError(f"step {step_name!r}: not_applied= takes a tuple of exception types")
         self._check_order(step_name, kind)
         step_timeout = _check_timeout(f"step {step_name!r}", timeout)
+        policy = (
+            self.on_compensation_failure
+            if on_compensation_failure is None
+            else _check_policy(f"step {step_name!r}", on_compensation_failure)
+        )
         if kind is not StepKind.COMPENSATABLE:
             compensate = None
         elif compensate is not MISSING and compensate is not None:
@@ -345,6 +374,7 @@ class Saga(Generic[I]):
             timeout=step_timeout,
             codec=codec,
             signal=signal,
+            on_compensation_failure=policy,
         )
         self.steps.append(step)
         return step
@@ -408,6 +438,14 @@ class Saga(Generic[I]):
 
     def __repr__(self) -> str:
         return f"Saga({self.name!r}, version={self.version}, steps={[s.name for s in self.steps]})"
+
+
+def _check_policy(what: str, policy: CompensationPolicy | str) -> CompensationPolicy:
+    try:
+        return CompensationPolicy(policy)
+    except (ValueError, TypeError):
+        choices = " or ".join(repr(p.value) for p in CompensationPolicy)
+        raise DefinitionError(f"{what}: on_compensation_failure must be {choices}, got {policy!r}") from None
 
 
 def _check_timeout(what: str, timeout: float | None) -> float | None:

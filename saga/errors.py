@@ -19,6 +19,7 @@ Every error derives from one root, so callers can catch the whole package at onc
     ├── ResultUnavailable          a step asked for a result that is not recorded (also a LookupError)
     ├── SagaCancelled              recorded cause: the saga was cancelled before its pivot
     ├── RecoveryExhausted          recorded cause: taken over more often than the recovery cap allows
+    ├── CompensationsFailed        recorded cause: several compensations exhausted their retries
     ├── StepTimeout                a step ran past its timeout: it failed *maybe applied* (TimeoutError)
     ├── SagaDeadlineExceeded       recorded cause: the saga's deadline passed before its pivot (TimeoutError)
     ├── SignalTimeout              a wait's deadline passed without its signal: *not applied* (TimeoutError)
@@ -35,6 +36,7 @@ from __future__ import annotations
 from idempotency.errors import CodecError, KeyConflict
 
 __all__ = [
+    "CompensationsFailed",
     "DefinitionError",
     "DefinitionMismatch",
     "DuplicateStep",
@@ -214,6 +216,21 @@ class RecoveryExhausted(SagaError):
         self.saga_id = saga_id
         self.recoveries = recoveries
         self.limit = limit
+
+
+class CompensationsFailed(SagaError):
+    """The cause recorded when, with ``on_compensation_failure="continue"``, more than one
+    compensation exhausted its retries (one failure records that compensation's own error).
+
+    ``failures`` maps each step whose compensation failed to its error's message, latest step first
+    (the order the compensations ran in).
+    """
+
+    def __init__(self, saga_id: str, failures: dict[str, str]) -> None:
+        listed = "; ".join(f"{step}: {message}" for step, message in failures.items())
+        super().__init__(f"saga {saga_id!r}: {len(failures)} compensations failed ({listed})")
+        self.saga_id = saga_id
+        self.failures = dict(failures)
 
 
 class StepTimeout(SagaError, TimeoutError):

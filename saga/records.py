@@ -10,6 +10,7 @@ State machine of a saga (DESIGN.md section 5)::
     RUNNING --a step waits for a signal--> WAITING --signal, deadline or cancel; taken over--> RUNNING
     RUNNING | COMPENSATING --taken over more than the recovery cap allows--> NEEDS_ATTENTION
     COMPENSATING --a compensation exhausts its retries--> NEEDS_ATTENTION
+                 (with on_compensation_failure="continue": once the earlier compensations ran)
 
 A saga is *taken over* (by :meth:`~saga.journal.SagaJournal.start` or
 :meth:`~saga.journal.SagaJournal.claim`) when it is RUNNING, COMPENSATING or WAITING and its
@@ -43,6 +44,7 @@ __all__ = [
     "LIVE_STATES",
     "RESUMABLE_STATES",
     "CancelOutcome",
+    "CompensationPolicy",
     "Phase",
     "SagaOutcome",
     "SagaRecord",
@@ -114,6 +116,17 @@ class StepState(enum.StrEnum):
     """Its compensation succeeded."""
     COMPENSATION_FAILED = "compensation_failed"
     """Its compensation exhausted its retries; the saga needs attention."""
+
+
+class CompensationPolicy(enum.StrEnum):
+    """What a saga does when a compensation exhausts its retries (``on_compensation_failure=``)."""
+
+    HALT = "halt"
+    """Stop compensating: the saga needs attention at once; the earlier compensations wait for an
+    operator (``retry`` or ``resolve``)."""
+    CONTINUE = "continue"
+    """Mark the step COMPENSATION_FAILED and run the earlier compensations still (in reverse order);
+    the saga then needs attention with the cause(s), never COMPENSATED."""
 
 
 @dataclass(frozen=True, slots=True)

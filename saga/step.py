@@ -11,7 +11,7 @@ from idempotency.records import Disposition
 from saga.checks import check_compensation, result_codec
 from saga.context import StepContext
 from saga.errors import StepOrderError
-from saga.records import StepKind
+from saga.records import CompensationPolicy, StepKind
 
 if TYPE_CHECKING:
     from saga.definition import Saga
@@ -50,6 +50,8 @@ class Step(Generic[I, R]):
             fails as *maybe applied* (:class:`~saga.errors.StepTimeout`): it is not retried and its
             compensation runs with ``result=None``.
         signal: for a step declared with :meth:`Saga.wait`, the signal it waits for.
+        on_compensation_failure: halt, or continue with the earlier compensations, when the
+            compensation exhausts its retries (the step's own setting, else the saga's).
         codec: stores the action's result as JSON.
     """
 
@@ -69,6 +71,7 @@ class Step(Generic[I, R]):
         timeout: float | None = None,
         codec: Codec[Any] | None = None,
         signal: str | None = None,
+        on_compensation_failure: CompensationPolicy = CompensationPolicy.HALT,
     ) -> None:
         self.saga = saga
         self.index = index
@@ -82,6 +85,7 @@ class Step(Generic[I, R]):
         self.classifier = classifier
         self.timeout = timeout
         self.signal = signal
+        self.on_compensation_failure = on_compensation_failure
         self.codec: Codec[R] = codec if codec is not None else result_codec(saga.name, name, action)
 
     def compensation(
