@@ -1,0 +1,78 @@
+"""The transactional outbox: a message commits with the business data, and relays deliver it.
+
+::
+
+    from idempotency.outbox import Outbox, create_tables
+
+    outbox = Outbox()
+    create_tables(engine)                                  # once (or: sagaguard outbox migrate)
+
+    @outbox.handler("email.receipt")
+    def send_receipt(message): mailer.send(..., idempotency_key=message.provider_key)
+
+    with Session(engine) as session:                       # the caller's own transaction
+        session.add(order)
+        outbox.enqueue(session, "email.receipt", {"order": order.id},
+                       aggregate_type="order", aggregate_id=order.id)
+        session.commit()
+
+    outbox.relay(engine).run()                             # or: sagaguard relay --app app:outbox
+
+See ``docs/outbox.md`` for the guarantees, and DESIGN.md section 6.
+"""
+
+from idempotency.outbox.claims import OutboxDb
+from idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
+from idempotency.outbox.enqueue import DEFAULT_MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, encode_payload, enqueue
+from idempotency.outbox.errors import MessageNotFound, NotDead, OutboxError
+from idempotency.outbox.handlers import DeferredEffect, Outbox
+from idempotency.outbox.model import (
+    DEFAULT_TABLE,
+    METADATA,
+    SCHEMA_VERSION,
+    MessageStatus,
+    OutboxRow,
+    check_schema,
+    create_tables,
+    migrate,
+    outbox_model,
+    schema_version,
+    uuid7,
+)
+from idempotency.outbox.policy import RelaySettings, RelayStats, default_backoff
+from idempotency.outbox.records import DeadLetter, Message, OutboxStatus, current_message
+from idempotency.outbox.relay import Relay
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_RETENTION",
+    "DEFAULT_TABLE",
+    "MAX_PAYLOAD_BYTES",
+    "METADATA",
+    "SCHEMA_VERSION",
+    "DeadLetter",
+    "DeferredEffect",
+    "Message",
+    "MessageNotFound",
+    "MessageStatus",
+    "NotDead",
+    "Outbox",
+    "OutboxControl",
+    "OutboxDb",
+    "OutboxError",
+    "OutboxRow",
+    "OutboxStatus",
+    "Relay",
+    "RelaySettings",
+    "RelayStats",
+    "check_schema",
+    "create_tables",
+    "current_message",
+    "default_backoff",
+    "encode_payload",
+    "enqueue",
+    "migrate",
+    "outbox_model",
+    "schema_version",
+    "uuid7",
+]

@@ -1,0 +1,240 @@
+"""Operator controls: status, dead letters, replay, discard, purge.
+
+::
+
+    control = OutboxControl(engine)
+    control.status()              # OutboxStatus(pending=.., in_flight=.., dead=.., oldest_pending_age=..)
+    control.dead_letters()        # [DeadLetter(id, type, attempts, last_error, ...)]
+    control.replay(message_id)    # dead -> pending, attempts from 0
+    control.replay_all()
+    control.discard(message_id)   # dead -> discarded (purged with delivered messages)
+    control.purge(retention=7 * 86400)
+
+Replaying a message a relay still holds, or discarding one that is not dead, is refused: only dead
+letters are the operator's to move. Replay wakes listening relays (Postgres NOTIFY).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from idempotency.errors import ConfigurationError
+from idempotency.outbox.claims import OutboxDb, _uuid_text
+from idempotency.outbox.errors import MessageNotFound, NotDead
+from idempotency.outbox.model import DEFAULT_TABLE, uuid7_floor
+from idempotency.outbox.records import DeadLetter, OutboxStatus
+
+__all__ = ["DEFAULT_RETENTION", "MessageInfo", "OutboxControl"]
+
+DEFAULT_RETENTION = 7 * 86_400.0
+"""Seconds a delivered (or discarded) message is kept before purge deletes it."""
+
+MessageInfo = dict[str, Any]
+"""One message row as plain values (``sagaguard outbox show``)."""
+
+_DEAD_COLUMNS = (
+    "id, type, aggregatetype, aggregateid, attempts, max_attempts, last_error, created_at, delivered_at"
+)
+_ALL_COLUMNS = (
+    "id, aggregatetype, aggregateid, type, payload, headers, traceparent, tracestate, provider_key, "
+    "status, attempts, max_attempts, available_at, lease_until, worker_id, last_error, created_at, "
+    "updated_at, delivered_at"
+)
+
+
+class OutboxControl:
+    """What an operator can see and do to one outbox table.
+
+    Args:
+        engine: the database holding the outbox (or an :class:`OutboxDb` on it).
+        table_name: the outbox table.
+        clock: seconds since the epoch; by default the database's own time.
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine | OutboxDb,
+        table_name: str = DEFAULT_TABLE,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.db = engine if isinstance(engine, OutboxDb) else OutboxDb(engine, table_name, clock=clock)
+        t = self.db.quoted
+        skip = " FOR UPDATE SKIP LOCKED" if self.db.postgres else ""
+        settled = "status IN ('delivered', 'discarded') AND delivered_at <= :cutoff"
+        text = {
+            "counts": f"SELECT count(*) FILTER (WHERE worker_id IS NULL), "
+            f"count(*) FILTER (WHERE worker_id IS NOT NULL), min(created_at), "
+            f"(SELECT count(*) FROM {t} WHERE status = 'dead') FROM {t} WHERE status = 'pending'",
+            "dead": f"SELECT {_DEAD_COLUMNS} FROM {t} WHERE status = 'dead' AND id > :after "
+            "ORDER BY id LIMIT :limit",
+            "dead_first": f"SELECT {_DEAD_COLUMNS} FROM {t} WHERE status = 'dead' ORDER BY id LIMIT :limit",
+            "get": f"SELECT {_ALL_COLUMNS} FROM {t} WHERE id = :id",
+            "status_of": f"SELECT status FROM {t} WHERE id = :id",
+            "replay": f"UPDATE {t} SET status = 'pending', attempts = 0, available_at = :nowv, "
+            "lease_until = NULL, worker_id = NULL, delivered_at = NULL, updated_at = :nowv "
+            "WHERE id = :id AND status = 'dead'",
+            "replay_all": f"UPDATE {t} SET status = 'pending', attempts = 0, available_at = :nowv, "
+            "lease_until = NULL, worker_id = NULL, delivered_at = NULL, updated_at = :nowv "
+            "WHERE status = 'dead'",
+            "discard": f"UPDATE {t} SET status = 'discarded', delivered_at = :nowv, updated_at = :nowv "
+            "WHERE id = :id AND status = 'dead'",
+            # Walks the primary key (creation order) up to the cutoff's id: a message delivered
+            # before the cutoff was created before it. Postgres: a CTE, so the page is chosen
+            # once (an IN (subquery) may be rescanned per row); SQLite runs the subquery once,
+            # and reports a rowcount only for a plain DELETE.
+            "purge": (
+                f"WITH doomed AS (SELECT id FROM {t} WHERE id < :bound AND {settled} "
+                f"ORDER BY id LIMIT :limit{skip}) "
+                f"DELETE FROM {t} WHERE id IN (SELECT id FROM doomed) AND {settled}"
+                if self.db.postgres
+                else f"DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE id < :bound AND {settled} "
+                "ORDER BY id LIMIT :limit)"
+            ),
+            "now": "SELECT CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
+            if self.db.postgres
+            else "SELECT :now",
+        }
+        self._sql = {name: self.db.statement(sql) for name, sql in text.items()}
+
+    def _now(self, cursor: Any) -> float:
+        value = self.db.now_param()
+        if value is not None:
+            return value
+        return float(self.db.run(cursor, self._sql["now"], {})[0][0])
+
+    def now(self) -> float:
+        """The outbox's clock (injected, or the database's)."""
+        with self.db.cursor() as cursor:
+            return self._now(cursor)
+
+    def status(self) -> OutboxStatus:
+        """Depth (pending + in flight), dead letters and the oldest pending message's age.
+
+        Raises:
+            StoreUnavailable, StoreError: the database cannot be reached or failed.
+        """
+        with self.db.cursor() as cursor:
+            now = self._now(cursor)
+            rows = self.db.run(cursor, self._sql["counts"], {})
+        pending, in_flight, oldest, dead = rows[0]
+        return OutboxStatus(
+            pending=int(pending or 0),
+            in_flight=int(in_flight or 0),
+            dead=int(dead or 0),
+            oldest_pending_age=None if oldest is None else max(0.0, now - float(oldest)),
+            now=now,
+        )
+
+    def dead_letters(self, *, limit: int = 100, after: str | None = None) -> list[DeadLetter]:
+        """Dead letters in id (creation) order, a page at a time: pass the last id as ``after``."""
+        with self.db.cursor() as cursor:
+            if after is None:
+                rows = self.db.run(cursor, self._sql["dead_first"], {"limit": max(0, limit)})
+            else:
+                params = {"limit": max(0, limit), "after": self.db.id_param(after)}
+                rows = self.db.run(cursor, self._sql["dead"], params)
+        return [
+            DeadLetter(
+                _uuid_text(r[0]),
+                r[1],
+                r[2],
+                r[3],
+                int(r[4]),
+                int(r[5]),
+                r[6],
+                float(r[7]),
+                None if r[8] is None else float(r[8]),
+            )
+            for r in rows
+        ]
+
+    def get(self, message_id: str) -> MessageInfo:
+        """One message, every column.
+
+        Raises:
+            MessageNotFound: no message has this id.
+            ConfigurationError: the id is not a UUID.
+        """
+        with self.db.cursor() as cursor:
+            rows = self.db.run(cursor, self._sql["get"], {"id": self.db.id_param(message_id)})
+        if not rows:
+            raise MessageNotFound(message_id)
+        info = dict(zip(_ALL_COLUMNS.split(", "), rows[0], strict=True))
+        info["id"] = _uuid_text(info["id"])
+        return info
+
+    def _dead_only(self, name: str, message_id: str) -> None:
+        ident = self.db.id_param(message_id)
+        with self.db.cursor(write=True) as cursor:
+            now = self._now(cursor)
+            self.db.run(cursor, self._sql[name], {"id": ident, "nowv": now})
+            if cursor.rowcount == 1:
+                if name == "replay":
+                    self.db.notify(cursor)
+                return
+            found = self.db.run(cursor, self._sql["status_of"], {"id": ident})
+        if not found:
+            raise MessageNotFound(message_id)
+        raise NotDead(message_id, str(found[0][0]))
+
+    def replay(self, message_id: str) -> None:
+        """Give a dead letter back to the relays, with its attempts counted from zero.
+
+        Raises:
+            MessageNotFound: no message has this id.
+            NotDead: the message is not dead (pending, in flight, delivered or discarded).
+        """
+        self._dead_only("replay", message_id)
+
+    def replay_all(self) -> int:
+        """Replay every dead letter; returns how many."""
+        with self.db.cursor(write=True) as cursor:
+            now = self._now(cursor)
+            self.db.run(cursor, self._sql["replay_all"], {"nowv": now})
+            count = int(cursor.rowcount)
+            if count:
+                self.db.notify(cursor)
+            return count
+
+    def discard(self, message_id: str) -> None:
+        """Give up on a dead letter for good: it is marked discarded (no longer blocks its aggregate)
+        and purged with delivered messages after the retention.
+
+        Raises:
+            MessageNotFound: no message has this id.
+            NotDead: the message is not dead.
+        """
+        self._dead_only("discard", message_id)
+
+    def purge(
+        self, retention: float = DEFAULT_RETENTION, *, page: int = 1000, max_pages: int | None = None
+    ) -> int:
+        """Delete delivered and discarded messages settled more than ``retention`` seconds ago, one
+        page (one short transaction) at a time, oldest first. Pending, in-flight and dead ones are
+        never deleted.
+
+        Returns:
+            How many rows were deleted.
+
+        Raises:
+            ConfigurationError: a negative retention or a page size below 1.
+        """
+        if retention < 0 or page < 1:
+            raise ConfigurationError("purge needs retention >= 0 and page >= 1")
+        total = pages = 0
+        while max_pages is None or pages < max_pages:
+            with self.db.cursor(write=True) as cursor:
+                cutoff = self._now(cursor) - float(retention)
+                bound = uuid7_floor(cutoff + 0.001)  # every id of the cutoff's millisecond too
+                params = {"cutoff": cutoff, "limit": page, "bound": bound if self.db.postgres else bound.hex}
+                self.db.run(cursor, self._sql["purge"], params)
+                deleted = int(cursor.rowcount)
+            total += deleted
+            pages += 1
+            if deleted < page:
+                break
+        return total

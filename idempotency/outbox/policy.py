@@ -1,0 +1,163 @@
+"""What a relay decides, apart from doing it: its settings, its counters, and what a failed
+delivery becomes. No I/O, so the decisions are table-tested (tests/test_outbox_relay.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import tenacity
+
+from idempotency.errors import CodecError, ConfigurationError, NotApplied, ReplayedFailure
+from idempotency.outbox.claims import Claimed, Settle
+from idempotency.outbox.control import DEFAULT_RETENTION
+from idempotency.outbox.model import MessageStatus
+from idempotency.outbox.records import Message
+
+__all__ = [
+    "Handler",
+    "PoisonPayload",
+    "RelaySettings",
+    "RelayStats",
+    "decode",
+    "default_backoff",
+    "failure_outcome",
+    "released",
+]
+
+Handler = Callable[[Message], Any]
+"""A plain callable taking the :class:`Message`: sync, or async (returning an awaitable)."""
+
+_ERROR_CHARS = 2000
+
+
+def default_backoff() -> tenacity.wait.wait_base:
+    """1 s doubling to 5 minutes, plus up to 1 s of jitter (tenacity strategies)."""
+    return tenacity.wait_exponential(multiplier=1.0, max=300.0) + tenacity.wait_random(0.0, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySettings:
+    """How a relay works. Every field has a default that suits a small service."""
+
+    batch_size: int = 100
+    """Messages claimed per round."""
+    lease: float = 30.0
+    """Seconds a claim is held before another relay may take it over (renewed while a long batch
+    runs)."""
+    poll_interval: float = 1.0
+    """Seconds an idle relay waits before claiming again when no NOTIFY wakes it."""
+    backoff: tenacity.wait.wait_base = field(default_factory=default_backoff)
+    """Delay before a failed message is tried again, by attempt number (a tenacity wait)."""
+    concurrency: int = 1
+    """Aggregates delivered in parallel (threads; async handlers share one event loop)."""
+    poison_blocks_aggregate: bool = True
+    """A dead message holds back the later messages of its aggregate until an operator replays
+    or discards it (order kept). False lets them through (order broken around the dead one)."""
+    permanent: tuple[type[BaseException], ...] = ()
+    """Exception types that dead-letter a message at once. Always included: a non-retryable
+    :class:`~idempotency.errors.NotApplied`, :class:`~idempotency.errors.ReplayedFailure`, and a
+    payload or argument that does not decode (:class:`~idempotency.errors.CodecError`)."""
+    retention: float = DEFAULT_RETENTION
+    """Seconds delivered and discarded messages are kept before the relay purges them."""
+    purge_every: float | None = 300.0
+    """Seconds between purges (one page-wise pass); None: never (purge with the CLI)."""
+    status_every: float = 10.0
+    """Seconds between status readings for the depth and oldest-age gauges."""
+    listen: bool = True
+    """Wake on Postgres NOTIFY (ignored on SQLite, which polls)."""
+    synchronous_commit: bool = False
+    """Postgres: wait for the WAL flush of each claim and settle. False (the default) commits the
+    relay's bookkeeping with ``synchronous_commit = off``: a database crash may forget its last
+    few claims and acks, so those messages are delivered again (under the same provider key);
+    no message is ever lost, since the messages themselves were committed by their producers."""
+
+    def __post_init__(self) -> None:
+        for name in ("lease", "poll_interval", "status_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}")
+        for name in ("batch_size", "concurrency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be an int >= 1, got {value!r}")
+        if self.retention < 0 or (self.purge_every is not None and self.purge_every <= 0):
+            raise ConfigurationError("retention must be >= 0 and purge_every > 0 (or None)")
+
+
+@dataclass(slots=True)
+class RelayStats:
+    """What a relay has done so far (read :meth:`Relay.stats` for a consistent copy)."""
+
+    worker_id: str = ""
+    claimed: int = 0
+    delivered: int = 0
+    failed: int = 0
+    dead: int = 0
+    released: int = 0
+    lost: int = 0
+    """Settlements refused because another relay took the claim over."""
+    batches: int = 0
+    started_at: float = 0.0
+    last_error: str | None = None
+    wake_mode: str = "poll"
+    depth: int | None = None
+    """Pending + in flight, at the last status reading."""
+    oldest_age: float | None = None
+    dead_total: int | None = None
+    """Dead letters in the table, at the last status reading."""
+
+
+class PoisonPayload(ConfigurationError):
+    """A message whose payload or headers do not decode: it can never be delivered."""
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__qualname__}: {exc}"
+    return text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 3] + "..."
+
+
+def failure_outcome(
+    claimed: Claimed,
+    exc: BaseException,
+    settings: RelaySettings,
+) -> Settle:
+    """What a failed delivery becomes: dead (permanent error, or no attempts left) or a retry
+    after ``settings.backoff`` for this attempt. Pure: no I/O, so it is table-tested."""
+    permanent = isinstance(exc, (*settings.permanent, ReplayedFailure, PoisonPayload, CodecError)) or (
+        isinstance(exc, NotApplied) and not exc.retryable
+    )
+    error = _error_text(exc)
+    if permanent or claimed.attempts >= claimed.max_attempts:
+        return Settle(claimed.ref, claimed.attempts, MessageStatus.DEAD, error=error)
+    state = tenacity.RetryCallState(cast(Any, None), None, (), {})
+    state.attempt_number = claimed.attempts
+    delay = max(0.0, float(settings.backoff(state)))
+    return Settle(claimed.ref, claimed.attempts, MessageStatus.PENDING, delay=delay, error=error)
+
+
+def released(claimed: Claimed) -> Settle:
+    """Give a claimed message back untried (its attempt is not counted)."""
+    return Settle(claimed.ref, claimed.attempts, MessageStatus.PENDING, release=True)
+
+
+def decode(claimed: Claimed) -> Message:
+    """The handler's view of a claimed row.
+
+    Raises:
+        PoisonPayload: the payload or the headers do not decode.
+    """
+    try:
+        payload = json.loads(claimed.payload)
+        headers = json.loads(claimed.headers) if claimed.headers else {}
+        if not isinstance(headers, dict):
+            raise ValueError("headers are not a JSON object")
+    except ValueError as exc:
+        raise PoisonPayload(f"message {claimed.id} does not decode: {exc}") from exc
+    return Message(
+        claimed.id, claimed.type, claimed.aggregatetype, claimed.aggregateid, payload, headers,
+        claimed.provider_key, claimed.attempts, claimed.max_attempts, claimed.created_at,
+        claimed.traceparent, claimed.tracestate,
+    )  # fmt: skip
