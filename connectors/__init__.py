@@ -1,3 +1,38 @@
-"""Connectors to the outside world (see DESIGN.md section 2). Not built yet: this package is a placeholder."""
+"""Connectors to the outside world: the effects users wrap first (DESIGN.md section 2).
 
-__all__: list[str] = []
+Each connector lives in its own module and imports its SDK there only, so ``import connectors``
+needs none of them:
+
+- :mod:`connectors.stripe` (``stripe``): charge, capture, cancel, refund; reconciler; refund
+  compensation.
+- :mod:`connectors.email` (standard library SMTP): send through the outbox or inline; correction
+  compensation.
+- :mod:`connectors.http` (``httpx``): writes with the IETF ``Idempotency-Key`` header, sync and async.
+- :mod:`connectors.llm` (``openai``): journaled model calls, sync and async, and any model callable.
+- :mod:`connectors.testing`: local servers (Stripe, IETF-draft API, OpenAI-compatible chat, SMTP)
+  with fault injection and counters, for your own tests.
+
+Every connector raises the errors of :mod:`connectors.errors`, re-exported here.
+"""
+
+from connectors.errors import (
+    ConnectorError,
+    ProviderBusy,
+    ProviderKeyConflict,
+    ProviderRejected,
+    ProviderUnavailable,
+    ProviderUnreachable,
+    classify,
+    replayable,
+)
+
+__all__ = [
+    "ConnectorError",
+    "ProviderBusy",
+    "ProviderKeyConflict",
+    "ProviderRejected",
+    "ProviderUnavailable",
+    "ProviderUnreachable",
+    "classify",
+    "replayable",
+]

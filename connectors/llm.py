@@ -1,0 +1,398 @@
+"""Model calls as journaled effects: a replay returns the recorded response and costs nothing.
+
+::
+
+    chat = ChatJournal(guard, openai.OpenAI())
+
+    with scope("run-7/turn-3"):
+        reply = chat.completions.create(model="gpt-5-mini", messages=messages, tools=tools)
+
+The first run asks the model and records the response (a ``ChatCompletion``). A resumed run of the
+same scope gets the recorded response back: the same tool calls with the same ids, so it follows the
+recorded path, and it pays nothing. Any model callable can be journaled with :func:`journal_model`.
+
+Policy: a model call changes nothing in the world (the tools it picks are effects of their own), so
+an in-doubt call (a crash between the answer and its record) is asked again by default
+(``at_least_once``), and timeouts, 5xx and rate limits are retried in the claim. To get the lost
+answer back instead of paying for a new one, pass ``store_at_provider=True``: the call is made with
+``store=true`` and the effect key in its ``metadata``, and the reconciler finds the stored completion
+(``GET /v1/chat/completions?metadata[sagaguard_key]=...``). That stores prompts at the provider:
+opt in knowingly.
+
+Usage: every call's token usage is in its recorded response. :class:`LlmUsage` totals what was paid
+and what replays saved, in this process; the metrics ``sagaguard.llm.calls`` and
+``sagaguard.llm.tokens`` (:mod:`connectors.telemetry`) report the same by source, and
+``sagaguard llm savings`` (:mod:`connectors.cli`) reads what the journal holds.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar, cast, overload
+
+import openai
+from openai.types.chat import ChatCompletion
+
+from connectors.errors import ProviderRejected, ProviderUnavailable, classify, replayable
+from connectors.telemetry import record_llm_call, usage_of
+from idempotency.effect import NOT_APPLIED, Applied, NotAppliedResolution, Policy, ReconcileRequest, Retry
+from idempotency.effect import current_effect as _current_effect
+from idempotency.errors import ConfigurationError
+from idempotency.guard import Guard
+from idempotency.records import Disposition
+
+__all__ = [
+    "AsyncChatJournal",
+    "ChatJournal",
+    "LlmUsage",
+    "METADATA_KEY",
+    "journal_model",
+    "map_error",
+    "usage_of",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+METADATA_KEY = "sagaguard_key"
+"""The metadata field holding the effect key on completions stored at the provider."""
+_TRANSPORT = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
+"""``create`` options that do not change the answer: left out of the fingerprint."""
+
+
+@dataclass
+class LlmUsage:
+    """Model calls and tokens paid, and saved by replays, in this process. Thread-safe."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    saved_calls: int = 0
+    saved_input_tokens: int = 0
+    saved_output_tokens: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, *, paid: bool, input_tokens: int, output_tokens: int) -> None:
+        """Count one call."""
+        with self._lock:
+            if paid:
+                self.calls += 1
+                self.input_tokens += input_tokens
+                self.output_tokens += output_tokens
+            else:
+                self.saved_calls += 1
+                self.saved_input_tokens += input_tokens
+                self.saved_output_tokens += output_tokens
+
+    @property
+    def saved_tokens(self) -> int:
+        """Input plus output tokens that replays did not pay for."""
+        return self.saved_input_tokens + self.saved_output_tokens
+
+
+def map_error(exc: openai.OpenAIError) -> Exception:
+    """The connector error for an exception of the openai SDK.
+
+    400, 404, 422: ``ProviderRejected`` (not applied, recorded); 401, 403, 408, 409, 429:
+    ``ProviderRejected(retryable)``; 5xx, timeouts, connection errors: ``ProviderUnavailable``,
+    which model calls retry (asking a model again changes nothing in the world).
+    """
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        code = getattr(exc, "code", None)
+        if status in (401, 403, 408, 409, 429):
+            return ProviderRejected(exc.message, "llm", status, code, True)
+        if 400 <= status < 500:
+            return ProviderRejected(exc.message, "llm", status, code)
+        return ProviderUnavailable(exc.message, "llm", status, code)
+    return ProviderUnavailable(f"{type(exc).__name__}: {exc}", "llm")
+
+
+def _classify(exc: BaseException) -> Disposition | None:
+    # A model call that may have been answered is simply asked again: nothing in the world changed.
+    if isinstance(exc, ProviderUnavailable):
+        return Disposition.RETRYABLE
+    return classify(exc)
+
+
+def _options(policy: Policy | str, retry: Retry | None) -> dict[str, Any]:
+    # The Retry is built here once, not by the guard on every call.
+    return {"policy": policy, "classify": _classify, "permanent": replayable, "retry": retry or Retry()}
+
+
+class _Completions:
+    """``journal.chat.completions``, so a journal reads like the client it wraps."""
+
+    def __init__(self, create: Callable[..., Any]) -> None:
+        self.create = create
+
+
+class _Chat:
+    def __init__(self, create: Callable[..., Any]) -> None:
+        self.completions = _Completions(create)
+
+
+class _ChatBase:
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        name: str,
+        store_at_provider: bool,
+        policy: Policy | str,
+        retry: Retry | None,
+        usage: LlmUsage | None,
+    ) -> None:
+        self.guard = guard
+        self.name = name
+        self.store_at_provider = store_at_provider
+        self.usage = usage if usage is not None else LlmUsage()
+        self._options = _options(policy, retry)
+
+    def _request(self, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The fingerprinted arguments, and the SDK's keyword arguments (without the key metadata)."""
+        if kwargs.get("stream"):
+            raise ConfigurationError("a journaled chat completion cannot be streamed (stream=True)")
+        arguments = {k: v for k, v in kwargs.items() if k not in _TRANSPORT}
+        return arguments, dict(kwargs)
+
+    def _keyed(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.store_at_provider:
+            key = _current_effect().key
+            kwargs = {
+                **kwargs,
+                "store": True,
+                "metadata": {**(kwargs.get("metadata") or {}), METADATA_KEY: key},
+            }
+        return kwargs
+
+    def _account(self, result: ChatCompletion, paid: bool) -> None:
+        tokens_in, tokens_out = usage_of(result)
+        self.usage.add(paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
+        record_llm_call(self.name, paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
+
+
+class ChatJournal(_ChatBase):
+    """Journals ``client.chat.completions.create`` (non-streaming) as the effect ``name``.
+
+    Args:
+        guard: the guard the calls run under.
+        client: an ``openai.OpenAI`` (any OpenAI-compatible server via ``base_url``).
+        name: the effect's name.
+        store_at_provider: make calls with ``store=true`` and the effect key in ``metadata``, so an
+            in-doubt call's answer is found at the provider instead of being paid for again.
+        max_retries: the SDK's own retries (default 0: the guard's ``retry`` is the only budget).
+        policy: what settles an in-doubt call (default ``at_least_once``: ask again).
+        retry: the guard's retry budget for timeouts, 5xx and rate limits.
+        usage: where to total usage (default: a new :class:`LlmUsage`, as ``self.usage``).
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        client: openai.OpenAI,
+        *,
+        name: str = "llm.chat",
+        store_at_provider: bool = False,
+        max_retries: int = 0,
+        policy: Policy | str = Policy.AT_LEAST_ONCE,
+        retry: Retry | None = None,
+        usage: LlmUsage | None = None,
+    ) -> None:
+        super().__init__(
+            guard, name=name, store_at_provider=store_at_provider, policy=policy, retry=retry, usage=usage
+        )
+        self.client = client.with_options(max_retries=max_retries)
+        self.chat = _Chat(self.create)
+        self.completions = self.chat.completions
+
+    def create(self, *, key: str | None = None, **kwargs: Any) -> ChatCompletion:
+        """``client.chat.completions.create(**kwargs)``, once per effect identity.
+
+        Args:
+            key: an explicit effect key instead of scope + ordinal.
+            kwargs: what ``chat.completions.create`` takes (``model``, ``messages``, ``tools``, ...).
+
+        Raises:
+            ProviderRejected: refused (bad request: recorded and replayed; auth, rate limit: retried).
+            ProviderUnavailable: no answer within the retry budget (nothing recorded).
+        """
+        arguments, sdk_kwargs = self._request(kwargs)
+        paid = False
+
+        def call() -> ChatCompletion:
+            nonlocal paid
+            paid = True
+            try:
+                return cast(ChatCompletion, self.client.chat.completions.create(**self._keyed(sdk_kwargs)))
+            except openai.OpenAIError as exc:
+                raise map_error(exc) from exc
+
+        reconciler = self.reconcile if self.store_at_provider else None
+        result = self.guard.run(
+            self.name, call, arguments=arguments, key=key, result_type=ChatCompletion,
+            reconciler=reconciler, **self._options,
+        )  # fmt: skip
+        self._account(result, paid)
+        return result
+
+    def reconcile(self, request: ReconcileRequest) -> Applied[ChatCompletion] | NotAppliedResolution:
+        """The stored completion made under the in-doubt call's effect key, if the provider has it."""
+        page = self.client.chat.completions.list(metadata={METADATA_KEY: request.identity.key}, limit=1)
+        return Applied(page.data[0]) if page.data else NOT_APPLIED
+
+
+class AsyncChatJournal(_ChatBase):
+    """The async twin of :class:`ChatJournal`, over an ``openai.AsyncOpenAI``."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        client: openai.AsyncOpenAI,
+        *,
+        name: str = "llm.chat",
+        store_at_provider: bool = False,
+        max_retries: int = 0,
+        policy: Policy | str = Policy.AT_LEAST_ONCE,
+        retry: Retry | None = None,
+        usage: LlmUsage | None = None,
+    ) -> None:
+        super().__init__(
+            guard, name=name, store_at_provider=store_at_provider, policy=policy, retry=retry, usage=usage
+        )
+        self.client = client.with_options(max_retries=max_retries)
+        self.chat = _Chat(self.create)
+        self.completions = self.chat.completions
+
+    async def create(self, *, key: str | None = None, **kwargs: Any) -> ChatCompletion:
+        """See :meth:`ChatJournal.create`."""
+        arguments, sdk_kwargs = self._request(kwargs)
+        paid = False
+
+        async def call() -> ChatCompletion:
+            nonlocal paid
+            paid = True
+            try:
+                return cast(
+                    ChatCompletion, await self.client.chat.completions.create(**self._keyed(sdk_kwargs))
+                )
+            except openai.OpenAIError as exc:
+                raise map_error(exc) from exc
+
+        reconciler = self.reconcile if self.store_at_provider else None
+        result = await self.guard.arun(
+            self.name, call, arguments=arguments, key=key, result_type=ChatCompletion,
+            reconciler=reconciler, **self._options,
+        )  # fmt: skip
+        self._account(result, paid)
+        return result
+
+    async def reconcile(self, request: ReconcileRequest) -> Applied[ChatCompletion] | NotAppliedResolution:
+        """See :meth:`ChatJournal.reconcile`."""
+        page = await self.client.chat.completions.list(metadata={METADATA_KEY: request.identity.key}, limit=1)
+        return Applied(page.data[0]) if page.data else NOT_APPLIED
+
+
+_PAID: ContextVar[list[bool] | None] = ContextVar("sagaguard_llm_paid", default=None)
+
+
+def _mark_paid() -> None:
+    box = _PAID.get()
+    if box is not None:
+        box[0] = True
+
+
+class _ModelDecorator:
+    def __init__(self, guard: Guard, name: str, usage: LlmUsage, extract: Callable[[Any], tuple[int, int]],
+                 options: dict[str, Any]) -> None:  # fmt: skip
+        self.guard, self.name, self.usage, self.extract, self.options = guard, name, usage, extract, options
+
+    def _account(self, result: Any, paid: bool) -> None:
+        tokens_in, tokens_out = self.extract(result)
+        self.usage.add(paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
+        record_llm_call(self.name, paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]: ...
+
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        if inspect.iscoroutinefunction(fn):
+            afn: Callable[..., Awaitable[Any]] = fn
+
+            @functools.wraps(fn)
+            async def abody(*args: Any, **kwargs: Any) -> Any:
+                _mark_paid()
+                return await afn(*args, **kwargs)
+
+            aguarded: Callable[..., Awaitable[Any]] = self.guard.effect(self.name, **self.options)(abody)
+
+            @functools.wraps(fn)
+            async def aouter(*args: Any, **kwargs: Any) -> Any:
+                box = [False]
+                token = _PAID.set(box)
+                try:
+                    result = await aguarded(*args, **kwargs)
+                finally:
+                    _PAID.reset(token)
+                self._account(result, box[0])
+                return result
+
+            return aouter
+
+        @functools.wraps(fn)
+        def body(*args: Any, **kwargs: Any) -> Any:
+            _mark_paid()
+            return fn(*args, **kwargs)
+
+        guarded: Callable[..., Any] = self.guard.effect(self.name, **self.options)(body)
+
+        @functools.wraps(fn)
+        def outer(*args: Any, **kwargs: Any) -> Any:
+            box = [False]
+            token = _PAID.set(box)
+            try:
+                result = guarded(*args, **kwargs)
+            finally:
+                _PAID.reset(token)
+            self._account(result, box[0])
+            return result
+
+        return outer
+
+
+def journal_model(
+    guard: Guard,
+    name: str = "llm.call",
+    *,
+    usage: LlmUsage | None = None,
+    tokens: Callable[[Any], tuple[int, int]] = usage_of,
+    policy: Policy | str = Policy.AT_LEAST_ONCE,
+    retry: Retry | None = None,
+    **effect_options: Any,
+) -> _ModelDecorator:
+    """Journal any model callable (sync or async): a replay returns its recorded response.
+
+    ::
+
+        @journal_model(guard, "llm.plan")
+        def plan(prompt: str) -> PlanResponse: ...
+
+    Args:
+        guard: the guard the calls run under.
+        name: the effect's name.
+        usage: where to total usage (tokens from ``tokens(result)``).
+        tokens: (input, output) tokens of a result; default :func:`usage_of` (OpenAI shapes).
+        policy: what settles an in-doubt call (default ``at_least_once``: ask again).
+        retry: the guard's retry budget for ``ProviderUnavailable`` and retryable rejections.
+        effect_options: any other :meth:`Guard.effect` option (``fingerprint=``, ``key=``, ...).
+    """
+    options = {**_options(policy, retry), **effect_options}
+    return _ModelDecorator(guard, name, usage if usage is not None else LlmUsage(), tokens, options)
