@@ -231,7 +231,7 @@ def _split_demo(argv: Sequence[str]) -> list[str] | None:
         elif arg == "demo":
             rest = list(argv[i + 1 :])
             has_store = any(a == "--store" or a.startswith("--store=") for a in rest)
-            return rest if has_store else [*store, *rest]
+            return rest if has_store or not store else [*store, *rest]
         else:
             return None
     return None
@@ -515,7 +515,26 @@ def cmd_purge(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) ->
 _EFFECT_COMMANDS = {"list": cmd_list, "show": cmd_show, "resolve": cmd_resolve, "purge": cmd_purge}
 
 
+DEMO_GROUP = "sagaguard.demo"
+"""Entry-point group of the full demo (``connectors.demo``: the trip-booking saga), found without
+importing the packages above this one."""
+
+
 def _run_demo(args: list[str]) -> int:
+    """``sagaguard demo``: the trip-booking demo when installed, else the effect-only demo.
+
+    ``sagaguard demo --small`` (or a ``--store``, which only the small demo takes) runs the small
+    one: a guarded charge, a SIGKILL, a restart.
+    """
+    small = "--small" in args or any(a == "--store" or a.startswith("--store=") for a in args)
+    args = [a for a in args if a != "--small"]
+    if not small:
+        for entry in sorted(entry_points(group=DEMO_GROUP), key=lambda e: e.name):
+            try:
+                full = entry.load()
+            except ImportError:  # its extras are not installed: fall back to the small demo
+                continue
+            return int(full(args) or 0)
     # Imported lazily: only this command needs the demo (and whatever it imports).
     try:
         demo = importlib.import_module("idempotency.demo")

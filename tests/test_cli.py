@@ -480,7 +480,7 @@ def test_demo_gets_its_arguments_untouched(
 
     fake.main = fake_main  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "idempotency.demo", fake)
-    assert main(["demo", "--help", "--crash-at", "charge"]) == 3
+    assert main(["demo", "--small", "--help", "--crash-at", "charge"]) == 3
     assert main(["--store", "memory://", "demo", "-v"]) == 3
     assert main(["--store=memory://", "demo", "--store", "redis://x"]) == 3
     assert seen == [
@@ -488,6 +488,25 @@ def test_demo_gets_its_arguments_untouched(
         ["--store", "memory://", "-v"],
         ["--store", "redis://x"],
     ]
+
+
+def test_demo_runs_the_trip_demo_found_by_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain `sagaguard demo` is the full trip-booking demo of connectors/, found through the
+    `sagaguard.demo` entry point (idempotency never imports connectors)."""
+    from idempotency import cli
+
+    seen: list[list[str]] = []
+
+    class Entry:
+        name = "trips"
+
+        @staticmethod
+        def load() -> object:
+            return lambda argv: seen.append(list(argv)) or 5
+
+    monkeypatch.setattr(cli, "entry_points", lambda group: [Entry()] if group == cli.DEMO_GROUP else [])
+    assert main(["demo", "--trace", "t.jsonl"]) == 5
+    assert seen == [["--trace", "t.jsonl"]]
 
 
 def test_python_dash_m_idempotency(url: str) -> None:
