@@ -544,3 +544,11 @@ def test_plugin_commands_are_found_through_entry_points(capsys: pytest.CaptureFi
         for alias in node.names
     }
     assert not any(name.startswith(("saga", "connectors")) for name in imported)
+
+
+def test_outbox_commands_are_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sagaguard outbox` and `sagaguard relay` reach idempotency.outbox.cli through the entry point."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    assert main(["outbox", "migrate", "--db", url]) == 0
+    assert main(["outbox", "status", "--db", url]) == 0
+    assert "relay" in run(capsys, "--help")[1]
