@@ -329,7 +329,9 @@ def render(results: dict[str, Any], cfg: argparse.Namespace) -> str:
         "so more relays mostly share the same two cores. Enqueue: sagaguard's message is one more INSERT "
         "on the session's connection through SQLAlchemy and psycopg 3, of a wider row (UUIDv7 id, "
         "provider key, trace context) with a NOTIFY trigger on Postgres; txoutbox's is one asyncpg or "
-        "sqlite3 call. Both overheads are dominated by the extra statement and the larger commit.",
+        "sqlite3 call. Both overheads are dominated by the extra statement and the larger commit. "
+        "Other outbox libraries on PyPI, pactix and pgrelay, require Python >= 3.12 and do not install "
+        "on this project's 3.11; txoutbox is the peer that does the same job and installs.",
         "",
         END,
     ]
@@ -346,6 +348,29 @@ def write(block: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     DOCS.write_text(text, encoding="utf-8")
+
+
+BENCH_TABLES = (
+    "bench_sagaguard_outbox",
+    "bench_sagaguard_sync_outbox",
+    "bench_txoutbox_outbox",
+    "bench_enqueue_outbox",
+    "bench_orders",
+    "bench_tx_enqueue",
+    "bench_tx_orders",
+)
+
+
+def _drop_bench_tables(url: str) -> None:
+    """Leave the Postgres database as the run found it (SQLite lived in a temporary directory)."""
+    import psycopg
+
+    with contextlib.suppress(psycopg.Error), psycopg.connect(url, autocommit=True) as conn:
+        for table in BENCH_TABLES:
+            conn.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
+            conn.execute(f'DROP FUNCTION IF EXISTS "{table}_notify"() CASCADE')
+        if conn.execute("SELECT to_regclass('sagaguard_schema')").fetchone() != (None,):
+            conn.execute("DELETE FROM sagaguard_schema WHERE name = ANY(%s)", (list(BENCH_TABLES),))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             for key, value in results["enqueue"].items():
                 if key.endswith(backend):
                     print(f"[bench] enqueue {key}: {value['without_us']:.0f} -> {value['with_us']:.0f} us")
+    _drop_bench_tables(PG_URL)
     block = render(results, cfg)
     print(block)
     if not (cfg.quick or cfg.no_write):

@@ -4,7 +4,6 @@ effects deferred through the outbox, OpenTelemetry, the CLI, and the public name
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import threading
 import time
@@ -352,37 +351,30 @@ def test_public_names() -> None:
         assert getattr(idempotency.outbox, name) is not None
 
 
-@functools.cache
-def _metric_reader() -> Any:
-    """An in-memory metric reader on the global SDK meter provider, installed once per process."""
-    from opentelemetry import metrics
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+class _Counter:
+    """Stands in for an OpenTelemetry counter (the global meter provider is not ours to set)."""
 
-    reader = InMemoryMetricReader()
-    ours = MeterProvider(metric_readers=[reader])
-    metrics.set_meter_provider(ours)  # refused (with a warning) if another provider is set
-    return reader if metrics.get_meter_provider() is ours else None
+    def __init__(self) -> None:
+        self.added: list[tuple[int, dict[str, str]]] = []
 
+    def add(self, amount: int, attributes: dict[str, str]) -> None:
+        self.added.append((amount, dict(attributes)))
 
-def _points(reader: Any, name: str, table: str) -> list[Any]:
-    found = []
-    for resource in reader.get_metrics_data().resource_metrics:
-        for scope_metrics in resource.scope_metrics:
-            for metric in scope_metrics.metrics:
-                if metric.name == name:
-                    found += [
-                        p
-                        for p in metric.data.data_points
-                        if p.attributes.get("sagaguard.outbox.table") == table
-                    ]
-    return found
+    def total(self, table: str) -> int:
+        return sum(amount for amount, attrs in self.added if attrs.get("sagaguard.outbox.table") == table)
 
 
-def test_metrics_count_deliveries_failures_and_dead_letters_and_gauge_the_depth(outbox_world: World) -> None:
-    reader = _metric_reader()
-    if reader is None:
-        pytest.skip("another OpenTelemetry meter provider is installed")
+def test_metrics_count_deliveries_failures_and_dead_letters_and_gauge_the_depth(
+    outbox_world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.metrics import CallbackOptions
+
+    import idempotency.outbox.relay as relay_module
+    from idempotency.outbox import telemetry
+
+    counters = {name: _Counter() for name in ("delivered", "failed", "dead")}
+    for name, counter in counters.items():
+        monkeypatch.setattr(relay_module, f"{name}_counter", counter)
     world = outbox_world
     world.outbox.register("ok", lambda m: None)
     world.outbox.register("bad", lambda m: (_ for _ in ()).throw(RuntimeError("down")))
@@ -394,11 +386,23 @@ def test_metrics_count_deliveries_failures_and_dead_letters_and_gauge_the_depth(
     relay = world.relay(status_every=0.001)
     relay.run(until_idle=True)
     relay.run(until_idle=True)  # its maintenance reads the status again: one message backing off
-    totals = {
-        name: sum(p.value for p in _points(reader, f"sagaguard.outbox.{name}", world.table))
-        for name in ("delivered", "failed", "dead")
+    assert {name: c.total(world.table) for name, c in counters.items()} == {
+        "delivered": 1,
+        "failed": 1,
+        "dead": 1,
     }
-    assert totals == {"delivered": 1, "failed": 1, "dead": 1}
-    [depth] = _points(reader, "sagaguard.outbox.depth", world.table)
-    [oldest] = _points(reader, "sagaguard.outbox.oldest_age", world.table)
-    assert depth.value == 1 and oldest.value >= 0
+    gauges = {}
+    for index, name in ((0, "depth"), (1, "oldest_age")):
+        observed = [
+            o
+            for o in telemetry._observe(index)(CallbackOptions())
+            if o.attributes == {"sagaguard.outbox.table": world.table}
+        ]
+        [gauges[name]] = [o.value for o in observed]
+    assert gauges["depth"] == 1 and gauges["oldest_age"] >= 0
+    instruments = (telemetry.delivered_counter, telemetry.failed_counter, telemetry.dead_counter)
+    assert [getattr(i, "name", None) or getattr(i, "_name", None) for i in instruments] == [
+        "sagaguard.outbox.delivered",
+        "sagaguard.outbox.failed",
+        "sagaguard.outbox.dead",
+    ]
