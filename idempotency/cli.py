@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
 
+from idempotency.cliutil import duration
 from idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
 from idempotency.records import Disposition, Record, State
 from idempotency.store import IdempotencyStore
@@ -240,23 +241,11 @@ def _split_demo(argv: Sequence[str]) -> list[str] | None:
 # ------------------------------------------------------------------------------------ output
 
 
-def _duration(seconds: float) -> str:
-    """A short human duration: ``42s``, ``3m05s``, ``2h10m``, ``4d03h``."""
-    s = int(max(seconds, 0.0))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86_400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86_400}d{s % 86_400 // 3600:02d}h"
-
-
 def _lease_left(record: Record, now: float) -> str:
     if record.state not in _LIVE or record.lease_until <= 0:
         return "-"
     if record.lease_live(now):
-        return _duration(record.lease_until - now)
+        return duration(record.lease_until - now)
     return "expired"
 
 
@@ -282,7 +271,7 @@ def _table(records: Sequence[Record], now: float, out: TextIO) -> None:
             record.state.value,
             str(record.token),
             str(record.attempts),
-            _duration(now - record.created_at),
+            duration(now - record.created_at),
             _lease_left(record, now),
         )
         for record in records
@@ -314,14 +303,14 @@ def _show(record: Record, now: float, out: TextIO) -> None:
         ("state", record.state.value),
         ("token", str(record.token)),
         ("attempts", str(record.attempts)),
-        ("created", f"{_duration(now - record.created_at)} ago"),
-        ("updated", f"{_duration(now - record.updated_at)} ago"),
+        ("created", f"{duration(now - record.created_at)} ago"),
+        ("updated", f"{duration(now - record.updated_at)} ago"),
         ("lease left", _lease_left(record, now)),
         (
             "expires",
             "-"
             if record.expires_at is None
-            else (f"in {_duration(record.expires_at - now)}" if record.expires_at > now else "expired"),
+            else (f"in {duration(record.expires_at - now)}" if record.expires_at > now else "expired"),
         ),
     ]
     width = max(len(name) for name, _ in fields)
@@ -465,7 +454,7 @@ def cmd_resolve(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) 
         holder = "is running it" if record.state is State.IN_PROGRESS else "is resolving it"
         raise CliError(
             f"effect {record.name!r} ({short}) is {record.state.value} and a worker {holder} "
-            f"(token {record.token}, lease {_duration(record.lease_until - now)} left); "
+            f"(token {record.token}, lease {duration(record.lease_until - now)} left); "
             "wait for the lease to run out, or pass --force if that worker is gone"
         )
     try:

@@ -29,12 +29,12 @@ import contextlib
 import dataclasses
 import importlib
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from idempotency.cliutil import duration, positive
 from idempotency.errors import ConfigurationError, IdempotencyError
 from idempotency.guard import Guard
 from idempotency.stores import DEFAULT_URL as STORE_URL
@@ -70,19 +70,6 @@ class CliError(Exception):
         self.code = code
 
 
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
-
-
 def add_commands(subparsers: Any) -> None:
     """Add the ``sagas`` command (list, show, signal, cancel, retry, resolve, worker) to ``subparsers``.
 
@@ -110,7 +97,7 @@ def add_commands(subparsers: Any) -> None:
         metavar="STATE",
         help="only these states; repeatable",
     )
-    listing.add_argument("--limit", type=_positive(int), default=100, metavar="N", help="at most N (100)")
+    listing.add_argument("--limit", type=positive(int), default=100, metavar="N", help="at most N (100)")
     listing.add_argument("--json", action="store_true", help="the saga rows as a JSON array")
     listing.set_defaults(saga_command=cmd_list)
 
@@ -177,13 +164,13 @@ def add_commands(subparsers: Any) -> None:
         "--store", metavar="URL", default=argparse.SUPPRESS, help=f"guard store (${ENV_STORE}, {STORE_URL})"
     )
     worker.add_argument(
-        "--interval", type=_positive(float), default=5.0, metavar="S", help="seconds between sweeps (5)"
+        "--interval", type=positive(float), default=5.0, metavar="S", help="seconds between sweeps (5)"
     )
     worker.add_argument(
-        "--limit", type=_positive(int), default=100, metavar="N", help="sagas per sweep (100)"
+        "--limit", type=positive(int), default=100, metavar="N", help="sagas per sweep (100)"
     )
     worker.add_argument(
-        "--lease", type=_positive(float), default=60.0, metavar="S", help="seconds a worker holds a saga (60)"
+        "--lease", type=positive(float), default=60.0, metavar="S", help="seconds a worker holds a saga (60)"
     )
     worker.add_argument(
         "--max-recoveries",
@@ -199,17 +186,6 @@ def add_commands(subparsers: Any) -> None:
 # ------------------------------------------------------------------------------------ output
 
 
-def _duration(seconds: float) -> str:
-    s = int(max(seconds, 0.0))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86_400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86_400}d{s % 86_400 // 3600:02d}h"
-
-
 def _due(record: SagaRecord, now: float) -> str:
     """The lease left (running) or the wake-up (waiting)."""
     if record.state not in RESUMABLE_STATES:
@@ -218,7 +194,7 @@ def _due(record: SagaRecord, now: float) -> str:
         return "never"
     if record.lease_until <= now:
         return "due now"
-    return f"in {_duration(record.lease_until - now)}"
+    return f"in {duration(record.lease_until - now)}"
 
 
 def record_json(record: SagaRecord) -> dict[str, Any]:
@@ -240,7 +216,7 @@ def _table(records: Sequence[SagaRecord], now: float, out: TextIO) -> None:
             str(r.recoveries),
             (r.waiting_for or "-") if r.state is SagaState.WAITING else "-",
             _due(r, now),
-            _duration(now - r.created_at),
+            duration(now - r.created_at),
         )
         for r in records
     ]
@@ -267,11 +243,11 @@ def _show(snapshot: SagaSnapshot, now: float, out: TextIO) -> None:
         ("token", str(r.token)),
         ("recoveries", str(r.recoveries)),
         ("next", _due(r, now)),
-        ("deadline", "-" if r.deadline <= 0 else _duration(r.deadline - now) + " left"),
+        ("deadline", "-" if r.deadline <= 0 else duration(r.deadline - now) + " left"),
         ("waiting for", r.waiting_for if r.state is SagaState.WAITING and r.waiting_for else "-"),
         ("cancel", "requested" if r.cancel_requested else "-"),
-        ("created", f"{_duration(now - r.created_at)} ago"),
-        ("updated", f"{_duration(now - r.updated_at)} ago"),
+        ("created", f"{duration(now - r.created_at)} ago"),
+        ("updated", f"{duration(now - r.updated_at)} ago"),
     ]
     width = max(len(name) for name, _ in fields)
     for name, value in fields:

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import importlib
 import json
-import math
 import os
 import signal
 import sys
@@ -38,6 +37,7 @@ from typing import Any, TextIO
 
 import sqlalchemy as sa
 
+from idempotency.cliutil import positive
 from idempotency.errors import ConfigurationError, IdempotencyError
 from idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
 from idempotency.outbox.model import DEFAULT_TABLE, check_schema, migrate
@@ -50,19 +50,6 @@ ENV_DB = "SAGAGUARD_OUTBOX_DB"
 ENV_STORE = "SAGAGUARD_STORE"
 DEFAULT_URL = "sqlite:///sagaguard.db"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
 
 
 def add_commands(subparsers: Any) -> None:
@@ -84,7 +71,7 @@ def add_commands(subparsers: Any) -> None:
     status = actions.add_parser("status", parents=[common], help="depth, oldest pending age, in flight, dead")
     status.add_argument("--json", action="store_true")
     dead = actions.add_parser("dead", parents=[common], help="list dead letters with their last error")
-    dead.add_argument("--limit", type=_positive(int), default=50, metavar="N")
+    dead.add_argument("--limit", type=positive(int), default=50, metavar="N")
     dead.add_argument("--after", metavar="ID", help="the page after this message id")
     dead.add_argument("--json", action="store_true")
     show = actions.add_parser("show", parents=[common], help="one message in full")
@@ -97,8 +84,8 @@ def add_commands(subparsers: Any) -> None:
     discard = actions.add_parser("discard", parents=[common], help="give up on a dead letter for good")
     discard.add_argument("id", metavar="ID")
     purge = actions.add_parser("purge", parents=[common], help="delete old delivered messages, in pages")
-    purge.add_argument("--retention", type=_positive(float), default=DEFAULT_RETENTION, metavar="SECONDS")
-    purge.add_argument("--page", type=_positive(int), default=1000, metavar="N")
+    purge.add_argument("--retention", type=positive(float), default=DEFAULT_RETENTION, metavar="SECONDS")
+    purge.add_argument("--page", type=positive(int), default=1000, metavar="N")
     actions.add_parser("migrate", parents=[common], help="create or upgrade the outbox table")
 
     relay = subparsers.add_parser(
@@ -110,10 +97,10 @@ def add_commands(subparsers: Any) -> None:
     )
     relay.set_defaults(sagaguard_run=run, outbox_action="relay")
     relay.add_argument("--app", required=True, metavar="MODULE:ATTR", help="the Outbox with the handlers")
-    relay.add_argument("--batch", type=_positive(int), default=100, metavar="N")
-    relay.add_argument("--concurrency", type=_positive(int), default=1, metavar="N")
-    relay.add_argument("--lease", type=_positive(float), default=30.0, metavar="SECONDS")
-    relay.add_argument("--poll", type=_positive(float), default=1.0, metavar="SECONDS")
+    relay.add_argument("--batch", type=positive(int), default=100, metavar="N")
+    relay.add_argument("--concurrency", type=positive(int), default=1, metavar="N")
+    relay.add_argument("--lease", type=positive(float), default=30.0, metavar="SECONDS")
+    relay.add_argument("--poll", type=positive(float), default=1.0, metavar="SECONDS")
     relay.add_argument("--no-listen", action="store_true", help="poll only (no LISTEN/NOTIFY)")
     relay.add_argument("--until-idle", action="store_true", help="stop once nothing is claimable")
     relay.add_argument("--quiet", action="store_true", help="no status line")

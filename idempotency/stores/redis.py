@@ -234,6 +234,34 @@ def _ttl_ms(retention: float) -> int | str:
     return math.ceil((max(retention, 0.0) + _TTL_GRACE) * 1000)
 
 
+def connect(url_or_client: str | redis.Redis, prefix: str) -> tuple[redis.Redis, bool]:
+    """The client for a URL (and True: ours to close) or the caller's client (and False).
+
+    From a URL the client fails fast (connect timeout 2 s, read timeout 5 s) and never retries on its
+    own: a script whose reply was lost may have run, so whether to try again is the caller's call.
+    Shared by every Redis-backed ledger and journal.
+
+    Raises:
+        ConfigurationError: the URL is malformed, or ``prefix`` is empty or has braces (it would
+            break the hash tag that keeps each record's keys in one cluster slot).
+    """
+    if not prefix or "{" in prefix or "}" in prefix:
+        raise ConfigurationError(f"a redis prefix must be non-empty and brace-free: {prefix!r}")
+    if not isinstance(url_or_client, str):
+        return url_or_client, False
+    try:
+        client = redis.Redis.from_url(
+            url_or_client,
+            decode_responses=True,
+            socket_connect_timeout=2.0,
+            socket_timeout=5.0,
+            retry=Retry(NoBackoff(), 0),
+        )
+    except ValueError as exc:
+        raise ConfigurationError(f"malformed redis URL: {exc}") from exc
+    return client, True
+
+
 class RedisStore:
     """An effect ledger in Redis, shared by any number of processes and machines.
 
@@ -265,22 +293,7 @@ class RedisStore:
         clock: Callable[[], float] | None = None,
         prefix: str = "sg",
     ) -> None:
-        if not prefix or "{" in prefix or "}" in prefix:
-            raise ConfigurationError(f"a redis prefix must be non-empty and brace-free: {prefix!r}")
-        if isinstance(url_or_client, str):
-            try:
-                client = redis.Redis.from_url(
-                    url_or_client,
-                    decode_responses=True,
-                    socket_connect_timeout=2.0,
-                    socket_timeout=5.0,
-                    retry=Retry(NoBackoff(), 0),
-                )
-            except ValueError as exc:
-                raise ConfigurationError(f"malformed redis URL: {exc}") from exc
-            self._owned = True
-        else:
-            client, self._owned = url_or_client, False
+        client, self._owned = connect(url_or_client, prefix)
         self._client = client
         self._decoded = bool(client.get_encoder().decode_responses)
         self._clock = clock

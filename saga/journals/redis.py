@@ -32,12 +32,11 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, cast
 
 import redis
-from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
-from redis.retry import Retry
 
 from idempotency.errors import ConfigurationError
+from idempotency.stores.redis import connect
 from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
 from saga.journals.redis_scripts import (
     CANCEL,
@@ -192,22 +191,7 @@ class RedisJournal:
         clock: Callable[[], float] | None = None,
         prefix: str = "sgj",
     ) -> None:
-        if not prefix or "{" in prefix or "}" in prefix:
-            raise ConfigurationError(f"a redis prefix must be non-empty and brace-free: {prefix!r}")
-        if isinstance(url_or_client, str):
-            try:
-                client = redis.Redis.from_url(
-                    url_or_client,
-                    decode_responses=True,
-                    socket_connect_timeout=2.0,
-                    socket_timeout=5.0,
-                    retry=Retry(NoBackoff(), 0),
-                )
-            except ValueError as exc:
-                raise ConfigurationError(f"malformed redis URL: {exc}") from exc
-            self._owned = True
-        else:
-            client, self._owned = url_or_client, False
+        client, self._owned = connect(url_or_client, prefix)
         self._client = client
         self._clock = clock
         self._prefix = prefix
