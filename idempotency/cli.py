@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import importlib
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
 
-from idempotency.cliutil import duration
+from idempotency.cliutil import duration, positive
 from idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
 from idempotency.records import Disposition, Record, State
 from idempotency.store import IdempotencyStore
@@ -64,26 +63,6 @@ class CliError(Exception):
 
 
 # ----------------------------------------------------------------------------------- parsing
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,7 +132,7 @@ def _build(
     )
     listing.add_argument("--namespace", metavar="NS", help="only this namespace (tenant)")
     listing.add_argument(
-        "--limit", type=_positive_int, default=100, metavar="N", help="at most N records (default 100)"
+        "--limit", type=positive(int), default=100, metavar="N", help="at most N records (default 100)"
     )
     listing.add_argument("--json", action="store_true", help="full records as a JSON array")
 
@@ -180,7 +159,7 @@ def _build(
     )
     resolve.add_argument(
         "--retention",
-        type=_positive_float,
+        type=positive(float),
         default=7 * DAY,
         metavar="SECONDS",
         help="with --applied: how long the result is kept and replayed (default: 7 days)",
@@ -197,7 +176,7 @@ def _build(
         "IN_PROGRESS and IN_DOUBT records are never deleted.",
     )
     purge.add_argument(
-        "--page", type=_positive_int, default=1000, metavar="N", help="records per page (default 1000)"
+        "--page", type=positive(int), default=1000, metavar="N", help="records per page (default 1000)"
     )
 
     commands.add_parser(

@@ -37,7 +37,7 @@ from typing import Any, TextIO
 
 import sqlalchemy as sa
 
-from idempotency.cliutil import positive
+from idempotency.cliutil import duration, positive
 from idempotency.errors import ConfigurationError, IdempotencyError
 from idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
 from idempotency.outbox.model import DEFAULT_TABLE, check_schema, migrate
@@ -110,16 +110,7 @@ def add_commands(subparsers: Any) -> None:
 
 
 def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(max(seconds, 0.0))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86_400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86_400}d{s % 86_400 // 3600:02d}h"
+    return "-" if seconds is None else duration(seconds)
 
 
 def status_line(stats: RelayStats, rate: float) -> str:
