@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# CrewAI pins openai<3, openai-agents needs openai>=3: CrewAI's tests run children in their own venv.
+CREW_VENV ?= .venv-crewai
+CREW_STAMP := $(CREW_VENV)/.installed
 
 .PHONY: demo test lint typecheck docs bench clean slow ci
 
@@ -14,11 +17,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+$(CREW_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(CREW_VENV)
+	$(CREW_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CREW_VENV)/bin/python -m pip install -q -e '.[crewai]'
+	touch $(CREW_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/sagaguard demo
 
 # Postgres (127.0.0.1:5432) and Redis (127.0.0.1:6379) tests are skipped when absent, required when CI=true.
-test: $(STAMP)
+test: $(STAMP) $(CREW_STAMP)
 	$(PY) -m pytest -q
 
 slow: $(STAMP)
@@ -41,4 +50,4 @@ ci:
 	.ci/run
 
 clean:
-	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CREW_VENV) site .pytest_cache .mypy_cache .ruff_cache
