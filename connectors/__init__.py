@@ -9,6 +9,10 @@ needs none of them:
   compensation.
 - :mod:`connectors.http` (``httpx``): writes with the IETF ``Idempotency-Key`` header, sync and async.
 - :mod:`connectors.llm` (``openai``): journaled model calls, sync and async, and any model callable.
+- Framework adapters, each importing its framework only in its own module:
+  :mod:`connectors.langgraph`, :mod:`connectors.langchain` (``create_agent`` middleware),
+  :mod:`connectors.openai_agents`, :mod:`connectors.crewai`, :mod:`connectors.dbos`,
+  :mod:`connectors.temporal`.
 - :mod:`connectors.testing`: local servers (Stripe, IETF-draft API, OpenAI-compatible chat, SMTP)
   with fault injection and counters, for your own tests.
 

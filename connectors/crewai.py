@@ -1,0 +1,416 @@
+"""CrewAI adapter: tools that happen once and model calls that replay, across ``Crew.from_checkpoint``.
+
+::
+
+    crew_guard = CrewGuard(Guard(open_store("sqlite:///sagaguard.db")))
+    crew = crew_guard.protect(Crew(agents=[...], tasks=[...], checkpoint=CheckpointConfig(
+        location="./.checkpoints", on_events=["task_started", "task_completed"])))
+    crew.kickoff()
+
+    # after a crash, in a new process:
+    crew = crew_guard.protect(Crew.from_checkpoint(CheckpointConfig(restore_from=path)))
+    crew.kickoff()
+
+A restored crew re-runs the task it was in from the task's first step (REFERENCES.md, "Agent
+frameworks"). What survives the restore is the kickoff's event id (the ``crew_kickoff_started``
+event, restored as the crew's event scope) and the task's id (``crewai.context.get_current_task_id``).
+So, in a task of a kickoff:
+
+- a tool run (``BaseTool._run`` / ``_arun``) is an effect keyed on (kickoff, task, tool name, argument
+  hash, n): the n-th call of that tool with those arguments in this run of the task. No tool-call id
+  reaches CrewAI tools, hence the argument hash. A re-run returns the recorded result without running
+  the tool; inside the tool, a scope of the call is current, so ``guard.effect`` calls there are keyed
+  on it too.
+- a model call (``BaseLLM.call`` / ``acall``) is a journaled effect keyed on (kickoff, task, n): the
+  n-th call in this run of the task. The re-run gets the recorded answers, hence the same tool calls,
+  and pays nothing for them.
+
+Checkpoint at task boundaries (``on_events=["task_started", "task_completed"]``): the counts start
+again with each run of a task, which is what a restore at ``task_started`` replays. A checkpoint taken
+mid-task (on tool or model events) resumes the agent from its saved messages, past calls the counts
+no longer see; the model journal then refuses the shifted call (``KeyConflict``, its messages
+differ) rather than replay the wrong answer. CrewAI writes checkpoints from its event-bus threads,
+so the last one before a crash may be missing: the restore then goes back one more checkpoint, and
+the keys, which do not depend on it, still match.
+
+Objects are guarded in place (their ``_run`` / ``call`` are replaced on the instance), so a crew's
+checkpoint is the same with sagaguard or without; a restored crew holds fresh objects, hence
+``protect`` again after ``from_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from typing import Any
+
+from crewai import Crew
+from crewai.context import get_current_task_id
+from crewai.events.event_context import _event_id_stack
+from crewai.llms.base_llm import BaseLLM
+from crewai.tools import BaseTool
+from pydantic import BaseModel
+
+from connectors.telemetry import record_llm_call
+from idempotency.effect import NO_RETRY, Policy
+from idempotency.errors import ConfigurationError, NoScope
+from idempotency.guard import Guard
+from idempotency.keys import current_scope, fingerprint, scope
+from idempotency.records import Disposition
+
+__all__ = ["CrewGuard", "dump_answer", "kickoff_id", "load_answer", "task_scope_id"]
+
+_KICKOFF = "crew_kickoff_started"
+_TASK_STARTED = "task_started"
+_MARK = "__sagaguard_crewai__"
+"""Set on the functions this module puts on an instance, so nothing is guarded twice."""
+
+
+# -- the task's identity ---------------------------------------------------------------------------
+
+
+def _stack() -> tuple[tuple[str, str], ...]:
+    # CrewAI's event scope stack (``crewai.events.event_context``): (event id, event type) pairs,
+    # outermost first; ``Crew.from_checkpoint`` restores the kickoff's entry.
+    stack: tuple[tuple[str, str], ...] = _event_id_stack.get()
+    return stack
+
+
+def kickoff_id() -> str | None:
+    """The event id of the current crew kickoff (stable across ``from_checkpoint``), or None."""
+    return next((event_id for event_id, kind in _stack() if kind == _KICKOFF), None)
+
+
+def _attempt() -> str:
+    # The innermost task_started event: a new one each time a task (re)starts.
+    return next((event_id for event_id, kind in reversed(_stack()) if kind == _TASK_STARTED), "")
+
+
+def task_scope_id() -> str:
+    """The scope id of the current task of a crew kickoff: kickoff event id + task id.
+
+    Outside a crew kickoff (an agent run on its own), the current :func:`~idempotency.keys.scope`
+    stands for the kickoff: name the run with ``with scope("run-7"):``.
+
+    Raises:
+        NoScope: neither inside a crew kickoff nor in a scope.
+    """
+    kickoff = kickoff_id()
+    if kickoff is None:
+        try:
+            kickoff = "scope:" + current_scope().id
+        except NoScope:
+            raise NoScope(
+                "not inside a CrewAI crew kickoff: run guarded tools and models in Crew.kickoff(), "
+                "or name the run with `with scope(...)`"
+            ) from None
+    # JSON, so no id can forge another's by containing a separator.
+    return json.dumps(["crewai", kickoff, get_current_task_id() or ""], separators=(",", ":"))
+
+
+class _Counts:
+    """Call counters per run of a task (kickoff, task, ``task_started`` event). Thread-safe, bounded."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self._size = size
+        self._runs: OrderedDict[tuple[str, str], dict[str, int]] = OrderedDict()
+
+    def _run(self, unit: str) -> dict[str, int]:
+        found = self._runs.get((unit, _attempt()))
+        if found is None:
+            found = self._runs[(unit, _attempt())] = {}
+            while len(self._runs) > self._size:
+                self._runs.popitem(last=False)
+        return found
+
+    def peek(self, unit: str, name: str) -> int:
+        with self._lock:
+            return self._run(unit).get(name, 0)
+
+    def take(self, unit: str, name: str) -> int:
+        with self._lock:
+            counts = self._run(unit)
+            n = counts[name] = counts.get(name, 0) + 1
+            return n - 1
+
+    def advance(self, unit: str, name: str, past: int) -> None:
+        with self._lock:
+            counts = self._run(unit)
+            counts[name] = max(counts.get(name, 0), past + 1)
+
+    def forget(self, kickoff: str) -> None:
+        """Drop the counters of ``kickoff``: a restored crew runs its task again from call 0."""
+        with self._lock:
+            for unit in [u for u in self._runs if json.loads(u[0])[1] == kickoff]:
+                del self._runs[unit]
+
+
+# -- storable values -------------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON types, for fingerprints: models by their JSON dump, anything else by str."""
+    return json.loads(json.dumps(value, default=_default))
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return str(value)
+
+
+def _model_type(model: BaseModel) -> str:
+    return f"{type(model).__module__}:{type(model).__qualname__}"
+
+
+def _load_model(spec: Mapping[str, Any]) -> BaseModel:
+    module, _, qualname = str(spec["type"]).partition(":")
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    # Only pydantic models are rebuilt, and only through their own validation.
+    if not (isinstance(found, type) and issubclass(found, BaseModel)):
+        raise ConfigurationError(f"a journaled model answer names {spec['type']!r}, not a pydantic model")
+    return found.model_validate(spec["data"])
+
+
+def dump_answer(answer: Any) -> dict[str, Any]:
+    """A model answer as JSON: text, pydantic models (tool calls, structured output), or JSON values.
+
+    Raises:
+        ConfigurationError: the answer is none of those.
+    """
+    if isinstance(answer, BaseModel):
+        return {"model": {"type": _model_type(answer), "data": answer.model_dump(mode="json")}}
+    if isinstance(answer, list) and answer and all(isinstance(a, BaseModel) for a in answer):
+        return {"models": [{"type": _model_type(a), "data": a.model_dump(mode="json")} for a in answer]}
+    try:
+        return {"json": json.loads(json.dumps(answer))}
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"a {type(answer).__name__} model answer cannot be journaled") from exc
+
+
+def load_answer(data: Mapping[str, Any]) -> Any:
+    """The inverse of :func:`dump_answer`."""
+    if "model" in data:
+        return _load_model(data["model"])
+    if "models" in data:
+        return [_load_model(spec) for spec in data["models"]]
+    return data["json"]
+
+
+def _not_applied(exc: BaseException) -> Disposition | None:
+    # A failed model call has no answer to act on: drop the claim; CrewAI decides about retries.
+    return Disposition.RETRYABLE if isinstance(exc, Exception) else None
+
+
+# -- the guard ---------------------------------------------------------------------------------------
+
+
+class CrewGuard:
+    """Guards a crew's tools and journals its models, keyed on the kickoff and the task.
+
+    Args:
+        guard: the guard the calls run under.
+        policy: what a tool run left in doubt by a crash does. ``at_most_once`` (default): raise
+            ``OutcomeUnknown`` (the agent sees a tool error, an operator sees the record).
+            ``at_least_once``: run the tool again; right when what it changes in the world goes
+            through ``guard.effect`` s of its own (they replay, or are reconciled), or is harmless
+            to repeat.
+        journal_llm: journal the agents' model calls (default True).
+        tool_prefix: prepended to a tool's name to make its effect's name.
+        llm_effect: the effect name of the model calls.
+        exclude: names of tools that are not guarded (read-only tools).
+        options: any other :meth:`Guard.run` option for the tool runs (``reconciler=``, ``lease=``).
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        policy: Policy | str = Policy.AT_MOST_ONCE,
+        journal_llm: bool = True,
+        tool_prefix: str = "crewai.tool.",
+        llm_effect: str = "crewai.llm",
+        exclude: Collection[str] = (),
+        **options: Any,
+    ) -> None:
+        self.guard = guard
+        self.journal_llm = journal_llm
+        self.tool_prefix = tool_prefix
+        self.llm_effect = llm_effect
+        self.exclude = frozenset(exclude)
+        self._options: dict[str, Any] = {"policy": policy, **options}
+        self._counts = _Counts()
+
+    # -- wiring ----------------------------------------------------------------------------------
+
+    def protect(self, crew: Crew) -> Crew:
+        """Guard the tools and journal the models of every agent and task of ``crew``, in place
+        (and the crew's ``manager_llm``, ``function_calling_llm`` and ``planning_llm``).
+
+        Call it on a new crew and on each one ``Crew.from_checkpoint`` returns (restored objects
+        are new, unguarded ones). Guarding twice is harmless.
+
+        Returns:
+            ``crew``.
+        """
+        restored = getattr(crew, "checkpoint_kickoff_event_id", None)
+        if isinstance(restored, str):
+            self._counts.forget(restored)  # a restore in this process counts the task's calls anew
+        agents = list(crew.agents or [])
+        if crew.manager_agent is not None:
+            agents.append(crew.manager_agent)
+        for agent in agents:
+            self.protect_agent(agent)
+        for task in crew.tasks or []:
+            self.protect_tools(task.tools or [])
+        if self.journal_llm:
+            for llm in (crew.manager_llm, crew.function_calling_llm, crew.planning_llm):
+                if isinstance(llm, BaseLLM):
+                    self.journal(llm)
+        return crew
+
+    def protect_agent(self, agent: Any) -> Any:
+        """Guard one agent's tools and journal its models (``llm``, ``function_calling_llm``)."""
+        self.protect_tools(agent.tools or [])
+        if self.journal_llm:
+            for llm in (agent.llm, getattr(agent, "function_calling_llm", None)):
+                if isinstance(llm, BaseLLM):
+                    self.journal(llm)
+        return agent
+
+    def protect_tools(self, tools: Iterable[BaseTool]) -> None:
+        """Guard each tool (see :meth:`guard_tool`) not named in ``exclude``."""
+        for tool in tools:
+            if tool.name not in self.exclude:
+                self.guard_tool(tool)
+
+    def guard_tool(self, tool: BaseTool) -> BaseTool:
+        """Make ``tool``'s runs guarded effects, in place; returns it."""
+        if getattr(tool.__dict__.get("_run"), _MARK, False):
+            return tool
+        run = tool._run
+        name = self.tool_prefix + str(tool.name)
+
+        @functools.wraps(run)
+        def guarded_run(*args: Any, **kwargs: Any) -> Any:
+            arguments, key, unit = self._tool_identity(name, args, kwargs)
+            with scope(unit):
+                return self.guard.run(name, lambda: run(*args, **kwargs), arguments=arguments, key=key,
+                                      **self._options)  # fmt: skip
+
+        _mark(guarded_run)
+        _set(tool, "_run", guarded_run)
+        # _arun only where the tool has one: BaseTool's raises NotImplementedError, which the guard
+        # would take for an ambiguous failure.
+        if type(tool)._arun is not BaseTool._arun:
+            arun = tool._arun
+
+            @functools.wraps(arun)
+            async def guarded_arun(*args: Any, **kwargs: Any) -> Any:
+                arguments, key, unit = self._tool_identity(name, args, kwargs)
+
+                async def call() -> Any:
+                    return await arun(*args, **kwargs)
+
+                with scope(unit):
+                    return await self.guard.arun(name, call, arguments=arguments, key=key, **self._options)
+
+            _mark(guarded_arun)
+            _set(tool, "_arun", guarded_arun)
+        return tool
+
+    def journal(self, llm: BaseLLM) -> BaseLLM:
+        """Make ``llm.call`` / ``llm.acall`` journaled effects, in place; returns it."""
+        if getattr(llm.__dict__.get("call"), _MARK, False):
+            return llm
+        call, acall = llm.call, llm.acall
+
+        @functools.wraps(call)
+        def journaled_call(messages: Any, tools: Any = None, *args: Any, **kwargs: Any) -> Any:
+            unit, arguments, n = self._llm_identity(messages, tools)
+            paid = False
+
+            def ask() -> dict[str, Any]:
+                nonlocal paid
+                paid = True
+                return dump_answer(call(messages, tools, *args, **kwargs))
+
+            data = self.guard.run(self.llm_effect, ask, **self._llm_options(unit, arguments, n))
+            return self._answer(unit, n, data, paid)
+
+        @functools.wraps(acall)
+        async def journaled_acall(messages: Any, tools: Any = None, *args: Any, **kwargs: Any) -> Any:
+            unit, arguments, n = self._llm_identity(messages, tools)
+            paid = False
+
+            async def ask() -> dict[str, Any]:
+                nonlocal paid
+                paid = True
+                return dump_answer(await acall(messages, tools, *args, **kwargs))
+
+            data = await self.guard.arun(self.llm_effect, ask, **self._llm_options(unit, arguments, n))
+            return self._answer(unit, n, data, paid)
+
+        _mark(journaled_call)
+        _mark(journaled_acall)
+        _set(llm, "call", journaled_call)
+        _set(llm, "acall", journaled_acall)
+        return llm
+
+    # -- identities ------------------------------------------------------------------------------
+
+    def _tool_identity(
+        self, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], str, str]:
+        unit = task_scope_id()
+        arguments = {"args": _jsonable(list(args)), "kwargs": _jsonable(dict(kwargs))}
+        digest = fingerprint(arguments)
+        n = self._counts.take(unit, json.dumps([name, digest]))
+        key = json.dumps([unit, name, digest, n], separators=(",", ":"))
+        return arguments, key, key
+
+    def _llm_identity(self, messages: Any, tools: Any) -> tuple[str, dict[str, Any], int]:
+        unit = task_scope_id()
+        arguments = {"messages": _jsonable(messages), "tools": _tool_names(tools)}
+        return unit, arguments, self._counts.peek(unit, self.llm_effect)
+
+    def _llm_options(self, unit: str, arguments: dict[str, Any], n: int) -> dict[str, Any]:
+        return {
+            "arguments": arguments,
+            "key": json.dumps([unit, self.llm_effect, n], separators=(",", ":")),
+            "result_type": dict[str, Any],
+            "policy": Policy.AT_LEAST_ONCE,
+            "classify": _not_applied,
+            "retry": NO_RETRY,
+        }
+
+    def _answer(self, unit: str, n: int, data: Mapping[str, Any], paid: bool) -> Any:
+        # The count advances only when a call returns: a failed one is asked again under its key.
+        self._counts.advance(unit, self.llm_effect, n)
+        record_llm_call(self.llm_effect, paid=paid, input_tokens=0, output_tokens=0)
+        return load_answer(data)
+
+
+def _tool_names(tools: Any) -> list[str]:
+    names: list[str] = []
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        names.append(str(function.get("name")) if isinstance(function, Mapping) else str(_jsonable(tool)))
+    return sorted(names)
+
+
+def _mark(fn: Callable[..., Any] | Callable[..., Awaitable[Any]]) -> None:
+    setattr(fn, _MARK, True)
+
+
+def _set(instance: Any, name: str, value: Any) -> None:
+    # Pydantic refuses unknown attributes through __setattr__; an instance attribute shadows the
+    # method and stays out of model_dump (so out of CrewAI's checkpoints).
+    object.__setattr__(instance, name, value)

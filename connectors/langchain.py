@@ -1,0 +1,134 @@
+"""LangChain 1.x agents (``langchain.agents.create_agent``): one middleware guards the tools and
+journals the model.
+
+::
+
+    guard = Guard(open_store("sqlite:///sagaguard.db"))
+    agent = create_agent(
+        model, tools=[book_flight], middleware=[GuardMiddleware(guard)],
+        checkpointer=SqliteSaver(conn),
+    )
+    agent.invoke({"messages": [...]}, {"configurable": {"thread_id": "t-1"}}, durability="sync")
+
+``create_agent`` builds a LangGraph graph (a model node and a ``ToolNode``), so the identities are
+those of :mod:`connectors.langgraph`, whose logic this module reuses rather than repeats:
+
+- a tool call is keyed on ``thread_id`` + ``checkpoint_ns`` (the tools task) + ``tool_call_id``
+  (:class:`~connectors.langgraph.ToolGuard`); a re-run of the task returns the recorded
+  ``ToolMessage`` without running the tool;
+- a model call is keyed on ``thread_id`` + ``checkpoint_ns`` (the model task) + the call's ordinal in
+  the task attempt (:class:`~connectors.langgraph.JournaledChatModel`); a re-run of the model node
+  after a crash gets the recorded ``AIMessage``, with the same tool calls and the same
+  ``tool_call_id`` s, so the tools keep their keys and the model is not paid twice.
+
+The model is journaled where it is asked: the middleware hands the agent's handler a copy of the
+request whose model records its answers. Everything the agent does with the answer (structured
+output parsing, ``name``) runs again on the replayed message, as it ran on the first. Put this
+middleware last in ``middleware=[...]`` (innermost), so a retry or fallback middleware around it
+asks the journal, and a model chosen by a routing middleware is the one journaled.
+
+Run the agent with ``durability="sync"`` and a checkpointer: see
+:func:`~connectors.langgraph.check_durability`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage
+from langgraph.prebuilt.tool_node import ToolCallRequest
+
+from connectors.langgraph import AsyncExecute, Execute, JournaledChatModel, ToolGuard, ToolResult
+from idempotency.effect import Policy
+from idempotency.guard import Guard
+
+__all__ = ["GuardMiddleware"]
+
+ModelResult = ModelResponse[Any] | AIMessage
+ModelHandler = Callable[[ModelRequest[Any]], ModelResponse[Any]]
+AsyncModelHandler = Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
+
+
+class _RequestModel(JournaledChatModel):
+    """The journaled stand-in for a request's model.
+
+    Carries the wrapped model's ``profile`` and name, which ``create_agent`` reads to choose a
+    structured-output strategy, so wrapping the model does not change the strategy it picks.
+    """
+
+    model_name: str | None = None
+
+
+def _journaled(model: BaseChatModel, guard: Guard, effect_name: str, strict: bool) -> BaseChatModel:
+    if isinstance(model, JournaledChatModel):
+        return model  # already journaled (by the caller, or by another GuardMiddleware)
+    name = getattr(model, "model_name", None) or getattr(model, "model", None)
+    return _RequestModel(
+        inner=model, guard=guard, effect_name=effect_name, strict=strict, profile=model.profile,
+        model_name=name if isinstance(name, str) else None,
+    )  # fmt: skip
+
+
+class GuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+    """An ``AgentMiddleware`` for ``create_agent``: tool calls happen once, model calls replay.
+
+    Args:
+        guard: the guard the calls run under.
+        policy: what a tool call left in doubt by a crash does. ``at_most_once`` (default): raise
+            ``OutcomeUnknown`` for an operator. ``at_least_once``: run the tool again; right when
+            what it changes in the world goes through ``guard.effect`` s of its own (they replay, or
+            are reconciled), or is harmless to repeat.
+        journal_model: journal the model calls (default True). Without it, a crash in the model
+            node asks the model again, and its new ``tool_call_id`` s give the tools new keys.
+        tool_prefix: prepended to a tool's name to make its effect's name.
+        model_effect: the effect name of the model calls.
+        exclude: names of tools that are not journaled (read-only tools, tools returning a
+            ``Command``).
+        strict: refuse a durability other than ``"sync"`` instead of warning.
+        options: any other :meth:`Guard.run` option for the tool calls (``reconciler=``, ...).
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        policy: Policy | str = Policy.AT_MOST_ONCE,
+        journal_model: bool = True,
+        tool_prefix: str = "langchain.tool.",
+        model_effect: str = "langchain.model",
+        exclude: Collection[str] = (),
+        strict: bool = False,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        self.guard = guard
+        self.journal_model = journal_model
+        self.model_effect = model_effect
+        self.strict = strict
+        self.tool_guard = ToolGuard(
+            guard, policy=policy, prefix=tool_prefix, exclude=exclude, strict=strict, **options
+        )
+
+    def _request(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
+        if not self.journal_model:
+            return request
+        return request.override(model=_journaled(request.model, self.guard, self.model_effect, self.strict))
+
+    def wrap_model_call(self, request: ModelRequest[Any], handler: ModelHandler) -> ModelResult:
+        """Ask the model through the journal: a re-run of the model node replays its answer."""
+        return handler(self._request(request))
+
+    async def awrap_model_call(self, request: ModelRequest[Any], handler: AsyncModelHandler) -> ModelResult:
+        """The async twin of :meth:`wrap_model_call`."""
+        return await handler(self._request(request))
+
+    def wrap_tool_call(self, request: ToolCallRequest, handler: Execute) -> ToolResult:
+        """Run the tool call once per ``thread_id`` + ``checkpoint_ns`` + ``tool_call_id``."""
+        return self.tool_guard.wrap_tool_call(request, handler)
+
+    async def awrap_tool_call(self, request: ToolCallRequest, handler: AsyncExecute) -> ToolResult:
+        """The async twin of :meth:`wrap_tool_call`."""
+        return await self.tool_guard.awrap_tool_call(request, handler)
