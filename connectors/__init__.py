@@ -3,8 +3,8 @@
 Each connector lives in its own module and imports its SDK there only, so ``import connectors``
 needs none of them:
 
-- :mod:`connectors.stripe` (``stripe``): charge, capture, cancel, refund; reconciler; refund
-  compensation.
+- :mod:`connectors.stripe` (``stripe``): charge, capture, cancel, refund, sync and async
+  (``_async`` methods); reconciler; refund compensation.
 - :mod:`connectors.email` (standard library SMTP): send through the outbox or inline; correction
   compensation.
 - :mod:`connectors.http` (``httpx``): writes with the IETF ``Idempotency-Key`` header, sync and async.

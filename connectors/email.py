@@ -198,12 +198,25 @@ class EmailEffects:
         """Enqueue ``message`` in ``session`` (the caller's transaction): a relay sends it after the
         commit, once. Returns the outbox message id.
 
+        Inside a scope (a saga step) it is enqueued once per effect: a re-run of the step, after its
+        transaction committed or not, finds the message it enqueued instead of adding another
+        (:meth:`idempotency.outbox.DeferredEffect.defer`).
+
         Raises:
-            ConfigurationError: no outbox was given.
+            ConfigurationError: no outbox was given, or ``session`` is an ``AsyncSession`` inside a
+                scope (use :meth:`asend`).
+            KeyConflict: this send was enqueued before with another message.
         """
+        return str(self._deferrable().defer(session, message))
+
+    async def asend(self, session: Any, message: Email) -> str:
+        """:meth:`send` into an ``AsyncSession`` (the row is inserted at once, in its transaction)."""
+        return str(await self._deferrable().adefer(session, message))
+
+    def _deferrable(self) -> Any:
         if self.outbox is None:
             raise ConfigurationError("EmailEffects.send needs an outbox=; use send_now to send inline")
-        return str(self._effect.defer(session, message))
+        return self._effect
 
     def send_now(self, message: Email) -> Sent:
         """Send ``message`` now, as one effect of the current scope: a re-run replays the record.

@@ -25,40 +25,37 @@ Every call is a guarded effect (:class:`~idempotency.guard.Guard`) with:
 - **a compensation**: :meth:`StripeEffects.undo_charges` refunds (or voids) whatever a charge
   effect made, found by its identity even when the charge's result was never recorded;
   :func:`refund_compensation` is that as a saga step compensation.
+
+Every method has an async twin with the SDK's suffix (``charge_async``, ``refund_async``,
+``undo_charges_async``, ``reconcile_charge_async``, ...) on the SDK's async API: the same effect,
+key and record, so a charge made by one is replayed by the other. The requests, the error mapping
+and the reconciling decisions are written once (:mod:`connectors._stripe_flows`); the sync and async
+methods only drive them.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 import stripe
 
+from connectors import _stripe_flows as flows
+from connectors._stripe_async import AsyncStripeMethods
+from connectors._stripe_flows import map_error
 from connectors._stripe_objects import (
     CANCEL,
     CAPTURE,
     CHARGE,
     KEY_WINDOW,
-    METADATA_EFFECT,
     METADATA_KEY,
-    MONEY_MOVED,
     REFUND,
     Payment,
     Refund,
     Resolution,
 )
-from connectors._stripe_objects import plain as _plain
-from connectors.errors import (
-    ProviderKeyConflict,
-    ProviderRejected,
-    ProviderUnavailable,
-    classify,
-    replayable,
-)
-from idempotency.effect import NOT_APPLIED, Applied, ReconcileRequest, Retry, Unknown
+from idempotency.effect import ReconcileRequest
 from idempotency.effect import current_effect as _current_effect
-from idempotency.guard import Guard
 from idempotency.keys import EffectIdentity
 
 __all__ = [
@@ -75,60 +72,24 @@ __all__ = [
 T = TypeVar("T")
 
 
-def map_error(exc: stripe.StripeError, provider_key: str = "") -> Exception:
-    """The connector error for an exception of the Stripe SDK.
-
-    =================================================  ===========================  =================
-    SDK exception                                      raised as                    disposition
-    =================================================  ===========================  =================
-    ``CardError`` (402)                                ``ProviderRejected``         not applied
-    ``InvalidRequestError`` (400, 404)                 ``ProviderRejected``         not applied
-    ``RateLimitError`` (429)                           ``ProviderRejected(retry)``  not applied, retry
-    ``AuthenticationError``, ``PermissionError``       ``ProviderRejected(retry)``  not applied, retry
-    ``IdempotencyError`` (400 ``idempotency_error``)   ``ProviderKeyConflict``      not applied
-    ``APIError`` 409 ``idempotency_key_in_use``        ``ProviderUnavailable``      ambiguous
-    ``APIError`` (5xx, other), ``APIConnectionError``  ``ProviderUnavailable``      ambiguous
-    =================================================  ===========================  =================
-
-    A refused key or permission is retried, never recorded as FAILED: once the configuration is
-    fixed, the same effect must be able to run.
-    """
-    status = exc.http_status
-    message = exc.user_message or str(exc) or type(exc).__name__
-    code = exc.code
-    if isinstance(exc, stripe.CardError):
-        decline = exc.error.decline_code if exc.error is not None else None
-        return ProviderRejected(message, "stripe", status, decline or code)
-    if isinstance(exc, stripe.IdempotencyError):
-        return ProviderKeyConflict(message, "stripe", status, "idempotency_error", provider_key)
-    if isinstance(exc, stripe.RateLimitError | stripe.AuthenticationError | stripe.PermissionError):
-        return ProviderRejected(message, "stripe", status, code, True)
-    if isinstance(exc, stripe.InvalidRequestError):
-        return ProviderRejected(message, "stripe", status, code)
-    return ProviderUnavailable(message, "stripe", status, code)
-
-
-def _canonical(metadata: Mapping[str, str] | None) -> str:
-    """Metadata as canonical JSON text: a flat argument fingerprints on the guard's fast path."""
-    if not metadata:
-        return "{}"
-    return json.dumps(dict(metadata or {}), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 class _HasStepScope(Protocol):
     @property
     def step_scope(self) -> str: ...
 
 
-class StripeEffects:
+class StripeEffects(AsyncStripeMethods):
     """Stripe's money-moving calls as guarded effects (charge, capture, cancel, refund).
 
     Each method runs as one effect in the current scope (``with scope(...)``, a saga step) or under
-    ``key=``; a re-run of the scope replays the recorded result instead of calling Stripe.
+    ``key=``; a re-run of the scope replays the recorded result instead of calling Stripe. Each has
+    an ``_async`` twin (``await payments.charge_async(...)``) for async code.
 
     Args:
         guard: the guard the effects run under.
-        client: a ``stripe.StripeClient``; by default one is built from ``api_key`` / ``api_base``.
+        client: a ``stripe.StripeClient``, used by the sync and the async methods (its HTTP client
+            needs async support for the latter: the SDK's default has it); by default one is built
+            from ``api_key`` / ``api_base`` (``requests`` for sync calls, and at the first async
+            call, httpx's async client, which :meth:`aclose` closes).
         api_key: the secret key, when ``client`` is not given.
         api_base: another API address (the local test server), when ``client`` is not given.
         timeout: seconds per HTTP request, when ``client`` is not given.
@@ -143,39 +104,6 @@ class StripeEffects:
         search_lag: seconds after which search is trusted to be complete (Stripe: up to an hour
             in outages); a search miss on a younger record is "unknown".
     """
-
-    def __init__(
-        self,
-        guard: Guard,
-        client: stripe.StripeClient | None = None,
-        *,
-        api_key: str | None = None,
-        api_base: str | None = None,
-        timeout: float = 30.0,
-        network_retries: int = 0,
-        retry: Retry | None = None,
-        key_window: float = KEY_WINDOW,
-        search_margin: float = 600.0,
-        max_list_pages: int = 10,
-        search_lag: float = 3600.0,
-    ) -> None:
-        if client is None:
-            if not api_key:
-                raise ValueError("StripeEffects needs a client or an api_key")
-            client = stripe.StripeClient(
-                api_key,
-                base_addresses={"api": api_base} if api_base else None,
-                max_network_retries=network_retries,
-                http_client=stripe.RequestsClient(timeout=timeout),
-            )
-        self.guard = guard
-        self.client = client
-        self.network_retries = network_retries
-        self.retry = retry if retry is not None else Retry()  # built once, not per call
-        self.key_window = key_window
-        self.search_margin = search_margin
-        self.max_list_pages = max_list_pages
-        self.search_lag = search_lag
 
     # -- effects --------------------------------------------------------------------------------
 
@@ -208,59 +136,54 @@ class StripeEffects:
             ProviderKeyConflict: the idempotency key was used with other parameters.
             OutcomeUnknown: the charge may have happened and nothing could settle it yet.
         """
-        arguments = {
-            "amount": amount,
-            "currency": currency,
-            "payment_method": payment_method,
-            "customer": customer,
-            "capture": capture,
-            "description": description,
-            "metadata": _canonical(metadata),
-        }
+        request = flows.ChargeRequest(
+            amount, currency, payment_method, customer, capture, description, metadata
+        )
 
         def call() -> Payment:
-            effect = _current_effect()
-            params: dict[str, Any] = {
-                "amount": amount,
-                "currency": currency,
-                "payment_method": payment_method,
-                "confirm": True,
-                "capture_method": "automatic" if capture else "manual",
-                "metadata": {**(metadata or {}), METADATA_KEY: effect.key, METADATA_EFFECT: CHARGE},
-            }
-            if customer is not None:
-                params["customer"] = customer
-            if description is not None:
-                params["description"] = description
-            return Payment.of(self._post(self.client.v1.payment_intents.create, params))
+            return Payment.of(self._post("payment_intents", "create", request.params(_current_effect().key)))
 
         return self._run(
-            CHARGE, call, arguments=arguments, key=key, result_type=Payment, reconciler=self.reconcile_charge
+            CHARGE,
+            call,
+            arguments=request.arguments(),
+            key=key,
+            result_type=Payment,
+            reconciler=self.reconcile_charge,
         )
 
     def capture(self, payment_intent: str, *, amount: int | None = None, key: str | None = None) -> Payment:
         """Capture an authorised PaymentIntent: the effect ``stripe.capture``."""
 
         def call() -> Payment:
-            params = {} if amount is None else {"amount_to_capture": amount}
-            return Payment.of(self._post(self.client.v1.payment_intents.capture, params, payment_intent))
+            return Payment.of(
+                self._post("payment_intents", "capture", flows.capture_params(amount), payment_intent)
+            )
 
         arguments = {"payment_intent": payment_intent, "amount": amount}
-        reconciler = self._reconcile_status("succeeded")
         return self._run(
-            CAPTURE, call, arguments=arguments, key=key, result_type=Payment, reconciler=reconciler
+            CAPTURE,
+            call,
+            arguments=arguments,
+            key=key,
+            result_type=Payment,
+            reconciler=self._reconcile_status("succeeded"),
         )
 
     def cancel(self, payment_intent: str, *, key: str | None = None) -> Payment:
         """Cancel a PaymentIntent (void an authorisation): the effect ``stripe.cancel``."""
 
         def call() -> Payment:
-            return Payment.of(self._post(self.client.v1.payment_intents.cancel, {}, payment_intent))
+            return Payment.of(self._post("payment_intents", "cancel", {}, payment_intent))
 
         arguments = {"payment_intent": payment_intent}
-        reconciler = self._reconcile_status("canceled")
         return self._run(
-            CANCEL, call, arguments=arguments, key=key, result_type=Payment, reconciler=reconciler
+            CANCEL,
+            call,
+            arguments=arguments,
+            key=key,
+            result_type=Payment,
+            reconciler=self._reconcile_status("canceled"),
         )
 
     def refund(
@@ -273,27 +196,18 @@ class StripeEffects:
         key: str | None = None,
     ) -> Refund:
         """Refund a PaymentIntent (all that is left of it by default): the effect ``stripe.refund``."""
-        arguments = {
-            "payment_intent": payment_intent,
-            "amount": amount,
-            "reason": reason,
-            "metadata": _canonical(metadata),
-        }
+        request = flows.RefundRequest(payment_intent, amount, reason, metadata)
 
         def call() -> Refund:
-            effect = _current_effect()
-            params: dict[str, Any] = {
-                "payment_intent": payment_intent,
-                "metadata": {**(metadata or {}), METADATA_KEY: effect.key, METADATA_EFFECT: REFUND},
-            }
-            if amount is not None:
-                params["amount"] = amount
-            if reason is not None:
-                params["reason"] = reason
-            return Refund.of(self._post(self.client.v1.refunds.create, params))
+            return Refund.of(self._post("refunds", "create", request.params(_current_effect().key)))
 
         return self._run(
-            REFUND, call, arguments=arguments, key=key, result_type=Refund, reconciler=self.reconcile_refund
+            REFUND,
+            call,
+            arguments=request.arguments(),
+            key=key,
+            result_type=Refund,
+            reconciler=self.reconcile_refund,
         )
 
     # -- compensation -----------------------------------------------------------------------------
@@ -315,65 +229,29 @@ class StripeEffects:
             ProviderUnavailable: Stripe cannot be asked, or cannot tell yet: retry later.
         """
         identity = EffectIdentity.of(self.guard.namespace, scope, effect, ordinal)
-        if result is not None:
-            intents = [_plain(self._get(self.client.v1.payment_intents.retrieve, result.id))]
-        else:
+        found = None
+        if result is None:
             record = self.guard.store.get(identity.key)
             if record is None:
                 return []  # never claimed: the charge was not attempted
             found = self.find_payments(identity.key, since=record.created_at - self.search_margin)
-            if found is None:
-                raise ProviderUnavailable("cannot tell yet which payments the charge made", "stripe")
-            intents = found
-        done: list[Payment | Refund] = []
-        for intent in sorted(intents, key=lambda i: (i["created"], i["id"])):
-            if intent["status"] == "requires_capture":
-                done.append(self.cancel(intent["id"]))
-            elif intent["status"] in ("succeeded", "processing"):
-                try:
-                    done.append(self.refund(intent["id"]))
-                except ProviderRejected as exc:
-                    if exc.code != "charge_already_refunded":
-                        raise
-        return done
+        intents = flows.drive(flows.charged_intents(result, found), self._do)
+        return flows.drive(flows.undo(intents), self._do)
 
     # -- reconcilers ------------------------------------------------------------------------------
 
     def reconcile_charge(self, request: ReconcileRequest) -> Resolution[Payment]:
         """Did the in-doubt charge make a PaymentIntent? Found by the effect key in its metadata."""
-        record = request.record
-        found = self.find_payments(
-            request.identity.key,
-            since=record.created_at - self.search_margin,
-            customer=request.arguments.get("customer"),
-            age=record.updated_at - record.created_at,
-        )
-        if found is None:
-            return Unknown()
-        moved = [i for i in found if i["status"] in MONEY_MOVED]
-        if moved:
-            return Applied(Payment.of(moved[0]))
-        # Nothing, or only declined/canceled attempts: run it (within the key window the decline
-        # is replayed by Stripe and recorded as such).
-        return NOT_APPLIED
+        query = flows.charge_query(request, self.search_margin)
+        return flows.charge_resolution(self.find_payments(request.identity.key, **query))
 
     def reconcile_refund(self, request: ReconcileRequest) -> Resolution[Refund]:
         """Did the in-doubt refund happen? Refunds of the PaymentIntent, matched on metadata."""
-        key = request.identity.key
-        params = {"payment_intent": request.arguments["payment_intent"], "limit": 100}
-        found, complete = self._collect(
-            self.client.v1.refunds.list, params, lambda r: (r.get("metadata") or {}).get(METADATA_KEY) == key
-        )
-        if found:
-            return Applied(Refund.of(found[0]))
-        return NOT_APPLIED if complete else Unknown()
+        return flows.drive(flows.reconcile_refund(request, self.max_list_pages), self._do)
 
     def _reconcile_status(self, status: str) -> Callable[[ReconcileRequest], Resolution[Payment]]:
         def reconcile(request: ReconcileRequest) -> Resolution[Payment]:
-            intent = _plain(
-                self._get(self.client.v1.payment_intents.retrieve, request.arguments["payment_intent"])
-            )
-            return Applied(Payment.of(intent)) if intent["status"] == status else NOT_APPLIED
+            return flows.drive(flows.reconcile_status(request, status), self._do)
 
         return reconcile
 
@@ -388,21 +266,11 @@ class StripeEffects:
         search, which lags: a search miss is trusted only for a record older than ``search_lag``
         (``age``, the record's age).
         """
-
-        def mine(intent: Any) -> bool:
-            return bool((intent.get("metadata") or {}).get(METADATA_KEY) == effect_key)
-
-        params: dict[str, Any] = {"created": {"gte": max(0, int(since))}, "limit": 100}
-        if customer:
-            params["customer"] = customer
-        found, complete = self._collect(self.client.v1.payment_intents.list, params, mine)
-        if complete or found:
-            return found
-        query = {"query": f"metadata['{METADATA_KEY}']:'{effect_key}'", "limit": 100}
-        searched, _ = self._collect(self.client.v1.payment_intents.search, query, mine)
-        if searched or (age is not None and age > self.search_lag):
-            return searched
-        return None
+        flow = flows.find_payments(
+            effect_key, since=since, customer=customer, age=age, max_pages=self.max_list_pages,
+            search_lag=self.search_lag,
+        )  # fmt: skip
+        return flows.drive(flow, self._do)
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -422,55 +290,42 @@ class StripeEffects:
             arguments=arguments,
             key=key,
             result_type=result_type,
-            reconciler=reconciler,
-            provider_idempotent=True,
-            provider_window=self.key_window,
-            classify=classify,
-            permanent=replayable,
-            retry=self.retry,
+            **self._guard_options(reconciler),
         )
 
-    def _options(self, idempotency_key: str | None = None) -> Any:
-        options: dict[str, Any] = {"max_network_retries": self.network_retries}
-        if idempotency_key is not None:
-            options["idempotency_key"] = idempotency_key
-        return options
-
-    def _post(self, method: Callable[..., Any], params: Mapping[str, Any], *ids: str) -> Any:
+    def _post(self, resource: str, method: str, params: Mapping[str, Any], *ids: str) -> Any:
         provider_key = _current_effect().provider_key
         try:
-            return method(*ids, params, self._options(provider_key))
+            return getattr(getattr(self.client.v1, resource), method)(
+                *ids, params, self._options(provider_key)
+            )
         except stripe.StripeError as exc:
             raise map_error(exc, provider_key) from exc
 
-    def _get(self, method: Callable[..., Any], *args: Any) -> Any:
+    def _do(self, op: flows.Op) -> Any:
+        if isinstance(op, flows.Undo):
+            return self.cancel(op.payment_intent) if op.effect == CANCEL else self.refund(op.payment_intent)
         try:
-            return method(*args, options=self._options())
+            return getattr(getattr(self.client.v1, op.resource), op.method)(*op.args, options=self._options())
         except stripe.StripeError as exc:
             raise map_error(exc) from exc
 
-    def _collect(
-        self, method: Callable[..., Any], params: Mapping[str, Any], match: Callable[[Any], bool]
-    ) -> tuple[list[dict[str, Any]], bool]:
-        """The matching objects of a list or search, page by page, and whether it was exhausted
-        within ``max_list_pages`` pages."""
-        params = dict(params)
-        found: list[dict[str, Any]] = []
-        for _ in range(self.max_list_pages):
-            page = self._get(method, params)
-            found.extend(obj for obj in map(_plain, page.data) if match(obj))
-            if not page.has_more or not page.data:
-                return found, True
-            if getattr(page, "next_page", None):
-                params["page"] = page.next_page  # search
-            else:
-                params["starting_after"] = page.data[-1]["id"]  # list
-        return found, False
+
+Compensation = Callable[[_HasStepScope, Any, Payment | None], None]
+AsyncCompensation = Callable[[_HasStepScope, Any, Payment | None], Awaitable[None]]
 
 
+@overload
 def refund_compensation(
-    payments: StripeEffects, *, effect: str = CHARGE, ordinal: int = 0
-) -> Callable[[_HasStepScope, Any, Payment | None], None]:
+    payments: StripeEffects, *, effect: str = ..., ordinal: int = ..., use_async: Literal[False] = ...
+) -> Compensation: ...
+@overload
+def refund_compensation(
+    payments: StripeEffects, *, effect: str = ..., ordinal: int = ..., use_async: Literal[True]
+) -> AsyncCompensation: ...
+def refund_compensation(
+    payments: StripeEffects, *, effect: str = CHARGE, ordinal: int = 0, use_async: bool = False
+) -> Compensation | AsyncCompensation:
     """A saga step compensation that refunds what the step's charge made.
 
     ::
@@ -482,11 +337,20 @@ def refund_compensation(
     The compensation is called as ``(ctx, input, result)``; ``result`` is None when a crash came
     between the charge and its record, and the PaymentIntent is then found by the step's identity
     (``ctx.step_scope``, ``effect``, ``ordinal``). It runs inside the compensation's own scope, so its
-    refunds are guarded effects that happen once.
+    refunds are guarded effects that happen once. With ``use_async=True`` it is an ``async def``
+    over :meth:`StripeEffects.undo_charges_async`, for sagas run with ``SagaRunner.arun``.
     """
+    name = f"refund_{effect.replace('.', '_')}"
+    if use_async:
+
+        async def acompensate(ctx: _HasStepScope, input: Any, result: Payment | None) -> None:
+            await payments.undo_charges_async(ctx.step_scope, effect=effect, ordinal=ordinal, result=result)
+
+        acompensate.__name__ = name
+        return acompensate
 
     def compensate(ctx: _HasStepScope, input: Any, result: Payment | None) -> None:
         payments.undo_charges(ctx.step_scope, effect=effect, ordinal=ordinal, result=result)
 
-    compensate.__name__ = f"refund_{effect.replace('.', '_')}"
+    compensate.__name__ = name
     return compensate

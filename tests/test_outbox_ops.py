@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 import idempotency.outbox
 from idempotency import Guard, current_effect, scope
-from idempotency.outbox import Message, Outbox
+from idempotency.outbox import SCHEMA_VERSION, Message, Outbox
 from idempotency.outbox.cli import main as cli_main
 from idempotency.outbox.cli import status_line
 from idempotency.stores.memory import MemoryStore
@@ -270,7 +270,7 @@ def test_cli_operates_the_outbox(
     assert cli_main(["outbox", "status"]) == 2  # no table yet: told to migrate
     assert "sagaguard outbox migrate" in capsys.readouterr().err
     assert cli_main(["outbox", "migrate"]) == 0
-    assert "schema version 1" in capsys.readouterr().out
+    assert f"schema version {SCHEMA_VERSION}" in capsys.readouterr().out
     from idempotency.stores.sql import make_engine
 
     engine = make_engine(url)
@@ -342,9 +342,9 @@ def test_public_names() -> None:
             "DEFAULT_MAX_ATTEMPTS", "DEFAULT_RETENTION", "DEFAULT_TABLE", "MAX_PAYLOAD_BYTES", "METADATA",
             "SCHEMA_VERSION", "DeadLetter", "DeferredEffect", "Message", "MessageNotFound",
             "MessageStatus", "NotDead", "Outbox", "OutboxControl", "OutboxDb", "OutboxError", "OutboxRow",
-            "OutboxStatus", "Relay", "RelaySettings", "RelayStats", "check_schema", "create_tables",
-            "current_message", "default_backoff", "encode_payload", "enqueue", "migrate", "outbox_model",
-            "schema_version", "uuid7",
+            "OutboxStatus", "Relay", "RelaySettings", "RelayStats", "aenqueue", "check_schema",
+            "create_tables", "current_message", "default_backoff", "encode_payload", "enqueue", "migrate",
+            "outbox_model", "schema_version", "uuid7",
         ]
     )  # fmt: skip
     for name in idempotency.outbox.__all__:

@@ -35,7 +35,7 @@ from connectors.llm import ChatJournal
 from connectors.stripe import CHARGE, Payment, StripeEffects, refund_compensation
 from idempotency import Guard, Retry, open_store
 from idempotency.keys import EffectIdentity
-from idempotency.outbox import DEFAULT_TABLE, METADATA, Outbox
+from idempotency.outbox import Outbox
 from idempotency.testing import crash_point
 from saga import Saga, SagaRunner, StepContext, recover
 from saga.journals import open_journal
@@ -49,7 +49,6 @@ blocks the recovery."""
 NAIVE_CRASH = "naive_after_charge"
 """The :func:`~idempotency.testing.crash_point` the naive worker dies at (right after the charge)."""
 _QUICK = Retry(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.05))
-_OUTBOX = METADATA.tables[DEFAULT_TABLE]
 T = TypeVar("T")
 
 
@@ -163,12 +162,7 @@ def _trip_saga(
             subject=f"Your trip to {t.destination} is booked",
             text=f"Hotel {t.hotel}, reservation {ctx.result(reserve_hotel)}, {t.amount / 100:.2f} EUR.",
         )
-        with Session(engine) as session:  # enqueue once per step: a re-run finds the committed row
-            queued = session.scalars(
-                sa.select(_OUTBOX.c.id).where(_OUTBOX.c.aggregateid == ctx.step_scope)
-            ).first()
-            if queued is not None:
-                return str(queued)
+        with Session(engine) as session:  # once per step: a re-run gets the message it enqueued
             message_id = mail.send(session, confirmation)
             session.commit()
         return message_id

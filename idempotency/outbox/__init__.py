@@ -23,7 +23,13 @@ See ``docs/outbox.md`` for the guarantees, and DESIGN.md section 6.
 
 from idempotency.outbox.claims import OutboxDb
 from idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
-from idempotency.outbox.enqueue import DEFAULT_MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, encode_payload, enqueue
+from idempotency.outbox.enqueue import (
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_PAYLOAD_BYTES,
+    aenqueue,
+    encode_payload,
+    enqueue,
+)
 from idempotency.outbox.errors import MessageNotFound, NotDead, OutboxError
 from idempotency.outbox.handlers import DeferredEffect, Outbox
 from idempotency.outbox.model import (
@@ -65,6 +71,7 @@ __all__ = [
     "Relay",
     "RelaySettings",
     "RelayStats",
+    "aenqueue",
     "check_schema",
     "create_tables",
     "current_message",

@@ -40,8 +40,8 @@ _DEAD_COLUMNS = (
 )
 _ALL_COLUMNS = (
     "id, aggregatetype, aggregateid, type, payload, headers, traceparent, tracestate, provider_key, "
-    "status, attempts, max_attempts, available_at, lease_until, worker_id, last_error, created_at, "
-    "updated_at, delivered_at"
+    "dedup_key, status, attempts, max_attempts, available_at, lease_until, worker_id, last_error, "
+    "created_at, updated_at, delivered_at"
 )
 
 

@@ -10,11 +10,19 @@
 :func:`enqueue` inserts the row at once on the session's connection, inside the session's
 transaction (a savepoint included), so it commits with the business data or rolls back with it. A
 :class:`sqlalchemy.engine.Connection` works the same way. An ``AsyncSession`` cannot execute from
-sync code, so there the row is added to the session and inserted by its flush at commit.
+sync code, so there the row is added to the session and inserted by its flush at commit; or
+``await`` :func:`aenqueue`, which inserts it at once.
+
+With ``dedup_key=`` a message is enqueued once per key: the insert is ``ON CONFLICT (dedup_key) DO
+NOTHING``, so enqueueing again under the key, in any later transaction, inserts nothing and returns
+the message already there (a :class:`~idempotency.errors.KeyConflict` if its type or payload
+differ). The unique index makes it atomic: a concurrent enqueue under the key waits for the first
+transaction and then finds its row (Postgres), or is serialised behind it (SQLite).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import threading
@@ -25,13 +33,14 @@ from typing import Any
 import sqlalchemy as sa
 import sqlalchemy.orm
 from pydantic_core import to_jsonable_python
+from sqlalchemy.dialects import postgresql, sqlite
 
-from idempotency.errors import CodecError, ConfigurationError
+from idempotency.errors import CodecError, ConfigurationError, KeyConflict, StoreError
 from idempotency.keys import provider_key as derive_provider_key
-from idempotency.outbox.model import DEFAULT_TABLE, MessageStatus, db_epoch, outbox_model, uuid7
-from idempotency.outbox.telemetry import create_span
+from idempotency.outbox.model import DEFAULT_TABLE, MessageStatus, db_epoch, outbox_model, outbox_table, uuid7
+from idempotency.outbox.telemetry import CreateSpan
 
-__all__ = ["DEFAULT_MAX_ATTEMPTS", "MAX_PAYLOAD_BYTES", "encode_payload", "enqueue"]
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "MAX_PAYLOAD_BYTES", "aenqueue", "encode_payload", "enqueue"]
 
 DEFAULT_MAX_ATTEMPTS = 10
 MAX_PAYLOAD_BYTES = 1 << 20
@@ -87,6 +96,7 @@ def enqueue(
     aggregate_id: str | None = None,
     headers: Mapping[str, str] | None = None,
     provider_key: str | None = None,
+    dedup_key: str | None = None,
     delay: float = 0.0,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     message_id: uuid.UUID | None = None,
@@ -108,6 +118,10 @@ def enqueue(
         headers: string headers handed to the handler.
         provider_key: the idempotency key handed to the handler; default: one derived from the
             message id (stable across redeliveries).
+        dedup_key: enqueue once per key (no personal data in it): if a message with this key is
+            already in the table (committed, or earlier in this transaction), nothing is inserted
+            and its id is returned. Kept until the message is purged after delivery. Not with an
+            ``AsyncSession`` (use :func:`aenqueue`).
         delay: seconds before the message may be delivered.
         max_attempts: deliveries tried before the message is dead-lettered.
         message_id: the id to use: a UUIDv7 made now (:func:`~idempotency.outbox.uuid7`); one is made
@@ -117,12 +131,106 @@ def enqueue(
         max_payload_bytes: refuse larger payloads.
 
     Returns:
-        The message id.
+        The message id (with ``dedup_key``: of the message already there, if one is).
 
     Raises:
         CodecError: the payload is not JSON or too large.
+        KeyConflict: a message with ``dedup_key`` is there with another type or payload.
         ConfigurationError: any other bad argument.
     """
+    values, text_id = _values(
+        type, payload, aggregate_type=aggregate_type, aggregate_id=aggregate_id, headers=headers,
+        provider_key=provider_key, dedup_key=dedup_key, delay=delay, max_attempts=max_attempts,
+        message_id=message_id, clock=clock, max_payload_bytes=max_payload_bytes,
+    )  # fmt: skip
+    with CreateSpan(type, text_id, values["aggregateid"]) as span:
+        values["traceparent"], values["tracestate"] = span.traceparent, span.tracestate
+        if isinstance(session, sa.orm.Session):
+            return _created(span, text_id, _insert(session.connection(), table_name, values, text_id, delay))
+        if isinstance(session, sa.Connection):
+            return _created(span, text_id, _insert(session, table_name, values, text_id, delay))
+        if _is_async_session(session):
+            if dedup_key is not None:
+                # Finding the message already there takes a query, which sync code cannot await.
+                raise ConfigurationError("enqueue(dedup_key=) in an AsyncSession: use `await aenqueue(...)`")
+            # An AsyncSession cannot execute from sync code: the row joins its unit of work instead
+            # and is inserted by the flush at commit (or rolled back with the rest).
+            if clock is None and delay:
+                values["available_at"] = db_epoch() + float(delay)
+            session.add(_plain_model(table_name)(**values))
+            return text_id
+        raise ConfigurationError(
+            f"enqueue() takes a SQLAlchemy Session, AsyncSession or Connection, not {type_name(session)}"
+        )
+
+
+async def aenqueue(
+    session: Any,
+    type: str,
+    payload: Any = None,
+    *,
+    aggregate_type: str | None = None,
+    aggregate_id: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    provider_key: str | None = None,
+    dedup_key: str | None = None,
+    delay: float = 0.0,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    message_id: uuid.UUID | None = None,
+    table_name: str = DEFAULT_TABLE,
+    clock: Callable[[], float] | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+) -> str:
+    """:func:`enqueue` into an ``AsyncSession`` (SQLAlchemy's or SQLModel's): the row is inserted at
+    once on the session's connection, inside its transaction, so ``dedup_key`` works there too.
+
+    Raises:
+        CodecError, KeyConflict, ConfigurationError: as :func:`enqueue`.
+    """
+    values, text_id = _values(
+        type, payload, aggregate_type=aggregate_type, aggregate_id=aggregate_id, headers=headers,
+        provider_key=provider_key, dedup_key=dedup_key, delay=delay, max_attempts=max_attempts,
+        message_id=message_id, clock=clock, max_payload_bytes=max_payload_bytes,
+    )  # fmt: skip
+    if not _is_async_session(session):
+        raise ConfigurationError(f"aenqueue() takes an AsyncSession, not {type_name(session)}")
+    dialect = session.bind.dialect if session.bind is not None else session.sync_session.get_bind().dialect
+    with CreateSpan(type, text_id, values["aggregateid"]) as span:
+        values["traceparent"], values["tracestate"] = span.traceparent, span.tracestate
+        statement = _statement(dialect.name, table_name, values, delay)
+        if dedup_key is None:
+            await session.execute(statement)
+            return text_id
+        if (await session.execute(statement)).first() is not None:
+            return text_id
+        found = _existing((await session.execute(_lookup(table_name, dedup_key))).first(), values)
+        return _created(span, text_id, found)
+
+
+def _created(span: CreateSpan, text_id: str, message_id: str) -> str:
+    """``message_id``, marking the span when it is not the message just built (deduplicated)."""
+    if message_id != text_id:
+        span.found(message_id)
+    return message_id
+
+
+def _values(
+    type: str,
+    payload: Any,
+    *,
+    aggregate_type: str | None,
+    aggregate_id: str | None,
+    headers: Mapping[str, str] | None,
+    provider_key: str | None,
+    dedup_key: str | None,
+    delay: float,
+    max_attempts: int,
+    message_id: uuid.UUID | None,
+    clock: Callable[[], float] | None,
+    max_payload_bytes: int,
+) -> tuple[dict[str, Any], str]:
+    """The row's values and the message id as text, every argument checked (nothing is written
+    before this passes)."""
     _text("type", type)
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise ConfigurationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
@@ -149,24 +257,15 @@ def enqueue(
         "attempts": 0,
         "max_attempts": max_attempts,
     }
+    if dedup_key is not None:
+        values["dedup_key"] = _text("dedup_key", dedup_key)
     if now is not None:
         values.update(created_at=now, updated_at=now, available_at=now + delay)
-    values["traceparent"], values["tracestate"] = create_span(type, text_id, aggregate)
-    if isinstance(session, sa.orm.Session):
-        _insert(session.connection(), table_name, values, delay)
-    elif isinstance(session, sa.Connection):
-        _insert(session, table_name, values, delay)
-    elif callable(getattr(session, "add", None)) and hasattr(session, "sync_session"):
-        # An AsyncSession cannot execute from sync code: the row joins its unit of work instead
-        # and is inserted by the flush at commit (or rolled back with the rest).
-        if clock is None and delay:
-            values["available_at"] = db_epoch() + float(delay)
-        session.add(_plain_model(table_name)(**values))
-    else:
-        raise ConfigurationError(
-            f"enqueue() takes a SQLAlchemy Session, AsyncSession or Connection, not {type_name(session)}"
-        )
-    return text_id
+    return values, text_id
+
+
+def _is_async_session(session: Any) -> bool:
+    return callable(getattr(session, "add", None)) and hasattr(session, "sync_session")
 
 
 _COLUMNS = (
@@ -174,38 +273,97 @@ _COLUMNS = (
     "provider_key", "status", "attempts", "max_attempts",
 )  # fmt: skip
 _TIMES = ("created_at", "updated_at", "available_at")
-_insert_cache: dict[tuple[str, str, bool], tuple[str, tuple[str, ...] | None]] = {}
+_insert_cache: dict[tuple[str, str, bool, bool], tuple[str, tuple[str, ...] | None]] = {}
 _plain_cache: dict[str, type] = {}
 _cache_lock = threading.Lock()
 
 
-def _insert_sql(dialect: sa.Dialect, table_name: str, clocked: bool) -> tuple[str, tuple[str, ...] | None]:
-    """INSERT text for the driver (and the parameter order for positional drivers), built once."""
-    key = (dialect.name, table_name, clocked)
+def _insert_sql(
+    dialect: sa.Dialect, table_name: str, clocked: bool, keyed: bool
+) -> tuple[str, tuple[str, ...] | None]:
+    """INSERT text for the driver (and the parameter order for positional drivers), built once;
+    ``keyed``: with the dedup key, ``ON CONFLICT DO NOTHING``."""
+    key = (dialect.name, table_name, clocked, keyed)
     found = _insert_cache.get(key)
     if found is None:
-        model: Any = outbox_model(table_name)
         values: dict[str, Any] = {name: sa.bindparam(name) for name in _COLUMNS}
         if clocked:
             values.update({name: sa.bindparam(name) for name in _TIMES})
         else:
             values.update(created_at=db_epoch(), updated_at=db_epoch())
             values["available_at"] = db_epoch() + sa.bindparam("delay", type_=sa.Double())
-        compiled: Any = sa.insert(model.__table__).values(values).compile(dialect=dialect)
+        if keyed:
+            values["dedup_key"] = sa.bindparam("dedup_key")
+        compiled: Any = _upsert(dialect.name, table_name, values, keyed, returning=False).compile(
+            dialect=dialect
+        )
         found = (str(compiled.string), compiled.positiontup)
         with _cache_lock:
             _insert_cache[key] = found
     return found
 
 
-def _insert(conn: sa.Connection, table_name: str, values: dict[str, Any], delay: float) -> None:
-    """Insert on the caller's connection, inside its transaction, on the driver's fast path."""
+def _insert(conn: sa.Connection, table_name: str, values: dict[str, Any], text_id: str, delay: float) -> str:
+    """Insert on the caller's connection, inside its transaction, on the driver's fast path;
+    returns the message id (with a dedup key already taken: the message already there)."""
     dialect = conn.dialect
-    sql, order = _insert_sql(dialect, table_name, "created_at" in values)
+    keyed = "dedup_key" in values
+    sql, order = _insert_sql(dialect, table_name, "created_at" in values, keyed)
     params = dict(values, delay=float(delay))
     if dialect.name != "postgresql":
         params["id"] = values["id"].hex  # what sa.Uuid stores where there is no native UUID
-    conn.exec_driver_sql(sql, params if order is None else tuple(params[k] for k in order))
+    result = conn.exec_driver_sql(sql, params if order is None else tuple(params[k] for k in order))
+    # The row count says whether the upsert inserted: cheaper than RETURNING, which makes the
+    # driver build a result for one row.
+    if not keyed or result.rowcount == 1:
+        return text_id
+    return _existing(conn.execute(_lookup(table_name, values["dedup_key"])).first(), values)
+
+
+def _upsert(
+    dialect: str, table_name: str, row: dict[str, Any], keyed: bool, *, returning: bool = True
+) -> sa.Insert:
+    """The INSERT; ``keyed``: ``ON CONFLICT (dedup_key) DO NOTHING`` (``returning``: and
+    ``RETURNING id``, so a row comes back only if one was inserted)."""
+    table = outbox_table(table_name)
+    if not keyed:
+        return sa.insert(table).values(row)
+    insert = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+    upsert = insert.values(row).on_conflict_do_nothing(
+        index_elements=["dedup_key"], index_where=sa.text("dedup_key IS NOT NULL")
+    )
+    return upsert.returning(table.c.id) if returning else upsert
+
+
+def _statement(dialect: str, table_name: str, values: dict[str, Any], delay: float) -> sa.Insert:
+    """The INSERT as a Core statement with its values, for an AsyncSession (see :func:`_upsert`)."""
+    row = dict(values)
+    if "created_at" not in row:
+        row["available_at"] = db_epoch() + float(delay)  # created_at, updated_at: column defaults
+    return _upsert(dialect, table_name, row, "dedup_key" in row)
+
+
+def _lookup(table_name: str, dedup_key: str) -> sa.Select[Any]:
+    table = outbox_table(table_name)
+    return sa.select(table.c.id, table.c.type, table.c.payload).where(table.c.dedup_key == dedup_key)
+
+
+def _existing(row: Any, values: Mapping[str, Any]) -> str:
+    """The id of the message already enqueued under the dedup key, after checking it is the same
+    message (type and payload, compared as JSON so key order does not matter)."""
+    if row is None:
+        # The unique index refused the insert, yet no row has the key: it was purged in between.
+        raise StoreError("the outbox message under this dedup key vanished during enqueue; try again")
+    ident, type, payload = row
+    if type != values["type"] or json.loads(payload) != json.loads(values["payload"]):
+        raise KeyConflict(
+            values["dedup_key"], _digest(type, payload), _digest(values["type"], values["payload"])
+        )
+    return str(ident if isinstance(ident, uuid.UUID) else uuid.UUID(str(ident)))
+
+
+def _digest(type: str, payload: str) -> str:
+    return hashlib.sha256(f"{type}\n{payload}".encode()).hexdigest()
 
 
 def _plain_model(table_name: str) -> type:

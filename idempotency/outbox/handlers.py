@@ -18,6 +18,11 @@
 A deferred effect runs under the guard in the scope ``outbox/<message id>``, so a redelivery (a
 relay died after the call, before its ack) replays the recorded result instead of calling again,
 and its provider key is the message's :attr:`~idempotency.outbox.Message.provider_key`.
+
+Deferring is itself once per effect: inside a scope, :meth:`DeferredEffect.defer` enqueues under the
+effect's key (scope + name + ordinal, as an inline call would be keyed) as the message's dedup key,
+so a unit of work that runs again (a step re-run after a crash, before or after its transaction
+committed) finds the message it enqueued the first time instead of enqueueing a second one.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from idempotency.codec import Codec
 from idempotency.errors import ConfigurationError
 from idempotency.keys import EffectIdentity, current_scope, scope
 from idempotency.outbox.control import OutboxControl
-from idempotency.outbox.enqueue import DEFAULT_MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, enqueue
+from idempotency.outbox.enqueue import DEFAULT_MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, aenqueue, enqueue
 from idempotency.outbox.model import DEFAULT_TABLE, check_table_name, migrate, uuid7
 from idempotency.outbox.records import Message
 
@@ -116,26 +121,38 @@ class Outbox:
         aggregate_id: str | None = None,
         headers: Mapping[str, str] | None = None,
         provider_key: str | None = None,
+        dedup_key: str | None = None,
         delay: float = 0.0,
         max_attempts: int | None = None,
         message_id: Any = None,
     ) -> str:
         """:func:`~idempotency.outbox.enqueue` into this outbox's table, with its clock and limits."""
-        return enqueue(
-            session,
-            type,
-            payload,
-            aggregate_type=aggregate_type,
-            aggregate_id=aggregate_id,
-            headers=headers,
-            provider_key=provider_key,
-            delay=delay,
-            max_attempts=self.max_attempts if max_attempts is None else max_attempts,
-            message_id=message_id,
-            table_name=self.table_name,
-            clock=self.clock,
-            max_payload_bytes=self.max_payload_bytes,
-        )
+        return enqueue(session, type, payload, **self._options(locals()))
+
+    async def aenqueue(
+        self,
+        session: Any,
+        type: str,
+        payload: Any = None,
+        *,
+        aggregate_type: str | None = None,
+        aggregate_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        provider_key: str | None = None,
+        dedup_key: str | None = None,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+        message_id: Any = None,
+    ) -> str:
+        """:func:`~idempotency.outbox.aenqueue` (an ``AsyncSession``) into this outbox's table."""
+        return await aenqueue(session, type, payload, **self._options(locals()))
+
+    def _options(self, given: dict[str, Any]) -> dict[str, Any]:
+        options = {k: v for k, v in given.items() if k not in ("self", "session", "type", "payload")}
+        if options["max_attempts"] is None:
+            options["max_attempts"] = self.max_attempts
+        options.update(table_name=self.table_name, clock=self.clock, max_payload_bytes=self.max_payload_bytes)
+        return options
 
     def effect(
         self,
@@ -240,13 +257,28 @@ class DeferredEffect(Generic[P, R]):
     def defer(self, session: Any, /, *args: P.args, **kwargs: P.kwargs) -> str:
         """Enqueue the call in ``session``: a relay runs it, once, after the session commits.
 
+        Inside a scope the call is enqueued once per effect: its dedup key is the effect key
+        (scope, name, ordinal), so deferring it again when the unit of work re-runs, in this
+        transaction or a later one, enqueues nothing and returns the message already there (until it
+        is purged after delivery). Outside any scope every call enqueues a new message.
+
         Returns:
             The message id.
 
         Raises:
+            KeyConflict: this effect was deferred with other arguments.
             CodecError: an argument cannot travel as JSON.
-            ConfigurationError: the arguments do not fit the signature.
+            ConfigurationError: the arguments do not fit the signature; or ``session`` is an
+                ``AsyncSession`` inside a scope (``await`` :meth:`adefer`).
         """
+        return self._outbox.enqueue(session, self.name, **self._message(args, kwargs))
+
+    async def adefer(self, session: Any, /, *args: P.args, **kwargs: P.kwargs) -> str:
+        """:meth:`defer` into an ``AsyncSession`` (the row is inserted at once, in its transaction)."""
+        return await self._outbox.aenqueue(session, self.name, **self._message(args, kwargs))
+
+    def _message(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The enqueue arguments of a deferred call (consumes the effect's ordinal in its scope)."""
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -255,24 +287,29 @@ class DeferredEffect(Generic[P, R]):
         arguments = bound.arguments
         payload = {name: json.loads(self._codecs[name].encode(value)) for name, value in arguments.items()}
         message_id = uuid7(None if self._outbox.clock is None else self._outbox.clock())
+        try:
+            unit = current_scope()
+        except ConfigurationError:
+            unit = None
+        dedup_key = None
+        if unit is not None:
+            # Keyed as an inline call of the effect would be at this point of the unit of work.
+            ordinal = unit.next_ordinal(self.name)
+            dedup_key = EffectIdentity.of(self._guard.namespace, unit.id, self.name, ordinal).key
         if self._aggregate_id is not None:
             aggregate = self._aggregate_id(arguments)
         else:
-            try:
-                aggregate = current_scope().id
-            except ConfigurationError:
-                aggregate = str(message_id)
+            aggregate = unit.id if unit is not None else str(message_id)
         identity = EffectIdentity.of(self._guard.namespace, _scope_of(str(message_id)), self.name, 0)
-        return self._outbox.enqueue(
-            session,
-            self.name,
-            payload,
-            aggregate_type=self._aggregate_type,
-            aggregate_id=aggregate,
-            provider_key=identity.provider_key,
-            max_attempts=self._max_attempts,
-            message_id=message_id,
-        )
+        return {
+            "payload": payload,
+            "aggregate_type": self._aggregate_type,
+            "aggregate_id": aggregate,
+            "provider_key": identity.provider_key,
+            "dedup_key": dedup_key,
+            "max_attempts": self._max_attempts,
+            "message_id": message_id,
+        }
 
     def _arguments(self, message: Message) -> dict[str, Any]:
         payload = message.payload

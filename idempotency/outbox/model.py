@@ -60,8 +60,10 @@ __all__ = [
     "uuid7",
 ]
 
-SCHEMA_VERSION: Final = 1
-"""Version of the outbox table layout. A version that changes it ships a step in :func:`migrate`."""
+SCHEMA_VERSION: Final = 2
+"""Version of the outbox table layout. A version that changes it ships a step in :func:`migrate`.
+
+1: the first layout. 2: adds ``dedup_key`` and its partial unique index (enqueue once per key)."""
 
 DEFAULT_TABLE: Final = "sagaguard_outbox"
 SCHEMA_TABLE: Final = "sagaguard_schema"
@@ -177,6 +179,9 @@ class OutboxFields(_OutboxModel):
     tracestate: str | None = Field(default=None, sa_type=sa.Text)
     provider_key: str = Field(sa_type=sa.Text)
     """The idempotency key handed to the handler for providers that deduplicate."""
+    dedup_key: str | None = Field(default=None, sa_type=sa.Text)
+    """Enqueue once per key: a second enqueue under it finds this row instead (unique where not
+    NULL). A deferred effect's is its effect key. Never updated, so claims stay HOT updates."""
     status: str = Field(default=MessageStatus.PENDING, max_length=16)
     attempts: int = Field(default=0)
     """Claims so far: a relay that dies holding the message has used an attempt."""
@@ -192,6 +197,7 @@ class OutboxFields(_OutboxModel):
 
 
 _LIVE = "status = 'pending'"
+_KEYED = "dedup_key IS NOT NULL"
 _BLOCKING = "status IN ('pending', 'dead')"
 
 
@@ -211,6 +217,14 @@ def _indexes(table: str) -> tuple[sa.Index, ...]:
             sqlite_where=blocking,
         ),
         sa.Index(f"ix_{table}_dead", "id", postgresql_where=dead, sqlite_where=dead),
+        # Enqueue once per dedup key (``ON CONFLICT DO NOTHING``); rows without one cost no entry.
+        sa.Index(
+            f"ux_{table}_dedup",
+            "dedup_key",
+            unique=True,
+            postgresql_where=sa.text(_KEYED),
+            sqlite_where=sa.text(_KEYED),
+        ),
         # No index on delivered rows: every ack would pay for one. Purge walks the primary key,
         # which is creation order, up to the id of the retention cutoff.
     )
@@ -347,9 +361,9 @@ def migrate(engine: sa.Engine, table_name: str = DEFAULT_TABLE) -> int:
                     f"sagaguard's {SCHEMA_VERSION}: upgrade sagaguard"
                 )
             METADATA.create_all(conn, tables=[table])
-            # Future versions: `if recorded == 1: <ALTER ...>` steps go here, in order.
+            quoted = engine.dialect.identifier_preparer.quote(table_name)
+            _upgrade(conn, table_name, quoted)
             if dialect == "postgresql":
-                quoted = engine.dialect.identifier_preparer.quote(table_name)
                 for statement in _notify_ddl(table_name, quoted):
                     conn.exec_driver_sql(statement)
                 conn.exec_driver_sql(f"ALTER TABLE {quoted} SET (fillfactor = {_FILLFACTOR})")
@@ -361,6 +375,18 @@ def migrate(engine: sa.Engine, table_name: str = DEFAULT_TABLE) -> int:
     except sa_exc.SQLAlchemyError as exc:
         raise _translate(exc) from exc
     return SCHEMA_VERSION
+
+
+def _upgrade(conn: sa.Connection, table_name: str, quoted: str) -> None:
+    """The upgrade steps, in order, each applied only where it is missing (so a table of any older
+    version, or one made by hand, ends at :data:`SCHEMA_VERSION`)."""
+    # 1 -> 2: the dedup key. A nullable column without a default is a catalog change only (no
+    # table rewrite); the partial index starts empty, since every older row has no key.
+    columns = {column["name"] for column in sa.inspect(conn).get_columns(table_name)}
+    if "dedup_key" not in columns:
+        conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN dedup_key TEXT")
+    index = conn.dialect.identifier_preparer.quote(f"ux_{table_name}_dedup")
+    conn.exec_driver_sql(f"CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {quoted} (dedup_key) WHERE {_KEYED}")
 
 
 create_tables = migrate

@@ -6,8 +6,10 @@ the row, and the relay's ``send`` span (kind PRODUCER: the relay sends the messa
 handler) *links* to it, so a trace shows which request's transaction a delivery came from even when
 the relay runs hours later in another process. Attributes: ``messaging.system`` (``sagaguard``),
 ``messaging.operation.name``/``.type``, ``messaging.destination.name`` (the message type),
-``messaging.message.id``, ``messaging.message.conversation_id`` (the aggregate id), and on
-``send`` ``sagaguard.outbox.attempt``. Payloads, headers and provider keys never go on spans.
+``messaging.message.id``, ``messaging.message.conversation_id`` (the aggregate id), on ``send``
+``sagaguard.outbox.attempt``, and on a ``create`` that found its message already enqueued under its
+dedup key ``sagaguard.outbox.deduplicated`` (its message id is then that message's: nothing new
+was written). Payloads, headers, provider keys and dedup keys never go on spans.
 
 Metrics: ``sagaguard.outbox.delivered``, ``.failed`` (an attempt failed and will be retried) and
 ``.dead`` counters; ``sagaguard.outbox.depth`` and ``sagaguard.outbox.oldest_age`` gauges, fed by
@@ -29,7 +31,7 @@ from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
 
 __all__ = [
     "SYSTEM",
-    "create_span",
+    "CreateSpan",
     "dead_counter",
     "delivered_counter",
     "failed_counter",
@@ -106,29 +108,49 @@ def tracing_enabled() -> bool:
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
-def create_span(destination: str, message_id: str, aggregate_id: str) -> tuple[str | None, str | None]:
-    """Record the ``create`` span of an enqueued message; returns its (traceparent, tracestate).
+class CreateSpan:
+    """The ``create`` span of an enqueue, open while the row is written (a context manager).
 
-    The span is a child of the current span (the business transaction's) and ends at once: it
-    marks where the message was written. Both values are None when nothing is recording.
+    :attr:`traceparent` and :attr:`tracestate` are its W3C context, to store on the row (both None
+    when nothing is recording). The span is a child of the current span (the business
+    transaction's); :meth:`found` marks an enqueue that found its message already there.
     """
-    if not tracing_enabled():
-        return None, None
-    span = tracer.start_span(
-        f"create {destination}",
-        kind=trace.SpanKind.PRODUCER,
-        attributes=_attributes("create", destination, message_id, aggregate_id),
-    )
-    try:
+
+    __slots__ = ("_span", "traceparent", "tracestate")
+
+    def __init__(self, destination: str, message_id: str, aggregate_id: str) -> None:
+        self._span: trace.Span | None = None
+        self.traceparent: str | None = None
+        self.tracestate: str | None = None
+        if not tracing_enabled():
+            return
+        span = tracer.start_span(
+            f"create {destination}",
+            kind=trace.SpanKind.PRODUCER,
+            attributes=_attributes("create", destination, message_id, aggregate_id),
+        )
+        self._span = span
         context = span.get_span_context()
-        if not context.is_valid:
-            return None, None
-        flags = int(context.trace_flags) & 0xFF
-        traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
-        tracestate = context.trace_state.to_header() if context.trace_state else None
-        return traceparent, tracestate or None
-    finally:
-        span.end()
+        if context.is_valid:
+            flags = int(context.trace_flags) & 0xFF
+            self.traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
+            self.tracestate = (context.trace_state.to_header() if context.trace_state else None) or None
+
+    def found(self, message_id: str) -> None:
+        """The enqueue wrote nothing: the message ``message_id`` was already there under its key."""
+        if self._span is not None:
+            self._span.set_attribute("messaging.message.id", message_id)
+            self._span.set_attribute("sagaguard.outbox.deduplicated", True)
+
+    def __enter__(self) -> CreateSpan:
+        return self
+
+    def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if self._span is not None:
+            if exc is not None:
+                self._span.set_attribute("error.type", type(exc).__qualname__)
+                self._span.set_status(trace.StatusCode.ERROR)
+            self._span.end()
 
 
 def linked_context(traceparent: str | None, tracestate: str | None) -> SpanContext | None:

@@ -1,0 +1,202 @@
+"""The ``_async`` methods of :class:`connectors.stripe.StripeEffects`: the same effects, reconcilers
+and compensation as the sync methods, awaited on the SDK's async API (``create_async``, ...).
+
+Each method is a thin driver: the requests, the error mapping and the reconciling decisions are
+those of :mod:`connectors._stripe_flows`, shared with the sync methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import stripe
+
+from connectors import _stripe_flows as flows
+from connectors._stripe_base import StripeBase
+from connectors._stripe_objects import CANCEL, CAPTURE, CHARGE, REFUND, Payment, Refund, Resolution
+from idempotency.effect import ReconcileRequest
+from idempotency.effect import current_effect as _current_effect
+from idempotency.keys import EffectIdentity
+
+T = TypeVar("T")
+
+
+class AsyncStripeMethods(StripeBase):
+    """The async half of :class:`connectors.stripe.StripeEffects`."""
+
+    async def charge_async(
+        self,
+        amount: int,
+        currency: str,
+        *,
+        payment_method: str,
+        customer: str | None = None,
+        capture: bool = True,
+        description: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        key: str | None = None,
+    ) -> Payment:
+        """The async twin of :meth:`~connectors.stripe.StripeEffects.charge`: the same effect
+        (``stripe.charge``, same key, same record), so a charge made by either is replayed by both."""
+        request = flows.ChargeRequest(
+            amount, currency, payment_method, customer, capture, description, metadata
+        )
+
+        async def call() -> Payment:
+            params = request.params(_current_effect().key)
+            return Payment.of(await self._post_async("payment_intents", "create", params))
+
+        return await self._run_async(
+            CHARGE,
+            call,
+            arguments=request.arguments(),
+            key=key,
+            result_type=Payment,
+            reconciler=self.reconcile_charge_async,
+        )
+
+    async def capture_async(
+        self, payment_intent: str, *, amount: int | None = None, key: str | None = None
+    ) -> Payment:
+        """The async twin of :meth:`~connectors.stripe.StripeEffects.capture`."""
+
+        async def call() -> Payment:
+            params = flows.capture_params(amount)
+            return Payment.of(await self._post_async("payment_intents", "capture", params, payment_intent))
+
+        arguments = {"payment_intent": payment_intent, "amount": amount}
+        return await self._run_async(
+            CAPTURE,
+            call,
+            arguments=arguments,
+            key=key,
+            result_type=Payment,
+            reconciler=self._reconcile_status_async("succeeded"),
+        )
+
+    async def cancel_async(self, payment_intent: str, *, key: str | None = None) -> Payment:
+        """The async twin of :meth:`~connectors.stripe.StripeEffects.cancel`."""
+
+        async def call() -> Payment:
+            return Payment.of(await self._post_async("payment_intents", "cancel", {}, payment_intent))
+
+        arguments = {"payment_intent": payment_intent}
+        return await self._run_async(
+            CANCEL,
+            call,
+            arguments=arguments,
+            key=key,
+            result_type=Payment,
+            reconciler=self._reconcile_status_async("canceled"),
+        )
+
+    async def refund_async(
+        self,
+        payment_intent: str,
+        *,
+        amount: int | None = None,
+        reason: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        key: str | None = None,
+    ) -> Refund:
+        """The async twin of :meth:`~connectors.stripe.StripeEffects.refund`."""
+        request = flows.RefundRequest(payment_intent, amount, reason, metadata)
+
+        async def call() -> Refund:
+            params = request.params(_current_effect().key)
+            return Refund.of(await self._post_async("refunds", "create", params))
+
+        return await self._run_async(
+            REFUND,
+            call,
+            arguments=request.arguments(),
+            key=key,
+            result_type=Refund,
+            reconciler=self.reconcile_refund_async,
+        )
+
+    async def undo_charges_async(
+        self, scope: str, *, effect: str = CHARGE, ordinal: int = 0, result: Payment | None = None
+    ) -> list[Payment | Refund]:
+        """The async twin of :meth:`~connectors.stripe.StripeEffects.undo_charges`."""
+        identity = EffectIdentity.of(self.guard.namespace, scope, effect, ordinal)
+        found = None
+        if result is None:
+            # The store is sync: a SQL read must not block the event loop.
+            record = await asyncio.to_thread(self.guard.store.get, identity.key)
+            if record is None:
+                return []  # never claimed: the charge was not attempted
+            found = await self.find_payments_async(identity.key, since=record.created_at - self.search_margin)
+        intents = await flows.adrive(flows.charged_intents(result, found), self._do_async)
+        return await flows.adrive(flows.undo(intents), self._do_async)
+
+    async def reconcile_charge_async(self, request: ReconcileRequest) -> Resolution[Payment]:
+        """The async twin of :meth:`~connectors.stripe.StripeEffects.reconcile_charge`."""
+        query = flows.charge_query(request, self.search_margin)
+        return flows.charge_resolution(await self.find_payments_async(request.identity.key, **query))
+
+    async def reconcile_refund_async(self, request: ReconcileRequest) -> Resolution[Refund]:
+        """The async twin of :meth:`~connectors.stripe.StripeEffects.reconcile_refund`."""
+        return await flows.adrive(flows.reconcile_refund(request, self.max_list_pages), self._do_async)
+
+    async def find_payments_async(
+        self, effect_key: str, *, since: float, customer: str | None = None, age: float | None = None
+    ) -> list[dict[str, Any]] | None:
+        """The async twin of :meth:`~connectors.stripe.StripeEffects.find_payments`."""
+        flow = flows.find_payments(
+            effect_key, since=since, customer=customer, age=age, max_pages=self.max_list_pages,
+            search_lag=self.search_lag,
+        )  # fmt: skip
+        return await flows.adrive(flow, self._do_async)
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def _reconcile_status_async(
+        self, status: str
+    ) -> Callable[[ReconcileRequest], Awaitable[Resolution[Payment]]]:
+        async def reconcile(request: ReconcileRequest) -> Resolution[Payment]:
+            return await flows.adrive(flows.reconcile_status(request, status), self._do_async)
+
+        return reconcile
+
+    async def _run_async(
+        self,
+        name: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        arguments: Mapping[str, Any],
+        key: str | None,
+        result_type: type[T],
+        reconciler: Callable[[ReconcileRequest], Awaitable[Any]],
+    ) -> T:
+        return await self.guard.arun(
+            name,
+            call,
+            arguments=arguments,
+            key=key,
+            result_type=result_type,
+            **self._guard_options(reconciler),
+        )
+
+    def _async_method(self, resource: str, method: str) -> Callable[..., Awaitable[Any]]:
+        service = getattr(self.async_client.v1, resource)
+        return getattr(service, f"{method}_async")  # type: ignore[no-any-return]
+
+    async def _post_async(self, resource: str, method: str, params: Mapping[str, Any], *ids: str) -> Any:
+        provider_key = _current_effect().provider_key
+        try:
+            return await self._async_method(resource, method)(*ids, params, self._options(provider_key))
+        except stripe.StripeError as exc:
+            raise flows.map_error(exc, provider_key) from exc
+
+    async def _do_async(self, op: flows.Op) -> Any:
+        if isinstance(op, flows.Undo):
+            if op.effect == CANCEL:
+                return await self.cancel_async(op.payment_intent)
+            return await self.refund_async(op.payment_intent)
+        try:
+            return await self._async_method(op.resource, op.method)(*op.args, options=self._options())
+        except stripe.StripeError as exc:
+            raise flows.map_error(exc) from exc
