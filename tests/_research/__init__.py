@@ -1,0 +1,13 @@
+"""The research-agent crash experiment (issue 6): a fake world, framework children, and the sweep.
+
+- :mod:`_research.world`: the model, search/fetch tools, Stripe and SMTP the agents run against,
+  counting every call; the deterministic plan and the expected clean-run report.
+- :mod:`_research.langgraph_child`: the LangGraph research agent, run as a child process.
+- :mod:`_research.sweep`: clean run, then SIGKILL at each kill point and resume; measured at the world.
+- :mod:`_research.agents_child`: the OpenAI Agents SDK variant (a plug-in of the sweep).
+
+``bench/research_agent.py`` runs the full sweep of every variant and writes the docs table.
+
+Import as ``_research.*`` with ``tests/`` on ``sys.path`` (as the suite does: pytest puts it there
+for ``tests/conftest.py``); children are started with the project root and ``tests/`` on PYTHONPATH.
+"""

@@ -1,0 +1,520 @@
+"""The fake world the research agents run against: a model, search and fetch, Stripe, SMTP.
+
+::
+
+    with ResearchWorld() as world:
+        client = openai.OpenAI(api_key="sk-local", base_url=world.model_base_url)
+        payments = stripe.StripeClient(world.stripe.api_key, base_addresses={"api": world.stripe.api_base})
+        ...                                     # run the agent (in a child process, to SIGKILL it)
+        world.counters()["charges"]             # what the world saw: the evidence survives the kill
+        world.reset()                           # between runs
+
+:class:`ResearchWorld` (context manager) starts
+
+- the research server, in its own process (it survives a SIGKILLed agent): an OpenAI-compatible
+  ``POST {model_base_url}/chat/completions`` (non-streaming, ``tools`` supported, ``store=true`` with
+  ``metadata`` and ``GET .../chat/completions?metadata[k]=v`` as OpenAI's stored completions, so
+  ``connectors.llm.ChatJournal(store_at_provider=True)`` can reconcile), ``GET {tools_url}/search?q=``
+  (``{"query", "results": [{"url", "title"}] * N_PAGES}``) and ``GET {tools_url}/fetch?url=``
+  (``{"url", "text"}``: :func:`page_text`);
+- a :class:`~connectors.testing.LocalStripe` in its own process (``world.stripe``: ``api_key``,
+  ``api_base``);
+- a :class:`~connectors.testing.smtp.SmtpSink` in this process (``smtp_host``, ``smtp_port``;
+  ``world.emails()`` lists what it accepted).
+
+``counters()`` merges them: ``model_calls`` (answers generated: what is paid for), ``prompt_tokens``,
+``completion_tokens``, ``model_calls_<task>`` per task kind, ``searches``, ``fetches``, ``charges``
+(Stripe card charges), ``payment_intents``, ``emails``; ``reset()`` forgets everything everywhere.
+
+The model. Deterministic in content, fresh in identity (random ``chatcmpl-...`` and ``call_...`` ids,
+like a real provider: an answer asked again is a new answer with new ids). What it does is selected by
+the first system (or developer) message, which starts with ``TASK <kind>``; the *user message* below
+is the last ``user`` message of the request:
+
+- ``TASK summarize``: answers :func:`summary_of` (user message), the user message being the page text.
+- ``TASK check``: answers :func:`verdict_of` (user message), the user message being :func:`check_prompt`.
+- ``TASK write``: answers :func:`report_of` (user message), the user message being :func:`write_prompt`.
+- ``TASK agent``: a tool-calling agent loop. The first user message is the topic. Each answer is the
+  next step of the fixed plan, read off the tool results in the conversation so far (tool results
+  are matched to the assistant's ``tool_calls`` by ``tool_call_id``; one tool call per answer):
+
+  ============== ======================================================= ==================================
+  step           tool call arguments                                     the tool must return (verbatim)
+  ============== ======================================================= ==================================
+  1              ``search(query=<topic>)``                               anything (the URLs are
+                                                                         :func:`page_urls` (topic))
+  2..12          ``fetch(url=page_urls(topic)[i])``                      the page text (:func:`page_text`)
+  13..23         ``summarize(url=<url i>, text=<fetch result i>)``       the model's ``TASK summarize``
+                                                                         answer for ``text``
+  24..38         ``check_claim(claim=claims_for(topic)[j])``             the ``TASK check`` answer for
+                                                                         ``check_prompt(claim)``
+  39             ``write_report(topic=<topic>, summaries=[11 summarize   the ``TASK write`` answer for
+                 results], verdicts=[15 check_claim results])``          ``write_prompt(topic, s, v)``
+  40             ``pay(amount=REPORT_PRICE, currency="usd",              anything (a charge id)
+                 description="Research report <digest>")``
+  41             ``send_email(to=RECIPIENT, subject="Research report     anything (a message id)
+                 <digest>", body=<report>)``
+  42             final text :func:`final_answer` (report) (no tool call)
+  ============== ======================================================= ==================================
+
+  ``<report>`` is the ``write_report`` result and ``<digest>`` its :func:`report_digest`. The clean
+  run is 42 ``TASK agent`` answers + 11 summarize + 15 check + 1 write = :data:`AGENT_MODEL_CALLS`.
+
+- anything else: answers ``"ok"``.
+
+Usage is counted as a real server reports it: ``prompt_tokens`` is the request's messages JSON
+length / 4, ``completion_tokens`` the answer's.
+
+The content functions (:func:`page_urls`, :func:`page_text`, :func:`summary_of`, :func:`claims_for`,
+:func:`check_prompt`, :func:`verdict_of`, :func:`write_prompt`, :func:`report_of`,
+:func:`report_digest`) are pure, so :func:`expected_report` (topic) is the clean-run report every
+variant compares with. ``python tests/_research/world.py --serve`` runs the research server alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+import urllib.parse
+import uuid
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script (the server process): import this checkout
+    sys.path.insert(0, str(ROOT))
+
+from connectors.testing._service import LocalService, Reply, Request, serve  # noqa: E402
+from connectors.testing.chat_server import ChatApp  # noqa: E402
+from connectors.testing.smtp import Received, SmtpSink  # noqa: E402
+from connectors.testing.stripe_server import LocalStripe  # noqa: E402
+
+__all__ = [
+    "AGENT_MODEL_CALLS",
+    "AGENT_STEPS",
+    "CLEAN_MODEL_CALLS",
+    "N_CLAIMS",
+    "N_PAGES",
+    "RECIPIENT",
+    "REPORT_PRICE",
+    "SENDER",
+    "TOOL_NAMES",
+    "TOPIC",
+    "ResearchApp",
+    "ResearchWorld",
+    "agent_step",
+    "answer",
+    "check_prompt",
+    "claims_for",
+    "expected_report",
+    "final_answer",
+    "page_text",
+    "page_urls",
+    "report_digest",
+    "report_of",
+    "summary_of",
+    "task_of",
+    "verdict_of",
+    "write_prompt",
+]
+
+N_PAGES = 11
+"""Pages the search returns, fetched and summarized one model call each."""
+N_CLAIMS = 15
+"""Claims cross-checked, one model call each."""
+TOPIC = "durable execution for AI agents"
+"""The default research topic (the agents' user message)."""
+REPORT_PRICE = 4900
+"""What the report costs, in cents (USD)."""
+RECIPIENT = "reader@example.com"
+"""Who the report is emailed to."""
+SENDER = "research-agent@example.com"
+"""Who sends it (a suggestion; the world does not check it)."""
+TOOL_NAMES = ("search", "fetch", "summarize", "check_claim", "write_report", "pay", "send_email")
+"""The tool names the ``TASK agent`` model calls."""
+CLEAN_MODEL_CALLS = N_PAGES + N_CLAIMS + 1
+"""Model calls of a clean run of a graph that calls the model per page, per claim and for the report."""
+AGENT_STEPS = 1 + N_PAGES + N_PAGES + N_CLAIMS + 1 + 1 + 1 + 1
+"""``TASK agent`` answers in a clean agent-loop run (the last one is the final text)."""
+AGENT_MODEL_CALLS = AGENT_STEPS + CLEAN_MODEL_CALLS
+"""Model calls of a clean agent-loop run: the loop's answers plus the tools' own model calls."""
+
+_VOCABULARY = (
+    "agent checkpoint saga compensation ledger idempotency replay crash resume journal effect "
+    "lease fencing token provider webhook outbox relay retry backoff timeout durable workflow "
+    "activity step node graph tool model token budget invoice charge refund email report claim "
+    "evidence latency throughput consistency isolation recovery operator signal deadline"
+)
+_WORDS = tuple(_VOCABULARY.split())
+
+
+# ---------------------------------------------------------------------------------- the content
+
+
+def _h(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "topic"
+
+
+def page_urls(query: str) -> list[str]:
+    """The :data:`N_PAGES` result URLs of a search for ``query``, in order."""
+    return [f"https://papers.example/{_slug(query)}/p{i:02d}" for i in range(1, N_PAGES + 1)]
+
+
+def page_text(url: str) -> str:
+    """The text ``/fetch`` serves for ``url``: a title line and some deterministic prose."""
+    digest = _h(url)
+    words = [_WORDS[int(digest[i : i + 2], 16) % len(_WORDS)] for i in range(0, 64, 2)]
+    sentences = [" ".join(words[i : i + 8]).capitalize() + "." for i in range(0, len(words), 8)]
+    return f"Page {url}\n" + " ".join(sentences)
+
+
+def summary_of(text: str) -> str:
+    """The ``TASK summarize`` answer for a page text."""
+    title = text.splitlines()[0] if text else ""
+    words = sorted(set(re.findall(r"[a-z]+", text.lower())) & set(_WORDS))[:6]
+    return f"Summary of {title.removeprefix('Page ')}: {', '.join(words)} [{_h(text)[:8]}]"
+
+
+def claims_for(topic: str) -> list[str]:
+    """The :data:`N_CLAIMS` claims to cross-check for ``topic``, in order."""
+    return [
+        f"Claim {j + 1}: {topic} needs {_WORDS[int(_h(f'{topic}/{j}')[:4], 16) % len(_WORDS)]}"
+        for j in range(N_CLAIMS)
+    ]
+
+
+def check_prompt(claim: str) -> str:
+    """The ``TASK check`` user message for ``claim``."""
+    return f"Check this claim against the literature: {claim}"
+
+
+def verdict_of(prompt: str) -> str:
+    """The ``TASK check`` answer for a :func:`check_prompt`."""
+    labels = ("SUPPORTED", "REFUTED", "UNCLEAR")
+    claim = prompt.removeprefix("Check this claim against the literature: ")
+    return f"{labels[int(_h(prompt)[:2], 16) % 3]}: {claim}"
+
+
+def write_prompt(topic: str, summaries: Sequence[str], verdicts: Sequence[str]) -> str:
+    """The ``TASK write`` user message."""
+    return "\n".join(
+        [f"TOPIC: {topic}", "SUMMARIES:", *summaries, "VERDICTS:", *verdicts, "Write the report."]
+    )
+
+
+def report_of(prompt: str) -> str:
+    """The ``TASK write`` answer (the report) for a :func:`write_prompt`."""
+    lines = prompt.splitlines()
+    topic = lines[0].removeprefix("TOPIC: ") if lines else ""
+    cut = lines.index("VERDICTS:") if "VERDICTS:" in lines else len(lines)
+    summaries = [line for line in lines[2:cut]]
+    verdicts = [line for line in lines[cut + 1 :] if line != "Write the report."]
+    supported = sum(v.startswith("SUPPORTED") for v in verdicts)
+    return "\n".join(
+        [
+            f"# Research report: {topic}",
+            f"Sources: {len(summaries)}. Claims checked: {len(verdicts)}, {supported} supported.",
+            "## Findings",
+            *(f"- {s}" for s in summaries),
+            "## Claims",
+            *(f"- {v}" for v in verdicts),
+            f"Evidence digest: {_h(prompt)[:16]}",
+        ]
+    )
+
+
+def report_digest(report: str) -> str:
+    """A short digest of a report (16 hex digits)."""
+    return _h(report)[:16]
+
+
+def final_answer(report: str) -> str:
+    """The ``TASK agent`` final text once the report was written, paid and emailed."""
+    return f"Done: report {report_digest(report)} written, paid for and emailed to {RECIPIENT}."
+
+
+def expected_report(topic: str = TOPIC) -> str:
+    """The report of a clean run: what every variant's final report must equal."""
+    summaries = [summary_of(page_text(url)) for url in page_urls(topic)]
+    verdicts = [verdict_of(check_prompt(claim)) for claim in claims_for(topic)]
+    return report_of(write_prompt(topic, summaries, verdicts))
+
+
+# ------------------------------------------------------------------------------------- the model
+
+
+def _text(content: Any) -> str:
+    """A message's content as text (a string, or a list of ``{"type": "text", "text": ...}`` parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def agent_step(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``TASK agent`` answer (an assistant message) for a conversation: the plan's next step."""
+    users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    topic = users[0].strip() if users else TOPIC
+    names: dict[str, str] = {}
+    for m in messages:
+        for call in m.get("tool_calls") or ():
+            names[str(call.get("id"))] = str(call.get("function", {}).get("name"))
+    results: dict[str, list[str]] = {name: [] for name in TOOL_NAMES}
+    for m in messages:
+        if m.get("role") == "tool":
+            name = names.get(str(m.get("tool_call_id")), "")
+            results.setdefault(name, []).append(_text(m.get("content")))
+    urls, claims = page_urls(topic), claims_for(topic)
+    done = {name: len(found) for name, found in results.items()}
+    call: dict[str, Any] | None = None
+    if done["search"] == 0:
+        call = _call("search", {"query": topic})
+    elif done["fetch"] < N_PAGES:
+        call = _call("fetch", {"url": urls[done["fetch"]]})
+    elif done["summarize"] < N_PAGES:
+        i = done["summarize"]
+        call = _call("summarize", {"url": urls[i], "text": results["fetch"][i]})
+    elif done["check_claim"] < N_CLAIMS:
+        call = _call("check_claim", {"claim": claims[done["check_claim"]]})
+    elif done["write_report"] == 0:
+        summaries, verdicts = results["summarize"][:N_PAGES], results["check_claim"][:N_CLAIMS]
+        call = _call("write_report", {"topic": topic, "summaries": summaries, "verdicts": verdicts})
+    else:
+        report = results["write_report"][0]
+        digest = report_digest(report)
+        if done["pay"] == 0:
+            pay = {"amount": REPORT_PRICE, "currency": "usd", "description": f"Research report {digest}"}
+            call = _call("pay", pay)
+        elif done["send_email"] == 0:
+            args = {"to": RECIPIENT, "subject": f"Research report {digest}", "body": report}
+            call = _call("send_email", args)
+        else:
+            return {"role": "assistant", "content": final_answer(report)}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def task_of(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The task kind named by the first system/developer message (``"TASK agent ..."`` -> ``agent``)."""
+    for m in messages:
+        if m.get("role") in ("system", "developer"):
+            found = re.match(r"\s*TASK\s+(\w+)", _text(m.get("content")))
+            return found.group(1) if found else ""
+    return ""
+
+
+def answer(messages: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The task kind and the assistant message the model answers ``messages`` with."""
+    task = task_of(messages)
+    users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    last = users[-1] if users else ""
+    if task == "agent":
+        return task, agent_step(messages)
+    pure = {"summarize": summary_of, "check": verdict_of, "write": report_of}
+    content = pure[task](last) if task in pure else "ok"
+    return task, {"role": "assistant", "content": content}
+
+
+class ResearchApp(ChatApp):
+    """The research server: the :class:`ChatApp` protocol with the research model, plus search/fetch."""
+
+    def handle(self, request: Request) -> Reply:
+        if request.method == "GET" and request.path in ("/search", "/fetch"):
+            params = dict(urllib.parse.parse_qsl(request.query))
+            with self.lock:
+                self._inc("requests")
+                self._inc("searches" if request.path == "/search" else "fetches")
+            if request.path == "/search":
+                query = params.get("q", "")
+                results = [{"url": u, "title": f"{query} ({i + 1})"} for i, u in enumerate(page_urls(query))]
+                return Reply(HTTPStatus.OK, {"query": query, "results": results})
+            url = params.get("url", "")
+            if not url:
+                return Reply(HTTPStatus.BAD_REQUEST, {"error": "url is required"})
+            return Reply(HTTPStatus.OK, {"url": url, "text": page_text(url)})
+        return super().handle(request)
+
+    def _complete(self, body: Mapping[str, Any]) -> Reply:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not body.get("model"):
+            return Reply(HTTPStatus.BAD_REQUEST, {"error": {"message": "model and messages are required"}})
+        if body.get("stream"):
+            return Reply(HTTPStatus.BAD_REQUEST, {"error": {"message": "streaming is not supported"}})
+        task, message = answer(messages)
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        prompt = max(1, len(json.dumps(messages)) // 4)
+        completion = max(1, len(json.dumps(message)) // 4)
+        reply = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+            "metadata": body.get("metadata"),
+        }
+        with self.lock:
+            self._inc("completions")
+            self._inc(f"completions_{task or 'other'}")
+            self._inc("prompt_tokens", prompt)
+            self._inc("completion_tokens", completion)
+            if body.get("store"):
+                self.stored.append(reply)
+                self._inc("stored")
+        return Reply(HTTPStatus.OK, reply)
+
+
+# ------------------------------------------------------------------------------------ the world
+
+
+class _ResearchService(LocalService):
+    """The research server in its own process (this file run as a script)."""
+
+    def __init__(self) -> None:
+        super().__init__("research")
+
+    def start(self) -> Self:
+        if self._url is not None:
+            return self
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
+        )  # fmt: skip
+        self._proc = proc
+        try:
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], self.startup_timeout)
+            line = proc.stdout.readline() if ready else ""
+            if not line.strip():
+                proc.kill()
+                err = proc.stderr.read() if proc.stderr is not None else ""
+                raise RuntimeError(f"the research server did not start:\n{err}")
+            self._url = str(json.loads(line)["url"])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+
+class ResearchWorld:
+    """The research server, a local Stripe (both in their own processes) and an SMTP sink (here).
+
+    Attributes:
+        model_base_url: ``openai.OpenAI(base_url=...)`` (ends in ``/v1``).
+        tools_url: base of ``/search`` and ``/fetch``.
+        stripe: the :class:`LocalStripe` (``api_key``, ``api_base``).
+        smtp_host: the SMTP sink's host.
+        smtp_port: the SMTP sink's port.
+    """
+
+    def __init__(self) -> None:
+        self.research = _ResearchService()
+        self.stripe = LocalStripe()
+        self.smtp = SmtpSink()
+
+    @property
+    def model_base_url(self) -> str:
+        return self.research.url + "/v1"
+
+    @property
+    def tools_url(self) -> str:
+        return self.research.url
+
+    @property
+    def smtp_host(self) -> str:
+        return self.smtp.host
+
+    @property
+    def smtp_port(self) -> int:
+        return self.smtp.port
+
+    def start(self) -> Self:
+        """Start the three servers. Returns self."""
+        try:
+            self.research.start()
+            self.stripe.start()
+            self.smtp.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop them. Idempotent."""
+        with contextlib.suppress(Exception):
+            self.smtp.stop()
+        self.stripe.stop()
+        self.research.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, tp: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def counters(self) -> dict[str, int]:
+        """What the world counted (see the module docstring for the names)."""
+        research = self.research.counters()
+        stripe = self.stripe.counters()
+        found = {
+            "model_calls": research.get("completions", 0),
+            "prompt_tokens": research.get("prompt_tokens", 0),
+            "completion_tokens": research.get("completion_tokens", 0),
+            "searches": research.get("searches", 0),
+            "fetches": research.get("fetches", 0),
+            "stored_completions": research.get("stored", 0),
+            "charges": stripe.get("charges", 0),
+            "payment_intents": stripe.get("payment_intents", 0),
+            "emails": self.smtp.count(),
+        }
+        for name, value in research.items():
+            if name.startswith("completions_"):
+                found["model_calls_" + name.removeprefix("completions_")] = value
+        return found
+
+    def emails(self) -> list[Received]:
+        """The messages the SMTP sink accepted, oldest first."""
+        return self.smtp.messages
+
+    def reset(self) -> None:
+        """Forget every completion, counter, charge, key and email."""
+        self.research.reset()
+        self.stripe.reset()
+        self.smtp.reset()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        serve(ResearchApp({}), exit_on_stdin_eof=True)
+    else:
+        sys.exit("usage: python tests/_research/world.py --serve")
