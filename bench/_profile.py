@@ -25,8 +25,9 @@ from _harness import Case, interleave
 from idempotency import Guard, MemoryStore, scope
 from idempotency.effect import _current_effect
 from idempotency.flow import Flow
-from idempotency.guard import _codec_for, _Span
-from idempotency.keys import EffectIdentity, fingerprint
+from idempotency.keys import EffectIdentity, fingerprint, key_deriver
+from idempotency.options import binder, build_spec, codec_for
+from idempotency.telemetry import EffectSpan, counter_attributes, effect_counter
 
 
 def _best_us(fn: Callable[[], object], number: int) -> float:
@@ -37,33 +38,30 @@ def _best_us(fn: Callable[[], object], number: int) -> float:
 def components(number: int) -> list[tuple[str, float]]:
     """Best-case cost of each piece of a new guarded call, in µs."""
     guard = Guard(MemoryStore(), namespace="bench")
-    spec = guard._spec("bench.noop", int, {})
+    spec = build_spec("bench.noop", int, {}, lease=60.0, retention=RETENTION, wait=10.0)
     signature = inspect.signature(noop)
     identity = EffectIdentity.of("bench", "scope-1", "bench.noop", 0)
     flow = Flow(spec, identity, fingerprint({"i": 1}), {"i": 1})
-    codec = _codec_for(int)
+    codec = codec_for(int)
     store = MemoryStore()
     keys = itertools.count()
+    fast_bind = binder(signature, "bench.noop")
+    derive = key_deriver("bench", "bench.noop")
+    counted = counter_attributes("bench.noop")
 
-    try:
-        from idempotency.guard import _binder
+    def bind() -> object:
+        return fast_bind((1,), {})
 
-        fast_bind = _binder(signature, "bench.noop")
-
-        def bind() -> object:
-            return fast_bind((1,), {})
-
-    except ImportError:  # a guard without the fast path
-
-        def bind() -> object:
-            bound = signature.bind(1)
-            bound.apply_defaults()
-            return bound.arguments
+    def key() -> object:
+        return EffectIdentity("bench", "scope-1", "bench.noop", 0, derive("scope-1", 0))
 
     def span() -> None:
-        s = _Span(flow)
+        s = EffectSpan("bench.noop", counted, flow)
         s.__enter__()
         s.__exit__(None, None, None)
+
+    def counter() -> None:
+        effect_counter.add(1, counted[flow.outcome])
 
     def context() -> None:
         _current_effect.reset(_current_effect.set(guard._context(flow, 1, 1)))
@@ -78,10 +76,10 @@ def components(number: int) -> list[tuple[str, float]]:
 
     pieces: list[tuple[str, Callable[[], object]]] = [
         ("bind arguments (Signature.bind + apply_defaults, or the direct map)", bind),
-        ("fingerprint (to_jsonable_python + json.dumps + sha256)", lambda: fingerprint({"i": 1})),
-        ("key derivation (EffectIdentity.of: derive_key + dataclass)",
-         lambda: EffectIdentity.of("bench", "scope-1", "bench.noop", 0)),
-        ("span + outcome counter (_Span enter/exit, no SDK)", span),
+        ("fingerprint (flat canonical JSON + sha256)", lambda: fingerprint({"i": 1})),
+        ("key derivation (key_deriver + EffectIdentity)", key),
+        ("outcome counter alone (the guard without a tracer provider)", counter),
+        ("span + outcome counter (EffectSpan enter/exit, API only: what a provider would add to)", span),
         ("heartbeat register + unregister", heartbeat),
         ("EffectContext + contextvar set/reset", context),
         ("codec encode (int)", lambda: codec.encode(1)),

@@ -50,7 +50,7 @@ from connectors.errors import (
 )
 from idempotency.effect import Policy, ReconcileRequest, Retry, current_effect
 from idempotency.errors import ConfigurationError
-from idempotency.guard import Guard
+from idempotency.guard import Guard, Operation
 
 __all__ = [
     "HEADER",
@@ -95,7 +95,7 @@ def map_response(response: httpx.Response, provider_key: str = "") -> HttpResult
             if name not in _UNRECORDED:
                 value = raw_value.decode("latin-1")
                 headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        return HttpResult(status, headers, response.text)
+        return HttpResult(status, headers, _text(response, headers.get("content-type", "")))
     message = f"{response.request.method} answered {status}"
     if status == 409:
         raise ProviderBusy(message, "http", status)
@@ -106,6 +106,19 @@ def map_response(response: httpx.Response, provider_key: str = "") -> HttpResult
     if status < 500:
         raise ProviderRejected(message, "http", status)
     raise ProviderUnavailable(message, "http", status)
+
+
+def _text(response: httpx.Response, content_type: str) -> str:
+    """``response.text``, without its parse of the Content-Type header when that names no charset.
+
+    httpx then decodes with the client's default encoding (errors replaced), which is what this does
+    directly; a charset in the header, or a default that is a function of the body, goes through
+    ``response.text`` itself.
+    """
+    default = response.default_encoding
+    if isinstance(default, str) and "charset" not in content_type.lower():
+        return response.content.decode(default or "utf-8", errors="replace")
+    return response.text
 
 
 def map_transport_error(exc: httpx.HTTPError) -> Exception:
@@ -151,6 +164,17 @@ class _Http:
         self.reconciler = reconciler
         self.policy = policy
         self.retry = retry if retry is not None else Retry()  # built once, not per call
+        self._operations: dict[tuple[Any, ...], Operation[HttpResult]] = {}
+
+    def _operation(self, effect: str) -> Operation[HttpResult]:
+        """The guard's operation for the effect ``effect``, its options checked once per name (and
+        again if an option attribute is changed)."""
+        cache_key = (effect, self.server_dedups, self.key_window, self.reconciler, self.policy, self.retry)
+        found = self._operations.get(cache_key)
+        if found is None:
+            found = self.guard.operation(effect, result_type=HttpResult, **self._guard_options())
+            self._operations[cache_key] = found
+        return found
 
     def _build(
         self,
@@ -257,9 +281,7 @@ class IdempotentHttp(_Http):
                 raise map_transport_error(exc) from exc
             return map_response(response, provider_key)
 
-        return self.guard.run(
-            effect, call, arguments=arguments, key=key, result_type=HttpResult, **self._guard_options()
-        )
+        return self._operation(effect).run(call, arguments=arguments, key=key)
 
     def post(self, url: str, **kwargs: Any) -> HttpResult:
         """``request("POST", url, ...)``."""
@@ -312,9 +334,7 @@ class AsyncIdempotentHttp(_Http):
                 raise map_transport_error(exc) from exc
             return map_response(response, provider_key)
 
-        return await self.guard.arun(
-            effect, call, arguments=arguments, key=key, result_type=HttpResult, **self._guard_options()
-        )
+        return await self._operation(effect).arun(call, arguments=arguments, key=key)
 
     async def post(self, url: str, **kwargs: Any) -> HttpResult:
         """``await request("POST", url, ...)``."""

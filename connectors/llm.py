@@ -43,7 +43,7 @@ from connectors.telemetry import record_llm_call, usage_of
 from idempotency.effect import NOT_APPLIED, Applied, NotAppliedResolution, Policy, ReconcileRequest, Retry
 from idempotency.effect import current_effect as _current_effect
 from idempotency.errors import ConfigurationError
-from idempotency.guard import Guard
+from idempotency.guard import Guard, Operation
 from idempotency.records import Disposition
 
 __all__ = [
@@ -153,6 +153,22 @@ class _ChatBase:
         self.store_at_provider = store_at_provider
         self.usage = usage if usage is not None else LlmUsage()
         self._options = _options(policy, retry)
+        self._operations: dict[tuple[str, bool], Operation[ChatCompletion]] = {}
+
+    def _journaled(self, reconciler: Callable[[ReconcileRequest], Any]) -> Operation[ChatCompletion]:
+        """The guard's operation for this journal's calls, its options checked once (per name and
+        ``store_at_provider``, attributes a caller may change)."""
+        cache_key = (self.name, self.store_at_provider)
+        found = self._operations.get(cache_key)
+        if found is None:
+            found = self.guard.operation(
+                self.name,
+                result_type=ChatCompletion,
+                reconciler=reconciler if self.store_at_provider else None,
+                **self._options,
+            )
+            self._operations[cache_key] = found
+        return found
 
     def _request(self, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The fingerprinted arguments, and the SDK's keyword arguments (without the key metadata)."""
@@ -233,11 +249,8 @@ class ChatJournal(_ChatBase):
             except openai.OpenAIError as exc:
                 raise map_error(exc) from exc
 
-        reconciler = self.reconcile if self.store_at_provider else None
-        result = self.guard.run(
-            self.name, call, arguments=arguments, key=key, result_type=ChatCompletion,
-            reconciler=reconciler, **self._options,
-        )  # fmt: skip
+        operation = self._journaled(self.reconcile)
+        result = operation.run(call, arguments=arguments, key=key)
         self._account(result, paid)
         return result
 
@@ -284,11 +297,8 @@ class AsyncChatJournal(_ChatBase):
             except openai.OpenAIError as exc:
                 raise map_error(exc) from exc
 
-        reconciler = self.reconcile if self.store_at_provider else None
-        result = await self.guard.arun(
-            self.name, call, arguments=arguments, key=key, result_type=ChatCompletion,
-            reconciler=reconciler, **self._options,
-        )  # fmt: skip
+        operation = self._journaled(self.reconcile)
+        result = await operation.arun(call, arguments=arguments, key=key)
         self._account(result, paid)
         return result
 

@@ -30,7 +30,7 @@ from idempotency.errors import (
     StoreError,
     StoreUnavailable,
 )
-from idempotency.guard import Guard
+from idempotency.guard import Guard, Operation
 from idempotency.keys import EffectIdentity, Scope, current_scope, derive_key, fingerprint, scope
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from idempotency.store import IdempotencyStore
@@ -41,6 +41,7 @@ __all__ = [
     "Applied",
     "EffectContext",
     "Guard",
+    "Operation",
     "NotApplied",
     "NotAppliedResolution",
     "Policy",

@@ -9,7 +9,8 @@ import enum
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from functools import partial
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 import tenacity
 
@@ -179,7 +180,32 @@ class EffectContext:
         return self.identity.provider_key
 
 
-_current_effect: ContextVar[EffectContext | None] = ContextVar("sagaguard_effect", default=None)
+class RunningEffect(NamedTuple):
+    """What the guard sets for a running body: the parts of its :class:`EffectContext`.
+
+    Every guarded call sets one; the context itself (a frozen dataclass holding a bound heartbeat)
+    is built only when the body asks for it with :func:`current_effect`, so a body that never asks
+    never pays for it.
+    """
+
+    identity: EffectIdentity
+    token: int
+    attempt: int
+    beat: Callable[[str, int, float], float]
+    """Renews a lease: ``beat(key, token, lease)`` (the guard's heartbeater)."""
+    lease: float
+
+    def context(self) -> EffectContext:
+        """The :class:`EffectContext` of this running effect."""
+        identity, token = self.identity, self.token
+        return EffectContext(
+            identity, token, self.attempt, partial(self.beat, identity.key, token, self.lease)
+        )
+
+
+_current_effect: ContextVar[RunningEffect | EffectContext | None] = ContextVar(
+    "sagaguard_effect", default=None
+)
 
 
 def current_effect() -> EffectContext:
@@ -191,4 +217,6 @@ def current_effect() -> EffectContext:
     found = _current_effect.get()
     if found is None:
         raise ConfigurationError("current_effect() is only available inside a guarded effect")
-    return found
+    if type(found) is RunningEffect:
+        return found.context()
+    return cast(EffectContext, found)

@@ -13,7 +13,7 @@ import enum
 import json
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
 from idempotency.codec import Codec, decode_error, encode_error
 from idempotency.effect import (
@@ -195,9 +195,12 @@ class Reconcile:
     request: ReconcileRequest
 
 
-@dataclass(frozen=True, slots=True)
-class Ran:
-    """The outcome of :class:`Execute`: a value, or the exception the body raised."""
+class Ran(NamedTuple):
+    """The outcome of :class:`Execute`: a value, or the exception the body raised.
+
+    A named tuple rather than a frozen dataclass: one is built per guarded call, and a tuple is the
+    cheapest immutable record to build.
+    """
 
     value: Any = None
     error: BaseException | None = None
@@ -251,21 +254,26 @@ class Flow(Generic[T]):
         self.arguments = arguments
         self.outcome = Outcome.EXECUTED
 
-    def run(self) -> Generator[Op, Any, T]:
-        """Claim, then execute, replay, wait or resolve; returns the result or raises."""
+    def run(self, claim: ClaimResult | None = None) -> Generator[Op, Any, T]:
+        """Claim, then execute, replay, wait or resolve; returns the result or raises.
+
+        ``claim``: the answer to a first :class:`Claim` the driver already made (its fast path
+        handles the common outcomes itself and hands the rest over here), so none is asked for.
+        """
         waited = 0.0
         delay = _WAIT_FIRST
         while True:
-            claim: ClaimResult = yield Claim()
+            if claim is None:
+                claim = yield Claim()
             action = decide(claim, self.fingerprint, self.identity.name)
             record = claim.record
+            claim = None
             if action is Action.EXECUTE:
                 return (yield from self._execute(record))
             if action is Action.RESOLVE:
                 return (yield from self._resolve(record))
             if action is Action.REPLAY:
-                self.outcome = Outcome.REPLAYED
-                return self.spec.codec.decode(record.result or "null")
+                return self.replay(record)
             if action is Action.REPLAY_FAILURE:
                 self.outcome = Outcome.REPLAYED
                 raise self.spec.rebuild_failure(record.error or "{}")
@@ -282,9 +290,28 @@ class Flow(Generic[T]):
             waited += pause
             delay = min(delay * 2, _WAIT_MAX)
 
+    def replay(self, record: Record) -> T:
+        """The result of a SUCCEEDED record (:attr:`Action.REPLAY`). Pure.
+
+        Only decoded: the text was checked to read back as this type when it was recorded.
+
+        Raises:
+            CodecError: the record no longer reads back as the declared type.
+        """
+        self.outcome = Outcome.REPLAYED
+        return self.spec.codec.decode(record.result or "null")
+
     def _execute(self, record: Record) -> Generator[Op, Any, T]:
+        ran: Ran = yield Execute(record.token)
+        return (yield from self.finish(record, ran))
+
+    def finish(self, record: Record, ran: Ran) -> Generator[Op, Any, T]:
+        """Record what an :class:`Execute` under ``record``'s token did; returns the value or raises.
+
+        The rest of an execution once the body has run: a driver whose fast path ran the body itself
+        hands the outcome over here when it is not a plain success it can record on its own.
+        """
         token = record.token
-        ran: Ran = yield Execute(token)
         if ran.error is None:
             try:
                 text = self.spec.codec.encode(ran.value)

@@ -12,7 +12,9 @@
         charge("cus_1", 1000)   # runs once; a re-run of this block replays the receipt
 
 The decisions live in :mod:`idempotency.flow`; this module only drives them, once for sync code and
-once for async code.
+once for async code. Each driver takes the common path itself, as plain calls (claim, then run and
+record, or replay), and hands every other outcome (a wait, a take-over to resolve, a failure to
+record) to the flow's generator, so the rare paths are decided in one place only.
 """
 
 from __future__ import annotations
@@ -21,29 +23,16 @@ import asyncio
 import contextlib
 import functools
 import inspect
-import logging
 import time
 import typing
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
-import tenacity
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-
-from idempotency.codec import Codec
-from idempotency.effect import (
-    NO_RETRY,
-    Classifier,
-    EffectContext,
-    Policy,
-    ReconcileRequest,
-    Retry,
-    Unknown,
-    _current_effect,
-)
-from idempotency.errors import ConfigurationError
+from idempotency.driving import Retrier, reconciled, settled
+from idempotency.effect import Classifier, Policy, ReconcileRequest, Retry, RunningEffect, _current_effect
+from idempotency.errors import CodecError, ConfigurationError
 from idempotency.flow import (
+    Action,
     Claim,
     Complete,
     EffectSpec,
@@ -55,39 +44,45 @@ from idempotency.flow import (
     Reconcile,
     Sleep,
     abandon,
+    decide,
 )
 from idempotency.heartbeat import Heartbeater
-from idempotency.keys import EffectIdentity, current_scope, fingerprint
+from idempotency.keys import EffectIdentity, current_scope, fingerprint, key_deriver
+from idempotency.options import (
+    FingerprintSpec,
+    binder,
+    build_spec,
+    check_run_options,
+    check_sync_reconciler,
+    fingerprint_selector,
+)
 from idempotency.store import IdempotencyStore
-from idempotency.telemetry import effect_counter, span_attributes, tracer
+from idempotency.telemetry import EffectSpan, counter_attributes, effect_counter, tracing
 
-__all__ = ["Guard"]
+__all__ = ["FingerprintSpec", "Guard", "Operation"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
-log = logging.getLogger("sagaguard.guard")
-
 DAY = 86_400.0
 
-_NEVER_RETRIED = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError)
-
-FingerprintSpec = bool | Sequence[str] | Callable[[Mapping[str, Any]], Mapping[str, Any]] | None
-"""Which arguments enter the fingerprint: all (None/True), none (False), the named ones, or a
-function of the bound arguments."""
+_CLAIM = Claim()
+_OPERATIONS_KEPT = 256
+"""Operations :meth:`Guard.run` keeps built, by name and options; past this many it starts afresh."""
 
 
-@functools.lru_cache(maxsize=512)
-def _codec(tp: Any) -> Codec[Any]:
-    return Codec(tp)
+class _Plan:
+    """One effect, prepared once for every call: its spec, its key deriver, its counter attributes."""
 
+    __slots__ = ("counted", "derive", "name", "namespace", "spec")
 
-def _codec_for(tp: Any) -> Codec[Any]:
-    try:
-        return _codec(tp)
-    except TypeError:  # unhashable annotation
-        return Codec(tp)
+    def __init__(self, spec: EffectSpec[Any], namespace: str) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.namespace = namespace
+        self.derive = key_deriver(namespace, spec.name)
+        self.counted = counter_attributes(spec.name)
 
 
 class EffectDecorator:
@@ -106,6 +101,50 @@ class EffectDecorator:
 
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
         return self._guard._wrap(fn, self._name, self._options)
+
+
+class Operation(Generic[T]):
+    """An effect for code that cannot be decorated, declared once and run many times.
+
+    Built by :meth:`Guard.operation`: the options are checked and the spec built there, so each
+    :meth:`run` only fingerprints its arguments, derives its key and drives the call.
+    """
+
+    __slots__ = ("_async_reconciler", "_guard", "_plan")
+
+    def __init__(self, guard: Guard, plan: _Plan, async_reconciler: bool) -> None:
+        self._guard = guard
+        self._plan = plan
+        self._async_reconciler = async_reconciler
+
+    @property
+    def name(self) -> str:
+        """The effect's name."""
+        return self._plan.name
+
+    def run(
+        self, fn: Callable[[], T], *, arguments: Mapping[str, Any] | None = None, key: str | None = None
+    ) -> T:
+        """Run ``fn`` once as this effect. See :meth:`Guard.run`.
+
+        Raises:
+            ConfigurationError: the operation has an async reconciler (use :meth:`arun`).
+        """
+        if self._async_reconciler:  # a sync call cannot await it: the effect would stay in doubt
+            raise ConfigurationError(f"{self.name}: an async reconciler needs an async effect (or arun)")
+        guard, args = self._guard, dict(arguments or {})
+        return cast(T, guard._drive(self._plan, guard._flow(self._plan, args, args, key), fn))
+
+    async def arun(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        key: str | None = None,
+    ) -> T:
+        """The async twin of :meth:`run`."""
+        guard, args = self._guard, dict(arguments or {})
+        return cast(T, await guard._drive_async(self._plan, guard._flow(self._plan, args, args, key), fn))
 
 
 class Guard:
@@ -150,6 +189,7 @@ class Guard:
         # sub-millisecond round trip (Redis, memory) costs less than the two thread hops.
         self._offload = bool(getattr(store, "offload_async", True)) if offload is None else offload
         self.heartbeater = Heartbeater(store)
+        self._operations: dict[Any, Operation[Any]] = {}
 
     # -- declaring effects -------------------------------------------------------------------
 
@@ -197,45 +237,14 @@ class Guard:
             CodecError: the result type cannot be stored as JSON (raised when decorating).
             ConfigurationError: any other bad option.
         """
-        return EffectDecorator(self, name, _options(locals()))
-
-    def _spec(self, name: str, result_type: Any, options: Mapping[str, Any]) -> EffectSpec[Any]:
-        try:
-            policy = Policy(options.get("policy", Policy.AT_MOST_ONCE))
-        except ValueError as exc:
-            raise ConfigurationError(f"unknown policy {options.get('policy')!r}") from exc
-        lease = _seconds(options, "lease", self.lease, zero_ok=False)
-        retention = _seconds(options, "retention", self.retention, zero_ok=False)
-        wait = _seconds(options, "wait", self.wait, zero_ok=True)
-        window = options.get("provider_window")
-        provider_window = None if window is None else _seconds(options, "provider_window", 0, zero_ok=False)
-        for label in ("permanent", "retryable"):
-            value = options.get(label, ())
-            if not isinstance(value, tuple | list) or not all(
-                isinstance(t, type) and issubclass(t, BaseException) for t in value
-            ):
-                raise ConfigurationError(f"{label}= takes a tuple of exception types, got {value!r}")
-        for label in ("reconciler", "classify"):
-            if options.get(label) is not None and not callable(options[label]):
-                raise ConfigurationError(f"{label}= must be callable")
-        retry = options.get("retry")
-        if retry is not None and not isinstance(retry, Retry):
-            raise ConfigurationError(f"retry= takes a Retry, got {retry!r}")
-        return EffectSpec(
-            name=name,
-            codec=_codec_for(result_type),
-            policy=policy,
-            provider_idempotent=bool(options.get("provider_idempotent", False)),
-            reconciler=options.get("reconciler"),
-            classifier=options.get("classify"),
-            permanent=tuple(options.get("permanent", ())),
-            retryable=tuple(options.get("retryable", ())),
-            retry=retry or Retry(),
-            lease=lease,
-            retention=retention,
-            wait=wait,
-            provider_window=provider_window,
+        given = locals()
+        return EffectDecorator(
+            self, name, {k: v for k, v in given.items() if k not in ("self", "name", "given")}
         )
+
+    def _plan(self, name: str, result_type: Any, options: Mapping[str, Any]) -> _Plan:
+        defaults = {"lease": self.lease, "retention": self.retention, "wait": self.wait}
+        return _Plan(build_spec(name, result_type, options, **defaults), self.namespace)
 
     def _wrap(self, fn: Callable[P, Any], name: str | None, options: Mapping[str, Any]) -> Callable[P, Any]:
         effect_name = name or f"{fn.__module__}.{fn.__qualname__}"
@@ -249,38 +258,81 @@ class Guard:
                     "pass result_type= explicitly"
                 ) from exc
             result_type = hints.get("return", Any)
-        spec = self._spec(effect_name, result_type, options)
-        if not inspect.iscoroutinefunction(fn):
-            _check_sync_reconciler(effect_name, options)
+        plan = self._plan(effect_name, result_type, options)
+        is_async = inspect.iscoroutinefunction(fn)
+        if not is_async:
+            check_sync_reconciler(effect_name, options)
         signature = inspect.signature(fn)
-        select = _fingerprint_selector(options.get("fingerprint"), signature)
+        select = fingerprint_selector(options.get("fingerprint"), signature)
         key_fn: Callable[..., str] | None = options.get("key")
-
-        bind = _binder(signature, effect_name)
+        bind = binder(signature, effect_name)
+        spec, namespace, derive = plan.spec, plan.namespace, plan.derive
 
         def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Flow[Any]:
             arguments = bind(args, kwargs)
-            explicit = key_fn(**arguments) if key_fn is not None else None
-            return self._flow(spec, arguments, select(arguments), explicit)
+            if key_fn is not None:
+                return self._flow(plan, arguments, select(arguments), key_fn(**arguments))
+            # What _flow does for a scoped call, inlined: this runs on every call of the effect.
+            fp = fingerprint(select(arguments))
+            unit = current_scope()
+            ordinal = unit.next_ordinal(effect_name)
+            identity = EffectIdentity(namespace, unit.id, effect_name, ordinal, derive(unit.id, ordinal))
+            return Flow(spec, identity, fp, arguments)
 
-        if inspect.iscoroutinefunction(fn):
+        if is_async:
             afn = cast(Callable[..., Coroutine[Any, Any, Any]], fn)
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 flow = prepare(args, kwargs)
-                return await self._drive_async(flow, lambda: afn(*args, **kwargs))
+                return await self._drive_async(plan, flow, lambda: afn(*args, **kwargs))
 
             return async_wrapper
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             flow = prepare(args, kwargs)
-            return self._drive(flow, lambda: fn(*args, **kwargs))
+            return self._drive(plan, flow, lambda: fn(*args, **kwargs))
 
         return wrapper
 
     # -- the explicit API ---------------------------------------------------------------------
+
+    def operation(self, name: str, *, result_type: Any = Any, **options: Any) -> Operation[Any]:
+        """Declare the effect ``name`` once, for code that cannot be decorated; run it per call.
+
+        ::
+
+            charge = guard.operation("psp.charge", result_type=Receipt, permanent=(Declined,))
+            with scope("order-42"):
+                receipt = charge.run(lambda: psp.charge(42), arguments={"order": 42})
+
+        Args:
+            name: the effect's name.
+            result_type: the type results are stored as.
+            options: as for :meth:`effect` (those :meth:`run` takes).
+
+        Raises:
+            CodecError: the result type cannot be stored as JSON.
+            ConfigurationError: any other bad option.
+        """
+        check_run_options(options)
+        plan = self._plan(name, result_type, options)
+        return Operation(self, plan, inspect.iscoroutinefunction(options.get("reconciler")))
+
+    def _operation(self, name: str, result_type: Any, options: dict[str, Any]) -> Operation[Any]:
+        """:meth:`operation`, kept by name, type and options so a repeated :meth:`run` builds nothing."""
+        try:
+            cache_key: Any = (name, result_type, *options.items())
+            found = self._operations.get(cache_key)
+        except TypeError:  # an unhashable option: built afresh each time
+            return self.operation(name, result_type=result_type, **options)
+        if found is None:
+            found = self.operation(name, result_type=result_type, **options)
+            if len(self._operations) >= _OPERATIONS_KEPT:
+                self._operations.clear()
+            self._operations[cache_key] = found
+        return found
 
     def run(
         self,
@@ -294,6 +346,9 @@ class Guard:
     ) -> T:
         """Run ``fn`` once as the effect ``name``, for code that cannot be decorated.
 
+        Repeated calls with the same name, type and options reuse the checked spec; code that runs
+        one effect many times can also hold on to :meth:`operation`'s result.
+
         Args:
             name: the effect's name.
             fn: the call, with its arguments bound (a lambda or ``functools.partial``).
@@ -306,11 +361,7 @@ class Guard:
             KeyConflict, AlreadyInProgress, OutcomeUnknown, LostOwnership, StoreError: see
             :mod:`idempotency.errors`; and whatever ``fn`` raises for a not-applied failure.
         """
-        _check_run_options(options)
-        _check_sync_reconciler(name, options)
-        spec = self._spec(name, result_type, options)
-        args = dict(arguments or {})
-        return cast(T, self._drive(self._flow(spec, args, args, key), fn))
+        return cast(T, self._operation(name, result_type, options).run(fn, arguments=arguments, key=key))
 
     async def arun(
         self,
@@ -323,10 +374,8 @@ class Guard:
         **options: Any,
     ) -> T:
         """The async twin of :meth:`run`."""
-        _check_run_options(options)
-        spec = self._spec(name, result_type, options)
-        args = dict(arguments or {})
-        return cast(T, await self._drive_async(self._flow(spec, args, args, key), fn))
+        operation = self._operation(name, result_type, options)
+        return cast(T, await operation.arun(fn, arguments=arguments, key=key))
 
     def close(self) -> None:
         """Stop the heartbeat thread. The store is the caller's to close."""
@@ -336,18 +385,20 @@ class Guard:
 
     def _flow(
         self,
-        spec: EffectSpec[Any],
+        plan: _Plan,
         arguments: Mapping[str, Any],
         printed: Mapping[str, Any],
         key: str | None,
     ) -> Flow[Any]:
         fp = fingerprint(printed)
+        name = plan.name
         if key is not None:
-            identity = EffectIdentity.explicit(self.namespace, key, spec.name)
+            identity = EffectIdentity.explicit(plan.namespace, key, name)
         else:
             unit = current_scope()
-            identity = EffectIdentity.of(self.namespace, unit.id, spec.name, unit.next_ordinal(spec.name))
-        return Flow(spec, identity, fp, arguments)
+            ordinal = unit.next_ordinal(name)
+            identity = EffectIdentity(plan.namespace, unit.id, name, ordinal, plan.derive(unit.id, ordinal))
+        return Flow(plan.spec, identity, fp, arguments)
 
     def _store_op(self, flow: Flow[Any], op: Op) -> Any:
         spec, key = flow.spec, flow.identity.key
@@ -359,64 +410,124 @@ class Guard:
             return self.store.fail(key, op.token, op.disposition, op.error, spec.retention)
         raise AssertionError(op)  # pragma: no cover
 
-    def _context(self, flow: Flow[Any], token: int, attempt: int) -> EffectContext:
-        identity, lease = flow.identity, flow.spec.lease
-        return EffectContext(
-            identity,
-            token,
-            attempt,
-            functools.partial(self.heartbeater.beat, identity.key, token, lease),
-        )
+    def _context(self, flow: Flow[Any], token: int, attempt: int) -> RunningEffect:
+        # A tuple: the EffectContext is built only if the body asks for it (current_effect()).
+        return RunningEffect(flow.identity, token, attempt, self.heartbeater.beat, flow.spec.lease)
 
-    def _drive(self, flow: Flow[Any], call: Callable[[], Any]) -> Any:
-        with _Span(flow):
-            gen = flow.run()
-            answer: Any = None
-            error: BaseException | None = None
-            while True:
-                try:
-                    op = gen.send(answer) if error is None else gen.throw(error)
-                except StopIteration as stop:
-                    return stop.value
-                answer, error = None, None
-                try:
-                    if isinstance(op, Execute):
-                        answer = self._execute(flow, op.token, call)
-                    elif isinstance(op, Sleep):
-                        self._sleep(op.seconds)
-                    elif isinstance(op, Reconcile):
-                        answer = _reconciled(flow, op.request)
-                    else:
-                        answer = self._store_op(flow, op)
-                except BaseException as exc:
-                    error = exc
+    def _drive(self, plan: _Plan, flow: Flow[Any], call: Callable[[], Any]) -> Any:
+        if tracing():
+            with EffectSpan(plan.name, plan.counted, flow):
+                return self._settle(flow, call)
+        # No tracer provider: every span would be a no-op, so only the outcome is counted.
+        try:
+            return self._settle(flow, call)
+        finally:
+            effect_counter.add(1, plan.counted[flow.outcome])
 
-    async def _drive_async(self, flow: Flow[Any], call: Callable[[], Awaitable[Any]]) -> Any:
-        with _Span(flow):
-            gen = flow.run()
-            answer: Any = None
-            error: BaseException | None = None
-            while True:
-                try:
-                    op = gen.send(answer) if error is None else gen.throw(error)
-                except StopIteration as stop:
-                    return stop.value
-                answer, error = None, None
-                try:
-                    if isinstance(op, Execute):
-                        answer = await self._execute_async(flow, op.token, call)
-                    elif isinstance(op, Sleep):
-                        await self._async_sleep(op.seconds)
-                    elif isinstance(op, Reconcile):
-                        answer = _reconciled(flow, op.request)
-                        if inspect.isawaitable(answer):
-                            answer = await _settle(answer)
-                    elif self._offload:
-                        answer = await self._store_op_in_thread(flow, op)
-                    else:
-                        answer = self._store_op(flow, op)
-                except BaseException as exc:
-                    error = exc
+    def _settle(self, flow: Flow[Any], call: Callable[[], Any]) -> Any:
+        """The common path as plain calls; any other outcome goes on in the flow's generator."""
+        spec, identity, store = flow.spec, flow.identity, self.store
+        claim = store.claim(identity, flow.fingerprint, spec.lease)
+        record = claim.record
+        action = decide(claim, flow.fingerprint, identity.name)
+        if action is Action.REPLAY:
+            return flow.replay(record)
+        if action is not Action.EXECUTE:
+            return self._loop(flow, flow.run(claim), call)
+        ran = self._execute(flow, record.token, call)
+        if ran.error is None:
+            try:
+                text = spec.codec.encode(ran.value)
+            except CodecError:
+                pass  # the flow records it in doubt (and encodes again, to raise the same error)
+            else:
+                store.complete(identity.key, record.token, text, spec.retention)
+                return ran.value
+        return self._loop(flow, flow.finish(record, ran), call)
+
+    def _loop(self, flow: Flow[Any], gen: Generator[Op, Any, Any], call: Callable[[], Any]) -> Any:
+        answer: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                op = gen.send(answer) if error is None else gen.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            answer, error = None, None
+            try:
+                if isinstance(op, Execute):
+                    answer = self._execute(flow, op.token, call)
+                elif isinstance(op, Sleep):
+                    self._sleep(op.seconds)
+                elif isinstance(op, Reconcile):
+                    answer = reconciled(flow, op.request)
+                else:
+                    answer = self._store_op(flow, op)
+            except BaseException as exc:
+                error = exc
+
+    async def _drive_async(self, plan: _Plan, flow: Flow[Any], call: Callable[[], Awaitable[Any]]) -> Any:
+        if tracing():
+            with EffectSpan(plan.name, plan.counted, flow):
+                return await self._settle_async(flow, call)
+        try:
+            return await self._settle_async(flow, call)
+        finally:
+            effect_counter.add(1, plan.counted[flow.outcome])
+
+    async def _settle_async(self, flow: Flow[Any], call: Callable[[], Awaitable[Any]]) -> Any:
+        """The async twin of :meth:`_settle`."""
+        spec, identity, store = flow.spec, flow.identity, self.store
+        if self._offload:
+            claim = await self._store_op_in_thread(flow, _CLAIM)
+        else:
+            claim = store.claim(identity, flow.fingerprint, spec.lease)
+        record = claim.record
+        action = decide(claim, flow.fingerprint, identity.name)
+        if action is Action.REPLAY:
+            return flow.replay(record)
+        if action is not Action.EXECUTE:
+            return await self._loop_async(flow, flow.run(claim), call)
+        ran = await self._execute_async(flow, record.token, call)
+        if ran.error is None:
+            try:
+                text = spec.codec.encode(ran.value)
+            except CodecError:
+                pass  # the flow records it in doubt (and encodes again, to raise the same error)
+            else:
+                if self._offload:
+                    await self._store_op_in_thread(flow, Complete(record.token, text))
+                else:
+                    store.complete(identity.key, record.token, text, spec.retention)
+                return ran.value
+        return await self._loop_async(flow, flow.finish(record, ran), call)
+
+    async def _loop_async(
+        self, flow: Flow[Any], gen: Generator[Op, Any, Any], call: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        answer: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                op = gen.send(answer) if error is None else gen.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            answer, error = None, None
+            try:
+                if isinstance(op, Execute):
+                    answer = await self._execute_async(flow, op.token, call)
+                elif isinstance(op, Sleep):
+                    await self._async_sleep(op.seconds)
+                elif isinstance(op, Reconcile):
+                    answer = reconciled(flow, op.request)
+                    if inspect.isawaitable(answer):
+                        answer = await settled(answer)
+                elif self._offload:
+                    answer = await self._store_op_in_thread(flow, op)
+                else:
+                    answer = self._store_op(flow, op)
+            except BaseException as exc:
+                error = exc
 
     async def _store_op_in_thread(self, flow: Flow[Any], op: Op) -> Any:
         pending = asyncio.ensure_future(asyncio.to_thread(self._store_op, flow, op))
@@ -435,15 +546,18 @@ class Guard:
     def _execute(self, flow: Flow[Any], token: int, call: Callable[[], Any]) -> Ran:
         handle = self.heartbeater.register(flow.identity.key, token, flow.spec.lease)
         try:
-            retry = _Retrier(flow.spec)
+            retry: Retrier | None = None  # built on the first failure only
+            attempt = 1
             while True:
-                reset = _current_effect.set(self._context(flow, token, retry.attempt))
+                reset = _current_effect.set(self._context(flow, token, attempt))
                 try:
                     return Ran(call())
                 except BaseException as exc:
+                    retry = retry or Retrier(flow.spec)
                     pause = retry.next_pause(exc)
                     if pause is None:
-                        return Ran(error=exc)
+                        return Ran(None, exc)
+                    attempt = retry.attempt
                 finally:
                     _current_effect.reset(reset)
                 self._sleep(pause)
@@ -453,213 +567,24 @@ class Guard:
     async def _execute_async(self, flow: Flow[Any], token: int, call: Callable[[], Awaitable[Any]]) -> Ran:
         handle = self.heartbeater.register(flow.identity.key, token, flow.spec.lease)
         try:
-            retry = _Retrier(flow.spec)
+            retry: Retrier | None = None  # built on the first failure only
+            attempt = 1
             while True:
-                reset = _current_effect.set(self._context(flow, token, retry.attempt))
+                reset = _current_effect.set(self._context(flow, token, attempt))
                 try:
                     return Ran(await call())
                 except BaseException as exc:
                     if isinstance(exc, asyncio.CancelledError):
                         # Cancelled mid-call: the effect may have been sent. Record it in doubt, then
                         # let the cancellation go on (the flow re-raises it after the record).
-                        return Ran(error=exc)
+                        return Ran(None, exc)
+                    retry = retry or Retrier(flow.spec)
                     pause = retry.next_pause(exc)
                     if pause is None:
-                        return Ran(error=exc)
+                        return Ran(None, exc)
+                    attempt = retry.attempt
                 finally:
                     _current_effect.reset(reset)
                 await self._async_sleep(pause)
         finally:
             self.heartbeater.unregister(handle)
-
-
-class _Retrier:
-    """In-claim retries: tenacity's stop and wait strategies, consulted only after a failure."""
-
-    __slots__ = ("_spec", "_state", "attempt")
-
-    def __init__(self, spec: EffectSpec[Any]) -> None:
-        self._spec = spec
-        self._state: tenacity.RetryCallState | None = None
-        self.attempt = 1
-
-    def next_pause(self, exc: BaseException) -> float | None:
-        """Seconds to wait before the next try, or None to stop and report ``exc``."""
-        spec = self._spec
-        if isinstance(exc, _NEVER_RETRIED) or spec.retry is NO_RETRY or not spec.retries(exc):
-            return None
-        if self._state is None:
-            self._state = tenacity.RetryCallState(cast(Any, None), None, (), {})
-        state = self._state
-        state.attempt_number = self.attempt
-        state.set_exception((type(exc), exc, exc.__traceback__))
-        if spec.retry.stop(state):
-            return None
-        pause = float(spec.retry.wait(state))
-        self.attempt += 1
-        return pause
-
-
-def _reconciled(flow: Flow[Any], request: ReconcileRequest) -> Any:
-    """Call the reconciler; an exception means it could not tell."""
-    try:
-        return flow.spec.reconciler(request)  # type: ignore[misc]
-    except Exception as exc:
-        log.warning("reconciler for %s failed; treating as unknown: %r", flow.spec.name, exc)
-        return Unknown()
-
-
-async def _settle(pending: Awaitable[Any]) -> Any:
-    try:
-        return await pending
-    except Exception as exc:
-        log.warning("async reconciler failed; treating as unknown: %r", exc)
-        return Unknown()
-
-
-class _Span:
-    """The ``execute_tool {name}`` span and the outcome counter around one guarded call."""
-
-    __slots__ = ("_flow", "_span", "_token")
-
-    def __init__(self, flow: Flow[Any]) -> None:
-        self._flow = flow
-
-    def __enter__(self) -> None:
-        # What ``tracer.start_as_current_span(..., record_exception=False,
-        # set_status_on_exception=False)`` does, without its two nested generator context managers
-        # (the proxy tracer's and the real one's), which cost more than the rest of the span on a
-        # hot path: start the span, make it current; __exit__ detaches it, then ends it.
-        name = self._flow.spec.name
-        span = tracer.start_span(
-            f"execute_tool {name}",
-            kind=trace.SpanKind.INTERNAL,
-            attributes=span_attributes(name),
-            record_exception=False,
-            set_status_on_exception=False,
-        )
-        self._token = otel_context.attach(trace.set_span_in_context(span))
-        self._span = span
-
-    def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        span = self._span
-        try:
-            outcome = self._flow.outcome.value
-            if span.is_recording():
-                span.set_attribute("sagaguard.effect.outcome", outcome)
-                if tp is not None:
-                    # The type only: messages may carry arguments, which stay off spans.
-                    span.set_attribute("error.type", tp.__qualname__)
-                    span.set_status(trace.Status(trace.StatusCode.ERROR))
-            effect_counter.add(
-                1, {"sagaguard.effect.outcome": outcome, "gen_ai.tool.name": self._flow.spec.name}
-            )
-        finally:
-            otel_context.detach(self._token)
-            span.end()
-
-
-def _binder(
-    signature: inspect.Signature, effect_name: str
-) -> Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]]:
-    """``signature.bind(*args, **kwargs)`` + ``apply_defaults()``, as the arguments dict.
-
-    A call that passes every parameter of a plain signature (no ``/``, ``*``, ``*args`` or
-    ``**kwargs``), the common case, is mapped directly: the same dict, in the same parameter order,
-    that ``bind`` would build, without its general-purpose walk over the parameters.
-    """
-    params = signature.parameters.values()
-    names = (
-        tuple(p.name for p in params)
-        if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
-        else None
-    )
-
-    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        if names is not None and len(args) + len(kwargs) == len(names):
-            arguments = dict(zip(names, args, strict=False))
-            if not kwargs:
-                return arguments
-            rest = names[len(args) :]
-            if kwargs.keys() == set(rest):
-                for name in rest:
-                    arguments[name] = kwargs[name]
-                return arguments
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise ConfigurationError(f"{effect_name}: {exc}") from exc
-        bound.apply_defaults()
-        return bound.arguments
-
-    return bind
-
-
-def _fingerprint_selector(
-    spec: FingerprintSpec, signature: inspect.Signature
-) -> Callable[[Mapping[str, Any]], Mapping[str, Any]]:
-    if spec is None or spec is True:
-        return lambda arguments: arguments
-    if spec is False:
-        return lambda arguments: {}
-    if callable(spec):
-        return spec
-    names = list(spec)
-    unknown = [n for n in names if n not in signature.parameters]
-    if unknown:
-        raise ConfigurationError(f"fingerprint= names unknown parameters: {unknown}")
-    return lambda arguments: {n: arguments[n] for n in names}
-
-
-_RUN_OPTIONS = frozenset(
-    {
-        "policy",
-        "provider_idempotent",
-        "provider_window",
-        "reconciler",
-        "classify",
-        "permanent",
-        "retryable",
-        "retry",
-        "lease",
-        "retention",
-        "wait",
-    }
-)
-"""The options of :meth:`Guard.effect` that :meth:`Guard.run` takes (its ``arguments`` are the
-fingerprint and its ``key`` the explicit key)."""
-
-
-def _check_run_options(options: Mapping[str, Any]) -> None:
-    # A typo (``polcy=``) must not silently fall back to the default policy.
-    unknown = sorted(set(options) - _RUN_OPTIONS)
-    if unknown:
-        raise ConfigurationError(f"unknown options {unknown}; run() takes {sorted(_RUN_OPTIONS)}")
-
-
-def _check_sync_reconciler(name: str, options: Mapping[str, Any]) -> None:
-    # A sync call cannot await it: the reconciler would never run and the effect stay in doubt.
-    if inspect.iscoroutinefunction(options.get("reconciler")):
-        raise ConfigurationError(f"{name}: an async reconciler needs an async effect (or arun)")
-
-
-def _seconds(options: Mapping[str, Any], label: str, default: float, *, zero_ok: bool) -> float:
-    """A per-effect duration, or the guard's default when it is not given (None)."""
-    value = options.get(label)
-    if value is None:
-        return float(default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value < 0
-        or (value == 0 and not zero_ok)
-    ):
-        raise ConfigurationError(
-            f"{label}= must be a number of seconds {'>= 0' if zero_ok else '> 0'}, got {value!r}"
-        )
-    return float(value)
-
-
-def _options(values: dict[str, Any]) -> dict[str, Any]:
-    """The options of :meth:`Guard.effect` as a dict, without ``self`` and ``name``."""
-    return {k: v for k, v in values.items() if k not in ("self", "name")}

@@ -52,21 +52,25 @@ class Heartbeater:
     def register(self, key: str, token: int, lease: float) -> int:
         """Start watching a call; returns a handle for :meth:`unregister`."""
         handle = next(self._ids)
-        entry = _Entry(key, token, lease, self._monotonic() + lease / 3)
-        with self._cond:
-            self._entries[handle] = entry
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._loop, name="sagaguard-heartbeat", daemon=True)
-                self._thread.start()
-            elif lease / 3 < 1.0:
-                # The thread sleeps up to a second; wake it so a short lease is renewed in time.
-                self._cond.notify()
+        due = lease / 3
+        # A dict insert is atomic, and the thread reads the entries as a copy taken in one step,
+        # so the common call (thread running, lease of 3 s or more) takes no lock.
+        self._entries[handle] = _Entry(key, token, lease, self._monotonic() + due)
+        if self._thread is None or due < 1.0:
+            with self._cond:
+                if self._thread is None and not self._closed:
+                    self._thread = threading.Thread(
+                        target=self._loop, name="sagaguard-heartbeat", daemon=True
+                    )
+                    self._thread.start()
+                elif due < 1.0:
+                    # The thread sleeps up to a second; wake it so a short lease is renewed in time.
+                    self._cond.notify()
         return handle
 
     def unregister(self, handle: int) -> None:
         """Stop watching a call (it finished)."""
-        with self._cond:
-            self._entries.pop(handle, None)
+        self._entries.pop(handle, None)  # atomic, like the insert
 
     def beat(self, key: str, token: int, lease: float) -> float:
         """Renew one lease now; returns the new deadline.
@@ -79,8 +83,7 @@ class Heartbeater:
     def beat_due(self) -> int:
         """Renew every lease that is due now; returns how many were renewed. Used by the thread."""
         now = self._monotonic()
-        with self._cond:
-            due = [e for e in self._entries.values() if e.due <= now and not e.lost]
+        due = [e for e in list(self._entries.values()) if e.due <= now and not e.lost]
         renewed = 0
         for entry in due:
             try:
@@ -99,7 +102,7 @@ class Heartbeater:
             with self._cond:
                 if self._closed:
                     return
-                soonest = min((e.due for e in self._entries.values()), default=None)
+                soonest = min((e.due for e in list(self._entries.values())), default=None)
                 timeout = 1.0 if soonest is None else max(0.0, soonest - self._monotonic())
                 self._cond.wait(timeout=min(timeout, 1.0))
                 if self._closed:

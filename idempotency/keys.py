@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,7 @@ __all__ = [
     "derive_explicit_key",
     "derive_key",
     "fingerprint",
+    "key_deriver",
     "provider_key",
     "scope",
 ]
@@ -60,6 +61,7 @@ def _encode_parts(*parts: str | int) -> bytes:
 _KEY_HEAD = _encode_parts("sagaguard.key", KEY_VERSION)
 _PROVIDER_HEAD = _encode_parts("sagaguard.provider", KEY_VERSION)
 _FINGERPRINT_HEAD = _encode_parts("sagaguard.fingerprint", KEY_VERSION)
+_FINGERPRINT_PREFIX = f"f{KEY_VERSION}_"
 
 
 def derive_key(namespace: str, scope: str, name: str, ordinal: int) -> str:
@@ -81,6 +83,38 @@ def derive_key(namespace: str, scope: str, name: str, ordinal: int) -> str:
             raise ConfigurationError(f"{label} is longer than {_MAX_PART} characters")
     digest = hashlib.sha256(_KEY_HEAD + _encode_parts(namespace, scope, name, ordinal))
     return f"sg{KEY_VERSION}_{digest.hexdigest()}"
+
+
+def key_deriver(namespace: str, name: str) -> Callable[[str, int], str]:
+    """:func:`derive_key` with the namespace and the name fixed: ``key_deriver(ns, name)(scope, n)``
+    equals ``derive_key(ns, scope, name, n)``.
+
+    A guarded function derives a key on every call with the same namespace and name, so those are
+    checked and encoded once, here, and each call encodes only its scope and ordinal.
+
+    Raises:
+        ConfigurationError: as :func:`derive_key`, for the namespace and name now, for a scope or an
+            ordinal when the returned function is called (CodecError for a scope with no UTF-8 form).
+    """
+    derive_key(namespace, "", name, 0)  # the same checks and errors as a full derivation
+    head = _KEY_HEAD + _encode_parts(namespace)
+    tail = _encode_parts(name)
+    sha256, prefix = hashlib.sha256, f"sg{KEY_VERSION}_"
+
+    def derive(scope: str, ordinal: int) -> str:
+        if type(scope) is not str or type(ordinal) is not int or ordinal < 0 or len(scope) > _MAX_PART:
+            return derive_key(namespace, scope, name, ordinal)  # raises the error it would have
+        try:
+            raw = scope.encode()
+        except UnicodeEncodeError:
+            return derive_key(namespace, scope, name, ordinal)  # raises CodecError
+        count = str(ordinal).encode()
+        digest = sha256(
+            b"".join((head, len(raw).to_bytes(4, "big"), raw, tail, len(count).to_bytes(4, "big"), count))
+        )
+        return prefix + digest.hexdigest()
+
+    return derive
 
 
 def derive_explicit_key(namespace: str, key: str, name: str) -> str:
@@ -115,6 +149,44 @@ _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=Fal
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 """Exact types that :func:`to_jsonable_python` returns unchanged, so a flat mapping of them needs no
 conversion (subclasses such as enums and named ints still go through it)."""
+
+
+_BIG = 10**4000
+_quote = json.encoder.encode_basestring  # what the canonical encoder (ensure_ascii=False) writes
+
+
+def _flat_text(data: Mapping[str, Any]) -> str | None:
+    """The canonical JSON of a flat mapping of plain values, as :data:`_JSON` writes it, or None.
+
+    The common arguments (a few strings and numbers) skip the general encoder's per-call set-up:
+    keys sorted, ``"key":value`` joined by commas, strings quoted by the encoder's own function,
+    numbers by ``repr`` as the encoder writes them. None for anything else (a non-str key, a nested
+    or non-plain value, a NaN or an infinity), which the general path handles or refuses.
+    """
+    parts: list[str] = []
+    try:
+        keys = sorted(data)
+    except TypeError:  # keys of types that do not compare
+        return None
+    for k in keys:
+        if type(k) is not str:
+            return None
+        v = data[k]
+        t = type(v)
+        if t is str:
+            text = _quote(v)
+        elif t is int and -_BIG < v < _BIG:  # past 4300 digits repr refuses: the general path says so
+            text = int.__repr__(v)
+        elif t is bool:
+            text = "true" if v else "false"
+        elif v is None:
+            text = "null"
+        elif t is float and v - v == 0.0:  # finite: NaN - NaN and inf - inf are NaN
+            text = float.__repr__(v)
+        else:
+            return None
+        parts.append(_quote(k) + ":" + text)
+    return "{" + ",".join(parts) + "}"
 
 
 def _ordered(value: Any) -> Any:
@@ -156,16 +228,23 @@ def fingerprint(arguments: Mapping[str, Any]) -> str:
     Raises:
         CodecError: an argument cannot be converted to JSON.
     """
-    data = dict(arguments)
-    plain = _PLAIN
-    if not all(type(k) is str and type(v) in plain for k, v in data.items()):
-        data = _canonical(data)
+    text = _flat_text(arguments)
+    if text is None:
+        data = dict(arguments)
+        plain = _PLAIN
+        if not all(type(k) is str and type(v) in plain for k, v in data.items()):
+            data = _canonical(data)
+        try:
+            text = _JSON.encode(data)
+        except (TypeError, ValueError) as exc:
+            raise CodecError(f"cannot fingerprint arguments: {exc}") from exc
     try:
-        text = _JSON.encode(data)
-    except (TypeError, ValueError) as exc:
-        raise CodecError(f"cannot fingerprint arguments: {exc}") from exc
-    digest = hashlib.sha256(_FINGERPRINT_HEAD + _encode_parts(text))
-    return f"f{KEY_VERSION}_{digest.hexdigest()}"
+        raw = text.encode()
+    except UnicodeEncodeError:
+        _encode_parts(text)  # raises the CodecError every part with no UTF-8 form gets
+        raise
+    digest = hashlib.sha256(_FINGERPRINT_HEAD + len(raw).to_bytes(4, "big") + raw)
+    return _FINGERPRINT_PREFIX + digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

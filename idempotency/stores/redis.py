@@ -21,11 +21,13 @@ import json
 import math
 import os
 import re
+import socket
 import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, Protocol, cast
 
 import redis
+from redis._parsers.base import BaseParser
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
@@ -127,6 +129,27 @@ return cjson.encode(r)
 """
 )
 
+# The same write as _COMPLETE, for a caller that holds the record as its claim returned it: only
+# the fields a holder's writes can have changed since (the lease, by heartbeats) and the new times
+# come back, so the script reads 3 fields instead of 14 and the reply is a few bytes.
+# ARGV: now, token, result, retention, ttl_ms.
+_COMPLETE_HELD = (
+    _NOW
+    + "local st, tk, lu = unpack(redis.call('HMGET', k, 'state', 'token', 'lease_until'))\n"
+    + _FENCE
+    + """
+local n, ea = f(now), f(now + tonumber(ARGV[4]))
+redis.call('HSET', k, 'state', 'succeeded', 'result', ARGV[3], 'expires_at', ea, 'updated_at', n)
+redis.call('HDEL', k, 'error')
+if ARGV[5] ~= '' then redis.call('PEXPIRE', k, ARGV[5]) end
+return cjson.encode({'ok', lu, n, ea})
+"""
+)
+
+_HELD_MAX = 4096
+"""Claimed records a store remembers for :data:`_COMPLETE_HELD`; past this many (claims never
+completed nor failed, e.g. by code driving the store itself) it forgets them all and starts afresh."""
+
 # ARGV: now, token, disposition, error, retention, ttl_ms. The reply leaves out the error.
 _FAIL = (
     _NOW
@@ -216,10 +239,41 @@ def _record(key: str, reply: list[Any]) -> Record:
     )  # fmt: skip
 
 
-def _bulk(value: str | float) -> bytes:
-    """One argument in the Redis protocol (floats as repr, which Lua's tonumber reads exactly)."""
-    raw = value.encode() if isinstance(value, str) else repr(value).encode()
-    return b"$%d\r\n%b\r\n" % (len(raw), raw)
+_READ = 65536
+_decode = json.JSONDecoder().raw_decode  # json.loads without its two wrapper calls
+_parse_error = cast(Callable[[str], redis.RedisError], BaseParser.parse_error)
+"""redis-py's mapping of an error reply to its exception (``NOSCRIPT`` to ``NoScriptError``, ...)."""
+
+
+def _reply(sock: socket.socket) -> bytes:
+    """Read one reply to a script: a bulk string (its bytes), or an error reply (raised as
+    redis-py's exception for it, e.g. ``NoScriptError``, after reading it whole).
+
+    Raises:
+        redis.ConnectionError: the server closed the connection, or sent a reply of another kind
+            (the connection's state is then unknown, so the caller drops it).
+    """
+    data = sock.recv(_READ)
+    while True:
+        if not data:
+            raise redis.ConnectionError("Connection closed by server.")
+        end = data.find(b"\r\n")
+        if end != -1:
+            break
+        data += sock.recv(_READ)
+    kind = data[:1]
+    if kind == b"$":
+        need = end + 2 + int(data[1:end]) + 2
+        while len(data) < need:
+            more = sock.recv(_READ)
+            if not more:
+                raise redis.ConnectionError("Connection closed by server.")
+            data += more
+        if len(data) == need:
+            return data[end + 2 : need - 2]
+    elif kind == b"-" and len(data) == end + 2:
+        raise _parse_error(data[1:end].decode("utf-8", "replace"))
+    raise redis.ConnectionError(f"unexpected reply from redis: {data[:40]!r}")
 
 
 def _ttl_ms(retention: float) -> int | str:
@@ -299,12 +353,23 @@ class RedisStore:
         self._clock = clock
         self._kp = prefix + ":{"
         self._match = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + ":{*}"
-        scripts = [client.register_script(s) for s in (_CLAIM, _COMPLETE, _FAIL, _HEARTBEAT, _PURGE)]
-        self._claim, self._complete, self._fail, self._heartbeat, self._purge = scripts
+        scripts = [
+            client.register_script(s) for s in (_CLAIM, _COMPLETE, _FAIL, _HEARTBEAT, _PURGE, _COMPLETE_HELD)
+        ]
+        self._claim, self._complete, self._fail, self._heartbeat, self._purge, self._complete_held = scripts
+        # The records this store's claims handed out and that are still live, by key: complete()
+        # rebuilds the finished record from one of these instead of reading the whole hash back.
+        self._held: dict[str, Record] = {}
         # The packed start of each script's EVALSHA (command, SHA, one key), built once.
         self._heads = {
             sc.sha: b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n$1\r\n1\r\n" % (4 + n, sc.sha.encode())
-            for sc, n in ((self._claim, 8), (self._complete, 5), (self._fail, 6), (self._heartbeat, 3))
+            for sc, n in (
+                (self._claim, 8),
+                (self._complete, 5),
+                (self._fail, 6),
+                (self._heartbeat, 3),
+                (self._complete_held, 5),
+            )
         }
         self._idle: list[tuple[_Connection, float]] = []
         self._pid = os.getpid()
@@ -349,8 +414,20 @@ class RedisStore:
                     stale = True
                 if stale:
                     conn.disconnect()  # send_packed_command connects afresh
-            conn.send_packed_command((packed,), check_health=False)
-            return conn.read_response(disable_decoding=True)
+            sock = getattr(conn, "_sock", None)
+            if sock is None:  # a new or dropped connection: redis-py connects it (handshake, AUTH)
+                conn.send_packed_command((packed,), check_health=False)
+                return conn.read_response(disable_decoding=True)
+            # A connected socket: write and read it directly. Only this store uses the connection,
+            # one command at a time, so nothing is ever left in redis-py's read buffer; the reply
+            # is one bulk string (or an error), which _reply reads whole.
+            try:
+                sock.sendall(packed)
+                return _reply(sock)
+            except TimeoutError as exc:
+                raise redis.TimeoutError(f"Timeout talking to redis: {exc}") from exc
+            except OSError as exc:
+                raise redis.ConnectionError(f"Error talking to redis: {exc}") from exc
         except BaseException as exc:
             if not isinstance(exc, redis.ResponseError):  # an error reply is read whole: clean
                 conn.disconnect()  # a reply may still be in flight: never reuse the socket
@@ -362,7 +439,11 @@ class RedisStore:
     def _eval(self, script: Script, key: str, *args: str | float) -> list[Any]:
         """Run a script on one key and decode its JSON reply; one round trip."""
         try:
-            packed = b"".join((self._heads[script.sha], _bulk(self._name(key)), *map(_bulk, args)))
+            # Each argument as a RESP bulk string (floats as repr, which Lua's tonumber reads exactly).
+            raws = [self._name(key), *[a if type(a) is str else repr(a) for a in args]]
+            packed = self._heads[script.sha] + b"".join(
+                [b"$%d\r\n%b\r\n" % (len(r), r) for r in [a.encode() for a in raws]]
+            )
         except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 for it
             raise CodecError(f"text cannot be stored in redis: {exc.reason}") from exc
         try:
@@ -372,7 +453,7 @@ class RedisStore:
                 # Redis restarted or its script cache was flushed. NOSCRIPT means it did not run.
                 self._client.script_load(script.script)
                 raw = self._send(packed)
-            return cast("list[Any]", json.loads(raw.decode()))
+            return cast("list[Any]", _decode(raw.decode())[0])
         except redis.RedisError as exc:
             raise _store_error(exc) from exc
         except ValueError as exc:  # not UTF-8 or not JSON: the hash was written by someone else
@@ -409,7 +490,13 @@ class RedisStore:
             identity.namespace, identity.scope, identity.name, str(identity.ordinal),
             str(first_token()),
         )  # fmt: skip
-        return ClaimResult(_OUTCOMES[reply[0]], _record(identity.key, reply))
+        outcome, record = _OUTCOMES[reply[0]], _record(identity.key, reply)
+        if outcome is not ClaimOutcome.EXISTING:  # ours now, until complete() or fail()
+            held = self._held
+            if len(held) >= _HELD_MAX:
+                held.clear()
+            held[identity.key] = record
+        return ClaimResult(outcome, record)
 
     def get(self, key: str) -> Record | None:
         """See :meth:`IdempotencyStore.get`: one ``HMGET``."""
@@ -425,7 +512,26 @@ class RedisStore:
         return None if values[5] is None else _record(key, [None, *values])
 
     def complete(self, key: str, token: int, result: str, retention: float) -> Record:
-        """See :meth:`IdempotencyStore.complete`. Also sets a TTL: the retention plus a grace."""
+        """See :meth:`IdempotencyStore.complete`. Also sets a TTL: the retention plus a grace.
+
+        When this store's own claim handed out ``token`` for ``key``, the finished record is built
+        from that claim's record and the few fields the script returns (:data:`_COMPLETE_HELD`):
+        while the token holds, nothing else of the record can have changed.
+        """
+        held = self._held.pop(key, None)
+        if held is not None and held.token == token:
+            short = self._eval(
+                self._complete_held, key, self._now_arg(), str(token), result, float(retention),
+                _ttl_ms(retention),
+            )  # fmt: skip
+            if short[0] == "lost":
+                raise self._lost(key, token, short)
+            _, lease_until, updated_at, expires_at = short
+            return Record(
+                key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
+                State.SUCCEEDED, token, float(lease_until), held.attempts, held.created_at,
+                float(updated_at), float(expires_at), result, None,
+            )  # fmt: skip
         reply = self._eval(
             self._complete, key, self._now_arg(), str(token), result, float(retention),
             _ttl_ms(retention),
@@ -439,6 +545,7 @@ class RedisStore:
         self, key: str, token: int, disposition: Disposition, error: str, retention: float
     ) -> Record | None:
         """See :meth:`IdempotencyStore.fail`. PERMANENT also sets a TTL like :meth:`complete`."""
+        self._held.pop(key, None)
         reply = self._eval(
             self._fail, key, self._now_arg(), str(token), Disposition(disposition).value, error,
             float(retention), _ttl_ms(retention),

@@ -1,0 +1,311 @@
+"""The guard's fast paths say and do exactly what the general paths do.
+
+Each shortcut taken on every call (the flat canonical fingerprint, the key deriver fixed per effect,
+the codec writing plain results directly, the Redis store reading its replies off the socket, the
+operation built once for :meth:`Guard.run`, skipping no-op spans) is checked here against the path
+it short-cuts, or against the behaviour it must keep.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+
+from idempotency import CodecError, ConfigurationError, Guard, LostOwnership, MemoryStore, scope
+from idempotency.codec import Codec
+from idempotency.keys import _JSON, _flat_text, derive_key, fingerprint, key_deriver
+from idempotency.stores.redis import _reply
+
+# ------------------------------------------------------------------------------ fingerprints
+
+flat_values = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+)
+
+
+@given(st.dictionaries(st.text(), flat_values, max_size=6))
+def test_flat_text_is_the_canonical_encoders_text(data: dict[str, Any]) -> None:
+    assert _flat_text(data) == _JSON.encode(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"a": float("nan")},
+        {"a": float("inf")},
+        {"a": [1, 2]},
+        {"a": {"b": 1}},
+        {1: 2},
+        {"a": 1, 2: 3},
+    ],
+)
+def test_flat_text_leaves_the_rest_to_the_general_path(data: dict[Any, Any]) -> None:
+    assert _flat_text(data) is None
+
+
+def test_fingerprint_of_an_int_subclass_and_a_nan_are_unchanged() -> None:
+    class Level(int):
+        pass
+
+    # Both go the general way: an int subclass is converted, a NaN is refused.
+    assert fingerprint({"a": Level(3)}) == fingerprint({"a": 3})
+    with pytest.raises(CodecError):
+        fingerprint({"a": float("nan")})
+    with pytest.raises(CodecError):
+        fingerprint({"a": "\ud800"})
+
+
+# ------------------------------------------------------------------------------------- keys
+
+
+@given(st.text(max_size=30), st.text(max_size=30), st.text(min_size=1, max_size=30), st.integers(0, 2**40))
+def test_key_deriver_derives_the_same_keys(namespace: str, unit: str, name: str, ordinal: int) -> None:
+    try:
+        expected: Any = derive_key(namespace, unit, name, ordinal)
+    except (ConfigurationError, CodecError) as exc:
+        expected = type(exc)
+    try:
+        got: Any = key_deriver(namespace, name)(unit, ordinal)
+    except (ConfigurationError, CodecError) as exc:
+        got = type(exc)
+    assert got == expected
+
+
+def test_key_deriver_refuses_what_derive_key_refuses() -> None:
+    with pytest.raises(ConfigurationError):
+        key_deriver("ns", "")
+    derive = key_deriver("ns", "n")
+    with pytest.raises(ConfigurationError):
+        derive("s", -1)
+    with pytest.raises(ConfigurationError):
+        derive("s", True)
+    with pytest.raises(ConfigurationError):
+        derive("x" * 5000, 0)
+    with pytest.raises(CodecError):
+        derive("\ud800", 0)
+
+
+# ------------------------------------------------------------------------------------ codec
+
+
+@pytest.mark.parametrize(
+    ("tp", "value"),
+    [(int, 5), (int, -(2**80)), (str, 'a"\\\n\u2028\x00é'), (bool, True), (None, None), (Any, "x"), (Any, 7)],
+)
+def test_plain_results_read_back_as_written(tp: Any, value: Any) -> None:
+    codec: Codec[Any] = Codec(tp)
+    text = codec.encode(value)
+    assert codec.decode(text) == value
+    assert type(codec.decode(text)) is type(value)
+
+
+def test_plain_results_that_cannot_be_stored_are_still_refused() -> None:
+    with pytest.raises(CodecError):
+        Codec(str).encode("\ud800")
+    with pytest.raises(CodecError):
+        Codec(int).encode("5")
+
+
+# ------------------------------------------------------------------------- redis: raw replies
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    ours, theirs = socket.socketpair()
+    ours.settimeout(5)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def _feed(sock: socket.socket, *chunks: bytes) -> threading.Thread:
+    def send() -> None:
+        for chunk in chunks:
+            sock.sendall(chunk)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+def test_reply_reads_a_bulk_string_split_across_reads(pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, theirs = pair
+    body = b'["existing",' + b"x" * 100_000 + b"]"
+    raw = b"$%d\r\n%b\r\n" % (len(body), body)
+    thread = _feed(theirs, raw[:2], raw[2:9], raw[9:70_000], raw[70_000:])
+    assert _reply(ours) == body
+    thread.join()
+
+
+def test_reply_raises_an_error_reply_as_redis_py_does(pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, theirs = pair
+    theirs.sendall(b"-NOSCRIPT No matching script. Please use EVAL.\r\n")
+    with pytest.raises(redis.exceptions.NoScriptError):
+        _reply(ours)
+    theirs.sendall(b"-ERR something else\r\n")
+    with pytest.raises(redis.ResponseError):
+        _reply(ours)
+
+
+def test_reply_of_a_closed_or_confused_connection_is_a_connection_error(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    ours, theirs = pair
+    theirs.sendall(b":1\r\n")  # an integer: not what a script of ours answers
+    with pytest.raises(redis.ConnectionError):
+        _reply(ours)
+    theirs.sendall(b"$10\r\nabc")
+    theirs.close()
+    with pytest.raises(redis.ConnectionError):
+        _reply(ours)
+
+
+# ---------------------------------------------------------------------------- the explicit API
+
+
+def test_operation_checks_its_options_once_and_runs_like_run() -> None:
+    guard = Guard(MemoryStore())
+    with pytest.raises(ConfigurationError):
+        guard.operation("x", polcy="at_least_once")
+    calls: list[int] = []
+    charge = guard.operation("pay.charge", result_type=int)
+    assert charge.name == "pay.charge"
+    with scope("s"):
+        assert charge.run(lambda: calls.append(1) or len(calls), arguments={"n": 1}) == 1
+    with scope("s"):  # a re-run of the scope replays, through run() as through the operation
+        assert guard.run("pay.charge", lambda: 99, arguments={"n": 1}, result_type=int) == 1
+        assert charge.run(lambda: 99, arguments={"n": 1}) == 99  # ordinal 1: a new effect
+    assert calls == [1]
+
+
+def test_run_reuses_one_operation_per_name_and_options() -> None:
+    guard = Guard(MemoryStore())
+    first = guard._operation("a", int, {"policy": "at_least_once"})
+    assert guard._operation("a", int, {"policy": "at_least_once"}) is first
+    assert guard._operation("a", int, {"policy": "at_most_once"}) is not first
+    assert guard._operation("a", int, {"permanent": [ValueError]}) is not guard._operation(
+        "a", int, {"permanent": [ValueError]}
+    )  # unhashable options: built each time, never confused
+
+
+def test_operation_with_an_async_reconciler_refuses_a_sync_run() -> None:
+    async def reconcile(request: Any) -> Any:
+        return None
+
+    op = Guard(MemoryStore()).operation("x", reconciler=reconcile)
+    with scope("s"), pytest.raises(ConfigurationError):
+        op.run(lambda: 1)
+
+
+# ----------------------------------------------------------------------- spans without an SDK
+
+
+_NO_SDK_CHILD = """
+from opentelemetry import trace
+from idempotency import Guard, MemoryStore, scope
+
+assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+guard = Guard(MemoryStore())
+parent = trace.NonRecordingSpan(
+    trace.SpanContext(trace_id=1, span_id=2, is_remote=True, trace_flags=trace.TraceFlags(1))
+)
+seen = []
+
+@guard.effect("peek")
+def peek() -> int:
+    seen.append(trace.get_current_span())
+    return 1
+
+with trace.use_span(parent), scope("s"):
+    peek()
+# No no-op span was put in between: a propagator in the body still sends the caller's trace.
+assert seen == [parent], seen
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+provider = TracerProvider()
+exporter = InMemorySpanExporter()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)  # set late: the next call is traced all the same
+with trace.use_span(parent), scope("s2"):
+    peek()
+(span,) = exporter.get_finished_spans()
+assert span.name == "execute_tool peek", span.name
+assert span.attributes["sagaguard.effect.outcome"] == "executed"
+assert span.parent.span_id == 2
+assert seen[-1].get_span_context().span_id == span.get_span_context().span_id
+print("ok")
+"""
+
+
+def test_spans_are_skipped_only_while_no_tracer_provider_is_set() -> None:
+    # In a child process: the global provider can be set only once, and this test sets it late.
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_SDK_CHILD], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+# ------------------------------------------------------------ redis: completing a held claim
+
+
+def test_redis_complete_of_a_held_claim_returns_the_record_as_stored() -> None:
+    import uuid
+
+    from conftest import FakeClock, require_redis
+
+    from idempotency.keys import EffectIdentity
+    from idempotency.records import Disposition, State
+    from idempotency.stores.redis import RedisStore
+
+    url, clock = require_redis(), FakeClock()
+    prefix = f"sg-held-{uuid.uuid4().hex[:8]}"
+    store, other = RedisStore(url, clock=clock, prefix=prefix), RedisStore(url, clock=clock, prefix=prefix)
+    fp = "f1_" + "0" * 64
+    try:
+        # A fresh claim, its lease renewed, then completed: the short reply rebuilds what get() reads.
+        fresh = EffectIdentity.of("ns", "s", "held", 0)
+        token = store.claim(fresh, fp, 10.0).record.token
+        clock.advance(3)
+        store.heartbeat(fresh.key, token, 10.0)
+        clock.advance(1)
+        done = store.complete(fresh.key, token, '"r"', 100.0)
+        assert done == store.get(fresh.key)
+        assert (done.state, done.result, done.error) == (State.SUCCEEDED, '"r"', None)
+
+        # A take-over of a record left in doubt with an error: completing it clears the error.
+        doubt = EffectIdentity.of("ns", "s", "held", 1)
+        first = store.claim(doubt, fp, 10.0).record.token
+        store.fail(doubt.key, first, Disposition.AMBIGUOUS, '{"type": "x"}', 100.0)
+        took = store.claim(doubt, fp, 10.0).record
+        assert took.error is not None
+        done = store.complete(doubt.key, took.token, "1", 100.0)
+        assert done == store.get(doubt.key) and done.error is None and done.attempts == 2
+
+        # Completed by another store object (nothing held there), or under a stale token: the full
+        # path, with the same answers.
+        third = EffectIdentity.of("ns", "s", "held", 2)
+        token = store.claim(third, fp, 10.0).record.token
+        assert other.complete(third.key, token, "2", 100.0) == store.get(third.key)
+        fourth = EffectIdentity.of("ns", "s", "held", 3)
+        token = store.claim(fourth, fp, 10.0).record.token
+        with pytest.raises(LostOwnership):
+            store.complete(fourth.key, token + 1, "3", 100.0)
+        assert store.complete(fourth.key, token, "3", 100.0) == store.get(fourth.key)
+    finally:
+        for key in store._client.scan_iter(match=f"{prefix}:*"):
+            store._client.delete(key)
+        store.close()
+        other.close()
