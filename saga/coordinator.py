@@ -31,6 +31,7 @@ from saga.decisions import (
     decide,
     decide_start,
     failure_state,
+    merge_steps,
     needs_compensation,
     pivot_started,
     step_deadline,
@@ -98,14 +99,18 @@ _WAIT_MAX = 1.0
 class _Retrier:
     """tenacity stop and wait strategies, consulted after each failure."""
 
+    __slots__ = ("_retry", "_state", "attempt")
+
     def __init__(self, retry: Retry) -> None:
         self._retry = retry
-        self._state = tenacity.RetryCallState(cast(Any, None), None, (), {})
+        self._state: tenacity.RetryCallState | None = None  # built on the first failure only
         self.attempt = 1
 
     def next_pause(self, exc: BaseException) -> float | None:
         """Seconds to wait before the next try, or None to give up."""
         state = self._state
+        if state is None:
+            state = self._state = tenacity.RetryCallState(cast(Any, None), None, (), {})
         state.attempt_number = self.attempt
         state.set_exception((type(exc), exc, exc.__traceback__))
         if self._retry.stop(state):
@@ -159,6 +164,9 @@ class SagaFlow:
         self.trace_step: Callable[[int], str | None] | None = None
         """Set by the driver: starts step ``index``'s span and returns its ``traceparent``, which
         is written with the step's STARTED row (see :mod:`saga.telemetry`)."""
+        self.untrace_step: Callable[[int], None] | None = None
+        """Set by the driver: forgets the span :attr:`trace_step` started for a row that was not
+        written after all (the first step's, when the start did not create the saga)."""
 
     @classmethod
     def claimed(
@@ -196,6 +204,7 @@ class SagaFlow:
             self.signals = dict(snapshot.signals)
             self.results = self._decoded_results(snapshot)
             self._fresh = None
+            check(self.saga, snapshot)  # the journal's rows, once per take-over
             snapshot = yield from self._cap_recoveries(snapshot)
             snapshot = yield from self._drive(snapshot)
             saga = snapshot.saga
@@ -219,7 +228,8 @@ class SagaFlow:
 
     def _drive(self, snapshot: SagaSnapshot) -> Generator[Op, Any, SagaSnapshot]:
         while True:
-            move: Next = decide(self.saga, snapshot, self._fresh)
+            # Checked by resume(); every later snapshot holds the rows this flow wrote from the saga.
+            move: Next = decide(self.saga, snapshot, self._fresh, checked=True)
             if isinstance(move, Done):
                 return snapshot
             if isinstance(move, StartStep):
@@ -238,8 +248,16 @@ class SagaFlow:
 
     def _begin(self) -> Generator[Op, Any, StartResult]:
         waited, delay = 0.0, _WAIT_FIRST
+        # A new saga's first move is always "start step 0" (decide: no rows, no cancellation yet,
+        # its deadline ahead), so that row goes with the start: creating the saga and registering
+        # the first compensation is one commit. Only the first start can create the saga.
+        first = self._started(0) if self.saga.steps else None
         while True:
-            started: StartResult = yield Begin()
+            started: StartResult = yield Begin(first)
+            if first is not None and started.outcome is not StartOutcome.CREATED:
+                if self.untrace_step is not None:
+                    self.untrace_step(0)  # that row was not written: its span never happened
+                first = None
             saga = self.saga
             action = decide_start(started, name=saga.name, version=saga.version, fingerprint=self.fingerprint)
             record = started.snapshot.saga
@@ -275,20 +293,20 @@ class SagaFlow:
         """Commit ``phase``, folding in the next move when it is only a journal write, so that
         "step i succeeded + step i+1 started" (or "+ saga completed") is one commit."""
         after = apply(snapshot, phase)
-        move = decide(self.saga, after)
+        move = decide(self.saga, after, checked=True)
+        steps, state, error = phase.steps, phase.state, phase.error
         started: int | None = None
-        if isinstance(move, StartStep) and phase.state is None:
-            phase = Phase(steps=(*phase.steps, self._started(move.index)))
+        if state is None and isinstance(move, StartStep):
+            steps = (*steps, self._started(move.index))
             started = move.index
-        elif isinstance(move, SetState) and phase.state is None:
+        elif state is None and isinstance(move, SetState):
+            state = move.state
             error = after.saga.error if move.error is None else move.error
-            phase = Phase(steps=phase.steps, state=move.state, error=error)
-        final = apply(snapshot, phase)
-        live = final.saga.state in LIVE_STATES
+        live = (snapshot.saga.state if state is None else state) in LIVE_STATES
         phase = Phase(
-            steps=phase.steps,
-            state=phase.state,
-            error=phase.error,
+            steps=steps,
+            state=state,
+            error=error,
             lease=self.lease if live else 0.0,
             waiting_for=phase.waiting_for,
             wait_until=phase.wait_until,
@@ -299,13 +317,12 @@ class SagaFlow:
         if started is not None:
             self._fresh = started
         # Rows written STARTED just now started at the commit's time (the journal stamps it so).
+        stamp = record.updated_at
         rows = tuple(
-            row.evolve(started_at=record.updated_at)
-            if row.state is StepState.STARTED and row.started_at == 0
-            else row
-            for row in final.steps
+            row.evolve(started_at=stamp) if row.state is StepState.STARTED and row.started_at == 0 else row
+            for row in steps
         )
-        return SagaSnapshot(record, rows, snapshot.signals)
+        return SagaSnapshot(record, merge_steps(snapshot.steps, rows), snapshot.signals)
 
     def _started(self, index: int) -> StepRecord:
         step = self.saga.steps[index]
@@ -353,11 +370,14 @@ class SagaFlow:
         row = cast(StepRecord, snapshot.step(index))
         retrier = _Retrier(step.retry)
         deadline = step_deadline(self.saga, snapshot, index)
-        timeout = StepTimeout(step.name, (deadline or 0.0) - row.started_at)
+
+        def timeout() -> StepTimeout:
+            return StepTimeout(step.name, (deadline or 0.0) - row.started_at)
+
         not_applied = False
         attempts = row.attempts
         if deadline is not None and snapshot.saga.updated_at >= deadline:
-            error: BaseException = timeout  # it overran before a crash: never run it again
+            error: BaseException = timeout()  # it overran before a crash: never run it again
         else:
             while True:
                 ctx = self.context(index, retrier.attempt, snapshot=snapshot)
@@ -369,7 +389,7 @@ class SagaFlow:
                 if ran.error is not None and not isinstance(ran.error, Exception):
                     raise ran.error  # cancelled or interrupted: the step stays STARTED, as after a crash
                 if late and not isinstance(ran.error, SignalTimeout):
-                    error = timeout
+                    error = timeout()
                     break
                 if ran.error is None:
                     try:
@@ -400,7 +420,7 @@ class SagaFlow:
                     and ran.finished_at is not None
                     and ran.finished_at + pause >= deadline
                 ):
-                    error = timeout
+                    error = timeout()
                     break
                 yield Sleep(pause, self.token)
         text = encode_error(error)

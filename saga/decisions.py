@@ -55,6 +55,7 @@ __all__ = [
     "decide",
     "decide_start",
     "failure_state",
+    "merge_steps",
     "needs_compensation",
     "pivot_started",
     "step_deadline",
@@ -218,13 +219,16 @@ def abandon_cause(snapshot: SagaSnapshot, fresh: int | None = None) -> str | Non
     the pivot started (see :func:`pivot_started`).
     """
     saga = snapshot.saga
-    if saga.state is not SagaState.RUNNING or pivot_started(snapshot, fresh):
+    if saga.state is not SagaState.RUNNING:
         return None
-    if saga.cancel_requested:
+    cancelled = saga.cancel_requested
+    if not cancelled and not 0 < saga.deadline <= saga.updated_at:
+        return None  # the usual case, decided without looking at the steps
+    if pivot_started(snapshot, fresh):
+        return None
+    if cancelled:
         return saga.error or encode_error(SagaCancelled())
-    if 0 < saga.deadline <= saga.updated_at:
-        return encode_error(SagaDeadlineExceeded(saga.saga_id))
-    return None
+    return encode_error(SagaDeadlineExceeded(saga.saga_id))
 
 
 def step_deadline(saga: Saga[Any], snapshot: SagaSnapshot, index: int) -> float | None:
@@ -275,33 +279,45 @@ def check(saga: Saga[Any], snapshot: SagaSnapshot) -> None:
             )
 
 
-def decide(saga: Saga[Any], snapshot: SagaSnapshot, fresh: int | None = None) -> Next:
+def decide(
+    saga: Saga[Any], snapshot: SagaSnapshot, fresh: int | None = None, *, checked: bool = False
+) -> Next:
     """The saga's next move, given its journal. Pure.
 
-    ``fresh``: see :func:`pivot_started`.
+    ``fresh``: see :func:`pivot_started`. ``checked``: the caller already ran :func:`check` on
+    these rows (a flow re-deciding on the rows it wrote itself from ``saga``), so it is skipped.
 
     Raises:
         DefinitionMismatch: the journal's name, version or steps do not match ``saga``.
     """
-    check(saga, snapshot)
+    if not checked:
+        check(saga, snapshot)
     state = snapshot.saga.state
     if state not in LIVE_STATES:
         return Done()
     if state is SagaState.RUNNING:
-        rows = [snapshot.step(step.index) for step in saga.steps]
-        if all(row is not None and row.state is StepState.SUCCEEDED for row in rows):
+        # The first step, in order, that has no row or has not succeeded (rows are ordered by
+        # index, and check() keeps every index within the definition).
+        pending = len(snapshot.steps)
+        row: StepRecord | None = None
+        for position, found in enumerate(snapshot.steps):
+            if found.index != position:
+                pending = position  # a gap: this step has no row
+                break
+            if found.state is not StepState.SUCCEEDED:
+                pending, row = position, found
+                break
+        if pending >= len(saga.steps):
             return SetState(SagaState.COMPLETED)
         cause = abandon_cause(snapshot, fresh)
         if cause is not None:
             return Abandon(cause)
-        for step, row in zip(saga.steps, rows, strict=True):
-            if row is None:
-                return StartStep(step.index)
-            if row.state is StepState.STARTED:
-                return RunStep(step.index)
-            if row.state is not StepState.SUCCEEDED:
-                # Only a hand-edited journal gets here: failures change the saga state atomically.
-                return SetState(failure_state(row.kind, row.not_applied))
+        if row is None:
+            return StartStep(pending)
+        if row.state is StepState.STARTED:
+            return RunStep(pending)
+        # Only a hand-edited journal gets here: failures change the saga state atomically.
+        return SetState(failure_state(row.kind, row.not_applied))
     for row in reversed(snapshot.steps):
         if needs_compensation(row):
             return Compensate(row.index)
@@ -312,12 +328,28 @@ def decide(saga: Saga[Any], snapshot: SagaSnapshot, fresh: int | None = None) ->
     return SetState(SagaState.COMPENSATED if undone else SagaState.FAILED)
 
 
+def merge_steps(rows: tuple[StepRecord, ...], new: tuple[StepRecord, ...]) -> tuple[StepRecord, ...]:
+    """``rows`` (ordered by index) with each of ``new`` replacing the row at its index or added,
+    still ordered by index. Pure."""
+    if not new:
+        return rows
+    merged = list(rows)
+    for row in new:
+        index = row.index
+        if index < len(merged) and merged[index].index == index:
+            merged[index] = row  # the usual layout: rows 0..n-1, in order
+        elif index == len(merged) and (not merged or merged[-1].index == index - 1):
+            merged.append(row)
+        else:  # gaps: by index
+            by_index = {r.index: r for r in merged}
+            by_index[index] = row
+            merged = [by_index[i] for i in sorted(by_index)]
+    return tuple(merged)
+
+
 def apply(snapshot: SagaSnapshot, phase: Phase) -> SagaSnapshot:
     """The snapshot after ``phase`` is committed (journal timestamps aside). Pure."""
-    rows = {row.index: row for row in snapshot.steps}
-    for row in phase.steps:
-        rows[row.index] = row
     saga = snapshot.saga
     if phase.state is not None:
         saga = saga.evolve(state=phase.state, error=phase.error)
-    return SagaSnapshot(saga, tuple(rows[i] for i in sorted(rows)), snapshot.signals)
+    return SagaSnapshot(saga, merge_steps(snapshot.steps, phase.steps), snapshot.signals)

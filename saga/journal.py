@@ -54,14 +54,21 @@ class SagaJournal(Protocol):
         fingerprint: str,
         lease: float,
         timeout: float = 0.0,
+        first: StepRecord | None = None,
     ) -> StartResult:
         """Atomically create or take over the saga ``saga_id``; one transaction.
 
-        - No saga has this id: insert it RUNNING, token 1, lease ``now + lease``, no steps, deadline
-          ``now + timeout`` (0 when ``timeout`` is 0) -> CREATED.
+        - No saga has this id: insert it RUNNING, token 1, lease ``now + lease``, deadline
+          ``now + timeout`` (0 when ``timeout`` is 0), with no step rows but ``first`` (written as
+          by :meth:`commit`, stamped with the saga's creation time) -> CREATED. Creating the saga
+          and registering its first step (STARTED, compensation registered) is thus one commit:
+          the saga's first atomic phase.
         - It is RUNNING, COMPENSATING or WAITING, its ``lease_until`` has passed, and ``name``,
           ``version`` and ``fingerprint`` match: taken over as by :meth:`claim` -> TOOK_OVER.
         - Anything else -> EXISTING, unchanged (the caller replays, attaches or reports a conflict).
+
+        ``first`` is written only when the saga is created; a take-over or an existing saga keeps
+        its own rows.
 
         Never check-then-act: of two concurrent starts, exactly one creates or takes over.
         The result carries the saga with all its step rows and signals as they stand after the start.

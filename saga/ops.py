@@ -11,14 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from saga.context import StepContext
-from saga.records import Phase
+from saga.records import Phase, StepRecord
 
 __all__ = ["Act", "Begin", "Claim", "Op", "Ran", "Sleep", "Undo", "Write"]
 
 
 @dataclass(frozen=True, slots=True)
 class Begin:
-    """Start (create or take over) the saga in the journal. Answer: :class:`StartResult`."""
+    """Start (create or take over) the saga in the journal. Answer: :class:`StartResult`.
+
+    ``first`` is the first step's STARTED row, written with the saga if this start creates it.
+    """
+
+    first: StepRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)

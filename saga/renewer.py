@@ -68,6 +68,8 @@ class LeaseRenewer:
         self._use_thread = thread
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._wakes_at = 0.0
+        """When the thread's current wait ends (monotonic); 0 while it is not waiting."""
 
     @contextlib.contextmanager
     def hold(self, saga_id: str, token: int, *, until: float | None = None) -> Iterator[None]:
@@ -80,7 +82,10 @@ class LeaseRenewer:
             if self._use_thread and self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._loop, name="sagaguard-saga-lease", daemon=True)
                 self._thread.start()
-            else:
+            elif entry.due < self._wakes_at:
+                # Wake the thread only when it would sleep past this hold's first renewal: with
+                # the usual leases it wakes (at most a second from now) long before, and a
+                # wake-up per step would cost every step a thread switch.
                 self._cond.notify()
         try:
             yield
@@ -120,9 +125,12 @@ class LeaseRenewer:
             with self._cond:
                 if self._closed:
                     return
+                now = self._monotonic()
                 soonest = min((h.due for h in self._holds.values()), default=None)
-                timeout = 1.0 if soonest is None else max(0.0, soonest - self._monotonic())
-                self._cond.wait(timeout=min(timeout, 1.0))
+                timeout = min(1.0, 1.0 if soonest is None else max(0.0, soonest - now))
+                self._wakes_at = now + timeout
+                self._cond.wait(timeout=timeout)
+                self._wakes_at = 0.0  # awake: a hold made now is seen before the next wait
                 if self._closed:
                     return
             self.beat_due()

@@ -122,6 +122,7 @@ class SagaRunner:
         if renewer is True:
             renewer = LeaseRenewer(journal, lease)
         self.renewer: LeaseRenewer | None = renewer if isinstance(renewer, LeaseRenewer) else None
+        self._start_takes_first = _takes(journal.start, "first")
 
     def close(self) -> None:
         """Stop the lease renewer's thread (the journal and guard are the caller's to close)."""
@@ -149,8 +150,12 @@ class SagaRunner:
     def _journal_op(self, flow: SagaFlow, op: Begin | Claim | Write) -> Any:
         if isinstance(op, Begin):
             saga = flow.saga
-            # Only pass the deadline when there is one, so journals wrapped by older code still fit.
-            extra = {"timeout": saga.timeout} if saga.timeout is not None else {}
+            # Only pass the deadline and the first step when there are, and the first step only to
+            # a journal that takes it, so journals written against older code still fit (the flow
+            # then registers the first step with a commit of its own).
+            extra: dict[str, Any] = {"timeout": saga.timeout} if saga.timeout is not None else {}
+            if op.first is not None and self._start_takes_first:
+                extra["first"] = op.first
             return self.journal.start(
                 flow.saga_id,
                 name=saga.name,
@@ -369,6 +374,15 @@ async def _call_async(action: Any, ctx: StepContext, value: Any) -> Ran:
         return Ran(result)
     except BaseException as exc:
         return Ran(error=exc)
+
+
+def _takes(method: Callable[..., Any], name: str) -> bool:
+    """Whether ``method`` accepts the keyword argument ``name`` (or any keyword)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _refuse_async(saga: Saga[Any]) -> None:

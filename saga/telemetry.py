@@ -47,6 +47,8 @@ compensation_counter = _meter.create_counter(
     description="Compensation attempts by result (succeeded, failed)",
 )
 _PROPAGATOR = TraceContextTextMapPropagator()
+_NO_SDK = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+"""Tracer providers that only ever make non-recording spans: the API's defaults."""
 _QUIET: dict[str, Any] = {"record_exception": False, "set_status_on_exception": False}
 """Errors are recorded as types by hand: an exception's message may carry raw data."""
 
@@ -75,13 +77,20 @@ class RunTrace:
 
     def __init__(self, flow: SagaFlow) -> None:
         self.flow = flow
+        self._steps: dict[int, Span] = {}
+        # No SDK installed: every span would be a no-op, yet building one per step (attributes,
+        # contexts, a traceparent) costs a noticeable share of a no-op step. Skip them all.
+        self.quiet = isinstance(trace.get_tracer_provider(), _NO_SDK)
+        if self.quiet:
+            self.span: Span = trace.INVALID_SPAN
+            return
         self.span = tracer.start_span(
             f"saga {flow.saga.name}",
             kind=SpanKind.INTERNAL,
             attributes={"sagaguard.saga.name": flow.saga.name, "sagaguard.saga.version": flow.saga.version},
         )
-        self._steps: dict[int, Span] = {}
         flow.trace_step = self.start_step
+        flow.untrace_step = self.discard_step
 
     def _attrs(self, index: int) -> dict[str, Any]:
         step = self.flow.saga.steps[index]
@@ -104,10 +113,18 @@ class RunTrace:
         self._steps[index] = span
         return traceparent(span)
 
+    def discard_step(self, index: int) -> None:
+        """Forget the span :meth:`start_step` started for step ``index`` without ending it: a span
+        that never ends is never exported (its row was not written, so it stands for nothing)."""
+        self._steps.pop(index, None)
+
     @contextmanager
     def step(self, op: Act) -> Iterator[None]:
         """Make the step's span current while its action runs (a step resumed after a crash gets
         a new span here: its row keeps the first one's ``traceparent``)."""
+        if self.quiet:
+            yield
+            return
         index = op.context.index
         span = self._steps.get(index)
         if span is None:
@@ -123,6 +140,8 @@ class RunTrace:
 
     def written(self, rows: tuple[StepRecord, ...]) -> None:
         """After a commit: end the spans of the steps it recorded a result or failure for."""
+        if not self._steps:
+            return
         for row in rows:
             if row.state is StepState.STARTED:
                 continue
@@ -139,6 +158,9 @@ class RunTrace:
     @contextmanager
     def compensation(self, op: Undo) -> Iterator[Span]:
         """A ``saga.compensate`` span, current while the compensation runs, linked to its step's."""
+        if self.quiet:
+            yield self.span
+            return
         index = op.context.index
         attrs = {**self._attrs(index), "sagaguard.compensation.attempt": op.context.attempt}
         span = tracer.start_span(
@@ -164,6 +186,9 @@ class RunTrace:
     @contextmanager
     def running(self) -> Iterator[None]:
         """Make the run's span current; end every span when the run returns or raises."""
+        if self.quiet:
+            yield
+            return
         try:
             with trace.use_span(self.span, end_on_exit=False, **_QUIET):
                 yield
@@ -176,6 +201,7 @@ class RunTrace:
                 span.end()
             self._steps.clear()
             self.flow.trace_step = None
+            self.flow.untrace_step = None
             self.span.end()
 
     def finished(self, outcome: SagaOutcome) -> None:

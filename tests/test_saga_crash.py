@@ -106,19 +106,19 @@ class Case:
 
 CASES: list[Case] = [
     # Each kind of point (journal, effect, compensation) in both runs, on SQLite.
-    Case("complete", "journal.commit#1:before", "started, no step yet"),
+    Case("complete", "store.claim#1:before", "started with the first step registered, nothing sent"),
     Case("complete", "store.claim#3:after", "hotel claimed, not sent: the reconciler says not applied"),
     Case("complete", "store.complete#2:before", "seat reserved, not recorded: the reconciler finds it"),
-    Case("complete", "journal.commit#3:before", "seat recorded by the guard, not in the journal"),
-    Case("complete", "journal.commit#5:after", "completed: the rerun replays"),
-    Case("compensate", "journal.commit#4:before", "hotel failed after booking, failure not committed"),
+    Case("complete", "journal.commit#2:before", "seat recorded by the guard, not in the journal"),
+    Case("complete", "journal.commit#4:after", "completed: the rerun replays"),
+    Case("compensate", "journal.commit#3:before", "hotel failed after booking, failure not committed"),
     Case("compensate", "store.complete#4:before", "cancellation sent, not recorded (result=None)"),
     Case("compensate", "store.claim#6:after", "the release compensation claimed, not run"),
     Case("compensate", "store.complete#9:before", "refund ran, its compensation record not written"),
     # Recovered by the sweeper (saga.recovery.recover / arecover), and driven by arun.
     Case("complete", "store.complete#2:before", "as above, the sweeper recovers", recovery="sweep"),
     Case("compensate", "store.complete#4:before", "as above, arecover", recovery="sweep", driver="async"),
-    Case("compensate", "journal.commit#5:before", "hotel cancelled, not committed; arun", driver="async"),
+    Case("compensate", "journal.commit#4:before", "hotel cancelled, not committed; arun", driver="async"),
     # Crashes during recovery.
     Case(
         "complete",
@@ -135,19 +135,19 @@ CASES: list[Case] = [
     ),
     Case(
         "compensate",
-        "journal.commit#5:before",
+        "journal.commit#4:before",
         "the sweeper takes the saga over and dies at once; the next sweep takes it again",
         then=("journal.claim#1:after",),
         recovery="sweep",
     ),
     # A few on Postgres.
     Case("complete", "store.complete#2:before", "seat reserved, not recorded", backend="postgres"),
-    Case("complete", "journal.commit#3:before", "seat not in the journal", backend="postgres"),
+    Case("complete", "journal.commit#2:before", "seat not in the journal", backend="postgres"),
     Case("compensate", "store.complete#6:before", "release sent", recovery="sweep", backend="postgres"),
 ]
 """The default suite's crash scenarios. They run together, a few at a time (:func:`outcomes`)."""
 
-CONTROL = Case("complete", "journal.commit#2:before", "charged, step not committed", guarded=False)
+CONTROL = Case("complete", "journal.commit#1:before", "charged, step not committed", guarded=False)
 """The negative control: the same trip without the guard."""
 
 
@@ -266,7 +266,7 @@ def test_the_points_of_both_runs() -> None:
         assert points[0].spec == "journal.start#1:before"
         assert points[-1].when == "after" and points[-1].method == "commit"
         assert all(p.label for p in points)
-    assert len(POINTS["complete"]) == 19  # 1 start, 5 commits, 4 effects x (claim before/after, sent)
+    assert len(POINTS["complete"]) == 18  # 1 start, 4 commits, 4 effects x (claim before/after, sent)
     kinds = {(case.run, _point(case.run, case.spec).kind) for case in CASES}
     assert kinds >= {("complete", "journal"), ("complete", "effect")}
     assert kinds >= {("compensate", "journal"), ("compensate", "compensation")}
@@ -297,16 +297,16 @@ def test_the_crashing_journal_dies_before_and_after_the_nth_commit_in_process() 
     """The wrappers the children use, without a child: ``before`` leaves the commit unwritten,
     ``after`` leaves it written."""
     for when, committed in (("before", 1), ("after", 2)):
-        tripwire = Tripwire(KillPoint("journal", "commit", 2, when), kill=_die)
+        tripwire = Tripwire(KillPoint("journal", "commit", 1, when), kill=_die)
         inner = MemoryJournal()
         journal = CrashingJournal(inner, tripwire)
         guard = Guard(CrashingSagaStore(MemoryStore(), tripwire), sleep=lambda _s: None)
         saga = _noop_saga()
-        with pytest.raises(Died, match=r"journal\.commit#2:" + when):
+        with pytest.raises(Died, match=r"journal\.commit#1:" + when):
             SagaRunner(journal, guard).run(saga, "s-1", None)
         snapshot = inner.load("s-1")
         assert snapshot is not None and snapshot.saga.state is SagaState.RUNNING
-        # commit 1 starts step a; commit 2 records it and starts b.
+        # the start registers step a; commit 1 records it and starts b.
         assert len(snapshot.steps) == committed
         guard.close()
 

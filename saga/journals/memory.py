@@ -76,6 +76,7 @@ class MemoryJournal:
         fingerprint: str,
         lease: float,
         timeout: float = 0.0,
+        first: StepRecord | None = None,
     ) -> StartResult:
         """See :meth:`SagaJournal.start`."""
         now = self._clock()
@@ -95,7 +96,8 @@ class MemoryJournal:
                     now,
                     deadline=now + timeout if timeout > 0 else 0.0,
                 )
-                self._steps[saga_id] = {}
+                rows = {} if first is None else {first.index: first.evolve(started_at=now, updated_at=now)}
+                self._steps[saga_id] = rows
                 return StartResult(StartOutcome.CREATED, self._snapshot(saga_id))
             if (
                 old.state in RESUMABLE_STATES

@@ -264,9 +264,14 @@ class RedisJournal:
         fingerprint: str,
         lease: float,
         timeout: float = 0.0,
+        first: StepRecord | None = None,
     ) -> StartResult:
         """See :meth:`SagaJournal.start`: one script (after lowering the saga's index entry)."""
-        args = (self._now_arg(), name, str(version), fingerprint, input, float(lease), float(timeout))
+        args: tuple[Any, ...] = (
+            self._now_arg(), name, str(version), fingerprint, input, float(lease), float(timeout),
+        )  # fmt: skip
+        if first is not None:
+            args += (str(first.index), _step_json(first))
         reply = self._run(self._start, self._keys(saga_id), args, lower=saga_id)
         return StartResult(StartOutcome(reply[0]), self._snapshot(saga_id, reply))
 

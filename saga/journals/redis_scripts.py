@@ -48,7 +48,8 @@ local r = """
     + "\n"
 )
 
-# KEYS: saga, steps, signals. ARGV: now, name, version, fingerprint, input, lease, timeout.
+# KEYS: saga, steps, signals. ARGV: now, name, version, fingerprint, input, lease, timeout, then
+# optionally the first step's (index, row JSON), written only with a saga this start creates.
 START = (
     _PRELUDE
     + """
@@ -58,6 +59,9 @@ if not r[5] then
     'input', ARGV[5], 'state', 'running', 'token', 1, 'lease_until', f(now + tonumber(ARGV[6])),
     'created_at', f(now), 'updated_at', f(now), 'deadline', timeout > 0 and f(now + timeout) or '0',
     'recoveries', 0, 'wait_until', '0', 'cancel', '0')
+  if ARGV[8] then
+    redis.call('HSET', KEYS[2], ARGV[8], ARGV[9], ARGV[8] .. ':s', f(now), ARGV[8] .. ':u', f(now))
+  end
   return snapshot('created')
 end
 if resumable(r[5]) and tonumber(r[7]) <= now and r[1] == ARGV[2] and r[2] == ARGV[3]

@@ -3,8 +3,13 @@
 ``{prefix}sagas`` holds one row per saga instance, ``{prefix}saga_steps`` one row per started step,
 ``{prefix}saga_signals`` one row per delivered signal (see :mod:`saga.journals.sql_schema`). Each
 primitive is one transaction; :meth:`SqlJournal.commit` (the atomic phase) is one fenced
-``UPDATE .. RETURNING`` of the saga row followed by an upsert per step row, committed together, so a
-phase is written entirely or not at all. :meth:`SqlJournal.claim` is one conditional
+``UPDATE .. RETURNING`` of the saga row and an upsert per step row, committed together, so a
+phase is written entirely or not at all: on Postgres one statement (the upserts in a data-modifying
+``WITH`` fed by the update's ``RETURNING``, so a refused fence writes no step row) in autocommit, one
+round trip; on SQLite one ``BEGIN IMMEDIATE`` transaction. Those calls a saga makes on every step
+(:meth:`~SqlJournal.start`, :meth:`~SqlJournal.commit`) run precompiled SQL on the driver's own
+cursor (:mod:`saga.journals.sql_driver`); the rest goes through SQLAlchemy.
+:meth:`SqlJournal.claim` is one conditional
 ``UPDATE .. RETURNING``: of two workers racing for a saga, the second finds it no longer due. The
 engine comes from :func:`idempotency.stores.sql.make_engine`: SQLite in WAL mode with
 ``BEGIN IMMEDIATE`` writers (so writes are serialised), Postgres through psycopg 3, where parking a
@@ -28,6 +33,7 @@ from sqlalchemy.pool import StaticPool
 from idempotency.errors import ConfigurationError
 from idempotency.stores.sql import make_engine
 from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
+from saga.journals.sql_driver import Compiled, Driver
 from saga.journals.sql_schema import (
     DEFAULT_PREFIX,
     SAGA_COLUMNS,
@@ -119,6 +125,29 @@ def _step(row: Sequence[Any]) -> StepRecord:
     )
 
 
+def _step_values(step: StepRecord, suffix: str, **extra: Any) -> dict[str, Any]:
+    """A step row's bound values, each name ending in ``suffix`` (a phase binds several rows)."""
+    values = {
+        "idx": step.index,
+        "name": step.name,
+        "kind": step.kind.value,
+        "state": step.state.value,
+        "compensation": step.compensation,
+        "result": step.result,
+        "error": step.error,
+        "not_applied": step.not_applied,
+        "compensation_error": step.compensation_error,
+        "attempts": step.attempts,
+        "compensation_attempts": step.compensation_attempts,
+        "trace": step.trace,
+        "resolution": step.resolution,
+    }
+    if suffix:
+        values = {f"{name}{suffix}": value for name, value in values.items()}
+    values.update(extra)
+    return values
+
+
 class SqlJournal:
     """A :class:`~saga.journal.SagaJournal` on SQLite or PostgreSQL. Thread-safe.
 
@@ -159,6 +188,12 @@ class SqlJournal:
         quote = engine.dialect.identifier_preparer.quote
         sagas, steps, signals = (quote(t.name) for t in self._tables)
         self._sql = Statements(sagas, steps, signals, dialect, injected_clock=clock is not None)
+        self._driver = Driver(engine, self._lock)
+        hot = dict(self._sql.text)
+        if self._postgres:
+            hot["start_with_step"] = self._sql.start_with_step()
+        self._hot = {name: Compiled(text, engine.dialect) for name, text in hot.items()}
+        self._phases: dict[tuple[str, int], Compiled] = {}
         if create:
             self.create_tables()
 
@@ -222,8 +257,15 @@ class SqlJournal:
         fingerprint: str,
         lease: float,
         timeout: float = 0.0,
+        first: StepRecord | None = None,
     ) -> StartResult:
-        """See :meth:`SagaJournal.start`. One upsert (created or taken over), else one read."""
+        """See :meth:`SagaJournal.start`. One upsert (on Postgres one statement with ``first``'s
+        upsert; on SQLite that upsert follows in the same transaction); a saga it took over or
+        found is then read.
+
+        A saga the upsert created has no step rows but ``first`` and no signals (a saga row is
+        never deleted, and a signal needs an existing saga), so nothing is read back for it.
+        """
         params = self._params(
             saga_id=saga_id,
             name=name,
@@ -233,15 +275,32 @@ class SqlJournal:
             lease=float(lease),
             timeout=float(timeout),
         )
-        with self._connect() as conn:
-            row = conn.execute(self._sql.start, params).first()
-            if row is not None:
-                saga = _saga(row)
-                outcome = StartOutcome.CREATED if saga.token == 1 else StartOutcome.TOOK_OVER
+        run, hot = self._driver.run, self._hot
+        statement = hot["start"]
+        if first is not None and self._postgres:
+            statement = hot["start_with_step"]
+            params.update(_step_values(first, "0"))
+        with self._driver.cursor(write=True) as cursor:
+            rows = run(cursor, statement, params)
+            if rows:
+                saga = _saga(rows[0])
+                if saga.token == 1:
+                    if first is None:
+                        return StartResult(StartOutcome.CREATED, SagaSnapshot(saga, (), {}))
+                    if not self._postgres:
+                        stamp = saga.updated_at
+                        values = _step_values(first, "", saga_id=saga_id, stamp=stamp)
+                        self._driver.execute(cursor, hot["upsert_step"], values)
+                    row = first.evolve(started_at=saga.updated_at, updated_at=saga.updated_at)
+                    return StartResult(StartOutcome.CREATED, SagaSnapshot(saga, (row,), {}))
+                outcome = StartOutcome.TOOK_OVER
             else:
-                saga = _saga(conn.execute(self._sql.get_saga, {"saga_id": saga_id}).one())
+                saga = _saga(run(cursor, hot["get_saga"], {"saga_id": saga_id})[0])
                 outcome = StartOutcome.EXISTING
-            return StartResult(outcome, self._snapshot(conn, saga))
+            key = {"saga_id": saga_id}
+            steps = tuple(_step(row) for row in run(cursor, hot["get_steps"], key))
+            signals = {str(row[0]): str(row[1]) for row in run(cursor, hot["get_signals"], key)}
+        return StartResult(outcome, SagaSnapshot(saga, steps, signals))
 
     def claim(self, saga_id: str, *, lease: float) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.claim`. One conditional UPDATE, then the steps and signals."""
@@ -261,24 +320,62 @@ class SqlJournal:
             return None if row is None else self._snapshot(conn, _saga(row))
 
     def commit(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:
-        """See :meth:`SagaJournal.commit`. A fenced UPDATE and one upsert per step, one transaction."""
+        """See :meth:`SagaJournal.commit`.
+
+        Postgres: one statement in autocommit (the fenced UPDATE with the step upserts as a
+        data-modifying CTE fed by its ``RETURNING``). SQLite: one ``BEGIN IMMEDIATE`` transaction
+        of the fenced UPDATE and the step upserts. Parking (``state=WAITING``) is one transaction
+        through SQLAlchemy that locks the saga row first (Postgres), so it never misses a signal.
+        """
+        if phase.state is SagaState.WAITING:
+            return self._park(saga_id, token, phase)
         params = self._params(saga_id=saga_id, token=token, lease=float(phase.lease))
-        with self._connect() as conn:
-            if phase.state is None:
-                row = conn.execute(self._sql.touch, params).first()
-            elif phase.state is SagaState.WAITING:
-                self._lock_row(conn, saga_id)
-                params.update(
-                    error=phase.error,
-                    waiting_for=phase.waiting_for,
-                    wait_until=float(phase.wait_until),
-                    wake_at=float(phase.wake_at),
-                    wake_on_cancel=bool(phase.wake_on_cancel),
-                )
-                row = conn.execute(self._sql.park, params).first()
+        update = "touch"
+        if phase.state is not None:
+            update = "move"
+            params["state"] = phase.state.value
+            params["error"] = phase.error
+        run = self._driver.run
+        with self._driver.cursor(write=True) as cursor:
+            if self._postgres:
+                for i, step in enumerate(phase.steps):
+                    params.update(_step_values(step, str(i)))
+                rows = run(cursor, self._phase(update, len(phase.steps)), params)
             else:
-                params.update(state=phase.state.value, error=phase.error)
-                row = conn.execute(self._sql.move, params).first()
+                rows = run(cursor, self._hot[update], params)
+            if not rows:
+                found = run(cursor, self._hot["get_saga"], {"saga_id": saga_id})
+                raise _lost(saga_id, token, _saga(found[0]) if found else None)
+            saga = _saga(rows[0])
+            if phase.steps and not self._postgres:
+                upsert, stamp = self._hot["upsert_step"], saga.updated_at
+                values = [_step_values(step, "", saga_id=saga_id, stamp=stamp) for step in phase.steps]
+                cursor.executemany(upsert.sql, [upsert.args(v) for v in values])
+        return saga
+
+    def _phase(self, update: str, rows: int) -> Compiled:
+        """Postgres: the one-statement phase for ``rows`` step rows, compiled once."""
+        key = (update, rows)
+        found = self._phases.get(key)
+        if found is None:
+            found = self._phases[key] = Compiled(self._sql.phase(update, rows), self._engine.dialect)
+        return found
+
+    def _park(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:
+        """A WAITING phase: the saga row locked, then parked (due at once if its signal is in)."""
+        params = self._params(
+            saga_id=saga_id,
+            token=token,
+            lease=float(phase.lease),
+            error=phase.error,
+            waiting_for=phase.waiting_for,
+            wait_until=float(phase.wait_until),
+            wake_at=float(phase.wake_at),
+            wake_on_cancel=bool(phase.wake_on_cancel),
+        )
+        with self._connect() as conn:
+            self._lock_row(conn, saga_id)
+            row = conn.execute(self._sql.park, params).first()
             if row is None:
                 found = conn.execute(self._sql.get_saga, {"saga_id": saga_id}).first()
                 raise _lost(saga_id, token, None if found is None else _saga(found))
@@ -288,26 +385,8 @@ class SqlJournal:
 
     def _write_steps(self, conn: sa.Connection, saga: SagaRecord, steps: Sequence[StepRecord]) -> None:
         for step in steps:
-            conn.execute(
-                self._sql.upsert_step,
-                {
-                    "saga_id": saga.saga_id,
-                    "idx": step.index,
-                    "name": step.name,
-                    "kind": step.kind.value,
-                    "state": step.state.value,
-                    "compensation": step.compensation,
-                    "result": step.result,
-                    "error": step.error,
-                    "not_applied": step.not_applied,
-                    "compensation_error": step.compensation_error,
-                    "attempts": step.attempts,
-                    "compensation_attempts": step.compensation_attempts,
-                    "stamp": saga.updated_at,
-                    "trace": step.trace,
-                    "resolution": step.resolution,
-                },
-            )
+            values = _step_values(step, "", saga_id=saga.saga_id, stamp=saga.updated_at)
+            conn.execute(self._sql.upsert_step, values)
 
     def reopen(
         self, saga_id: str, token: int, state: SagaState, steps: Sequence[StepRecord], error: str | None

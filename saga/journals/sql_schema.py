@@ -202,14 +202,14 @@ class Statements:
         )
         self.get_steps = sa.text(f"SELECT {STEP_COLUMNS} FROM {steps} WHERE saga_id = :saga_id ORDER BY idx")
         self.get_signals = sa.text(f"SELECT name, payload FROM {signals} WHERE saga_id = :saga_id")
-        self.touch = sa.text(
-            f"UPDATE {sagas} SET lease_until = {lease}, updated_at = c.now FROM {clock} "
-            f"WHERE {fence} RETURNING {SAGA_COLUMNS}"
-        )
-        self.move = sa.text(
-            f"UPDATE {sagas} SET state = :state, error = :error, lease_until = {lease}, "
-            f"updated_at = c.now FROM {clock} WHERE {fence} RETURNING {SAGA_COLUMNS}"
-        )
+        self.text: dict[str, str] = {
+            # The atomic phase's fenced update of the saga row: a heartbeat, or a new state.
+            "touch": f"UPDATE {sagas} SET lease_until = {lease}, updated_at = c.now FROM {clock} "
+            f"WHERE {fence} RETURNING {SAGA_COLUMNS}",
+            "move": f"UPDATE {sagas} SET state = :state, error = :error, lease_until = {lease}, "
+            f"updated_at = c.now FROM {clock} WHERE {fence} RETURNING {SAGA_COLUMNS}",
+        }
+        """The statements of the hot path (:mod:`saga.journals.sql_driver`), as text."""
         # Parking: due at once when the awaited signal is already recorded or a cancel is pending.
         self.park = sa.text(
             f"UPDATE {sagas} SET state = 'waiting', error = :error, waiting_for = :waiting_for, "
@@ -221,12 +221,17 @@ class Statements:
         )
         kept = ("saga_id", "idx", "started_at")
         updates = ", ".join(f"{c} = excluded.{c}" for c in STEP_COLUMNS.split(", ") if c not in kept)
-        self.upsert_step = sa.text(
+        self._steps_table = steps
+        self._upsert_tail = f"ON CONFLICT (saga_id, idx) DO UPDATE SET {updates}"
+        self.text["upsert_step"] = (
             f"INSERT INTO {steps} ({STEP_COLUMNS}) VALUES (:saga_id, :idx, :name, :kind, :state, "
             ":compensation, :result, :error, :not_applied, :compensation_error, :attempts, "
-            ":compensation_attempts, :stamp, :stamp, :trace, :resolution) "
-            f"ON CONFLICT (saga_id, idx) DO UPDATE SET {updates}"
+            f":compensation_attempts, :stamp, :stamp, :trace, :resolution) {self._upsert_tail}"
         )
+        self.upsert_step = sa.text(self.text["upsert_step"])
+        self.text["start"] = str(self.start.text)
+        for name in ("get_saga", "get_steps", "get_signals"):
+            self.text[name] = str(getattr(self, name).text)
         # An operator puts a saga that needs attention back to work, due at once (fenced on token).
         self.reopen = sa.text(
             f"UPDATE {sagas} SET state = :state, error = :error, token = token + 1, lease_until = c.now, "
@@ -249,3 +254,56 @@ class Statements:
             f"FROM {clock} WHERE saga_id = :saga_id AND state IN ('running', 'waiting') "
             "AND NOT cancel_requested RETURNING saga_id"
         )
+
+    def phase(self, update: str, rows: int) -> str:
+        """Postgres: the fenced ``update`` (``touch`` or ``move``) of the saga row and the upsert of
+        ``rows`` step rows as one statement, so an atomic phase is one round trip in autocommit.
+
+        The step rows are selected from the updated saga row: when the fence refuses the update,
+        no step row is written either. Their values are the parameters ``{field}{i}`` (``idx0``,
+        ``name0``, ... for the first row); both timestamps are the saga row's new ``updated_at``
+        (the conflict update keeps the existing ``started_at``).
+        """
+        return self._with_steps(self.text[update], rows)
+
+    def start_with_step(self) -> str:
+        """Postgres: :attr:`start` and, only when it created the saga (token 1), the upsert of its
+        first step row (parameters ``idx0``, ``name0``, ...), as one statement."""
+        return self._with_steps(self.text["start"], 1, "WHERE r.token = 1")
+
+    def _with_steps(self, saga_sql: str, rows: int, where: str = "") -> str:
+        """``saga_sql`` (returning the saga row) with ``rows`` step rows upserted from its result."""
+        if rows == 0:
+            return saga_sql
+        values = ", ".join(
+            "(" + ", ".join(f"CAST(:{field}{i} AS {kind})" for field, kind in _STEP_VALUES) + ")"
+            for i in range(rows)
+        )
+        names = ", ".join(field for field, _ in _STEP_VALUES)
+        stamped = {"saga_id": "r.saga_id", "started_at": "r.updated_at", "updated_at": "r.updated_at"}
+        picked = ", ".join(stamped.get(c, f"v.{c}") for c in STEP_COLUMNS.split(", "))
+        # A data-modifying WITH runs to completion whether or not the outer query reads it.
+        return (
+            f"WITH r AS ({saga_sql}), "
+            f"w AS (INSERT INTO {self._steps_table} ({STEP_COLUMNS}) SELECT {picked} "
+            f"FROM r, (VALUES {values}) AS v({names}) {where} {self._upsert_tail}) "
+            "SELECT * FROM r"
+        )
+
+
+_STEP_VALUES: Final = (
+    ("idx", "INTEGER"),
+    ("name", "TEXT"),
+    ("kind", "TEXT"),
+    ("state", "TEXT"),
+    ("compensation", "TEXT"),
+    ("result", "TEXT"),
+    ("error", "TEXT"),
+    ("not_applied", "BOOLEAN"),
+    ("compensation_error", "TEXT"),
+    ("attempts", "INTEGER"),
+    ("compensation_attempts", "INTEGER"),
+    ("trace", "TEXT"),
+    ("resolution", "TEXT"),
+)
+"""The step fields a phase binds per row, with their Postgres types (a NULL needs one)."""

@@ -20,9 +20,10 @@ with real processes and a real ``SIGKILL`` (no ``finally``, no ``atexit``, no fl
         assert my_checks(result.state, result.seen) == []
 
 **Kill points.** A :class:`KillPoint` names the N-th call of one journal or store method and
-``before`` or ``after`` it: ``journal.commit#3:before`` (step 1's success and step 2's start are
-not yet committed), ``store.complete#2:before`` (the second guarded effect happened, its record is
-not written: the in-doubt crash), ``store.claim#4:after`` (claimed, not yet sent). The child wraps
+``before`` or ``after`` it: ``journal.commit#2:before`` (step 1's success and step 2's start are
+not yet committed; the start registered step 0, commit 1 recorded it and started step 1),
+``store.complete#2:before`` (the second guarded effect happened, its record is not written: the
+in-doubt crash), ``store.claim#4:after`` (claimed, not yet sent). The child wraps
 its journal in :class:`CrashingJournal` and its store in :class:`CrashingSagaStore`; both count
 calls and SIGKILL the process at the point. Nothing in production code knows about them.
 

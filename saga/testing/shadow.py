@@ -165,7 +165,7 @@ def _where(event: Boundary) -> tuple[str | None, bool]:
 def _label(event: Boundary, when: str) -> str:
     if event.target == "journal":
         if event.method == "start":
-            return "nothing written yet" if when == "before" else "saga started, no step yet"
+            return "nothing written yet" if when == "before" else "saga started, its first step registered"
         if event.method == "claim":
             return f"{when} take-over {event.nth} ({event.detail})"
         return f"{when} commit {event.nth}: {event.detail}"
