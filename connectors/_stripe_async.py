@@ -15,12 +15,12 @@ import stripe
 
 from connectors import _stripe_flows as flows
 from connectors._stripe_base import StripeBase
-from connectors._stripe_objects import CANCEL, CAPTURE, CHARGE, REFUND, Payment, Refund, Resolution
+from connectors._stripe_objects import CANCEL, CHARGE, Payment, Refund, Resolution
 from idempotency.effect import ReconcileRequest
 from idempotency.effect import current_effect as _current_effect
 from idempotency.keys import EffectIdentity
 
-T = TypeVar("T")
+R = TypeVar("R", Payment, Refund)
 
 
 class AsyncStripeMethods(StripeBase):
@@ -43,54 +43,19 @@ class AsyncStripeMethods(StripeBase):
         request = flows.ChargeRequest(
             amount, currency, payment_method, customer, capture, description, metadata
         )
-
-        async def call() -> Payment:
-            params = request.params(_current_effect().key)
-            return Payment.of(await self._post_async("payment_intents", "create", params))
-
-        return await self._run_async(
-            CHARGE,
-            call,
-            arguments=request.arguments(),
-            key=key,
-            result_type=Payment,
-            reconciler=self.reconcile_charge_async,
-        )
+        return await self._write_async(request.write(), key, self.reconcile_charge_async)
 
     async def capture_async(
         self, payment_intent: str, *, amount: int | None = None, key: str | None = None
     ) -> Payment:
         """The async twin of :meth:`~connectors.stripe.StripeEffects.capture`."""
-
-        async def call() -> Payment:
-            params = flows.capture_params(amount)
-            return Payment.of(await self._post_async("payment_intents", "capture", params, payment_intent))
-
-        arguments = {"payment_intent": payment_intent, "amount": amount}
-        return await self._run_async(
-            CAPTURE,
-            call,
-            arguments=arguments,
-            key=key,
-            result_type=Payment,
-            reconciler=self._reconcile_status_async("succeeded"),
-        )
+        write = flows.capture(payment_intent, amount)
+        return await self._write_async(write, key, self._reconcile_status_async("succeeded"))
 
     async def cancel_async(self, payment_intent: str, *, key: str | None = None) -> Payment:
         """The async twin of :meth:`~connectors.stripe.StripeEffects.cancel`."""
-
-        async def call() -> Payment:
-            return Payment.of(await self._post_async("payment_intents", "cancel", {}, payment_intent))
-
-        arguments = {"payment_intent": payment_intent}
-        return await self._run_async(
-            CANCEL,
-            call,
-            arguments=arguments,
-            key=key,
-            result_type=Payment,
-            reconciler=self._reconcile_status_async("canceled"),
-        )
+        write = flows.cancel(payment_intent)
+        return await self._write_async(write, key, self._reconcile_status_async("canceled"))
 
     async def refund_async(
         self,
@@ -103,19 +68,7 @@ class AsyncStripeMethods(StripeBase):
     ) -> Refund:
         """The async twin of :meth:`~connectors.stripe.StripeEffects.refund`."""
         request = flows.RefundRequest(payment_intent, amount, reason, metadata)
-
-        async def call() -> Refund:
-            params = request.params(_current_effect().key)
-            return Refund.of(await self._post_async("refunds", "create", params))
-
-        return await self._run_async(
-            REFUND,
-            call,
-            arguments=request.arguments(),
-            key=key,
-            result_type=Refund,
-            reconciler=self.reconcile_refund_async,
-        )
+        return await self._write_async(request.write(), key, self.reconcile_refund_async)
 
     async def undo_charges_async(
         self, scope: str, *, effect: str = CHARGE, ordinal: int = 0, result: Payment | None = None
@@ -161,35 +114,34 @@ class AsyncStripeMethods(StripeBase):
 
         return reconcile
 
-    async def _run_async(
+    async def _write_async(
         self,
-        name: str,
-        call: Callable[[], Awaitable[T]],
-        *,
-        arguments: Mapping[str, Any],
+        write: flows.Write[R],
         key: str | None,
-        result_type: type[T],
         reconciler: Callable[[ReconcileRequest], Awaitable[Any]],
-    ) -> T:
+    ) -> R:
+        async def call() -> R:
+            effect = _current_effect()
+            method = self._async_method(write.resource, write.method)
+            params = write.params(effect.key)
+            try:
+                answer = await method(*write.ids, params, self._options(effect.provider_key))
+            except stripe.StripeError as exc:
+                raise flows.map_error(exc, effect.provider_key) from exc
+            return write.result_type.of(answer)
+
         return await self.guard.arun(
-            name,
+            write.effect,
             call,
-            arguments=arguments,
+            arguments=write.arguments,
             key=key,
-            result_type=result_type,
+            result_type=write.result_type,
             **self._guard_options(reconciler),
         )
 
     def _async_method(self, resource: str, method: str) -> Callable[..., Awaitable[Any]]:
         service = getattr(self.async_client.v1, resource)
         return getattr(service, f"{method}_async")  # type: ignore[no-any-return]
-
-    async def _post_async(self, resource: str, method: str, params: Mapping[str, Any], *ids: str) -> Any:
-        provider_key = _current_effect().provider_key
-        try:
-            return await self._async_method(resource, method)(*ids, params, self._options(provider_key))
-        except stripe.StripeError as exc:
-            raise flows.map_error(exc, provider_key) from exc
 
     async def _do_async(self, op: flows.Op) -> Any:
         if isinstance(op, flows.Undo):

@@ -5,7 +5,8 @@ this module (the house pattern of ``idempotency/flow.py``): a *flow* is a genera
 reads and undo effects it needs (:class:`Read`, :class:`Undo`) and is sent their answers (or has
 their exceptions thrown in); :func:`drive` runs one with sync calls, :func:`adrive` with awaited
 ones. Listing, matching on metadata, the search fallback and the choice between refund and void
-are written once, here, and so are the request parameters and the error mapping (:func:`map_error`).
+are written once, here, and so are the writes (:class:`Write`: the effect, its fingerprinted
+arguments and its request) and the error mapping (:func:`map_error`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import stripe
 
 from connectors._stripe_objects import (
     CANCEL,
+    CAPTURE,
     CHARGE,
     METADATA_EFFECT,
     METADATA_KEY,
@@ -33,6 +35,7 @@ from connectors.errors import ProviderKeyConflict, ProviderRejected, ProviderUna
 from idempotency.effect import NOT_APPLIED, Applied, ReconcileRequest, Unknown
 
 T = TypeVar("T")
+R = TypeVar("R", Payment, Refund)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +135,36 @@ def map_error(exc: stripe.StripeError, provider_key: str = "") -> Exception:
 # -- requests -------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Write(Generic[R]):
+    """One guarded write to Stripe, decided once for its sync and its async method: the driver runs
+    ``effect`` under the guard with ``arguments`` and, as its body, sends the request
+    ``client.v1.<resource>.<method>(*ids, params(effect_key), options)`` and reads the answer as
+    ``result_type``."""
+
+    effect: str
+    """The effect's name (:data:`CHARGE`, :data:`CAPTURE`, :data:`CANCEL`, :data:`REFUND`)."""
+    arguments: dict[str, Any]
+    """What is fingerprinted (flat; also what the reconcilers read back)."""
+    result_type: type[R]
+    resource: str
+    method: str
+    ids: tuple[str, ...]
+    params: Callable[[str], dict[str, Any]]
+    """The request's parameters, given the effect key (known only once the effect runs)."""
+
+
 def canonical(metadata: Mapping[str, str] | None) -> str:
     """Metadata as canonical JSON text: a flat argument fingerprints on the guard's fast path."""
     if not metadata:
         return "{}"
     return json.dumps(dict(metadata), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def stamped(metadata: Mapping[str, str] | None, effect_key: str, effect: str) -> dict[str, str]:
+    """The caller's metadata with the effect's identity added: what :func:`find_payments` and the
+    reconcilers match on (:func:`_made_under`), so the object is found again after the key window."""
+    return {**(metadata or {}), METADATA_KEY: effect_key, METADATA_EFFECT: effect}
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +199,17 @@ class ChargeRequest:
             "payment_method": self.payment_method,
             "confirm": True,
             "capture_method": "automatic" if self.capture else "manual",
-            "metadata": {**(self.metadata or {}), METADATA_KEY: effect_key, METADATA_EFFECT: CHARGE},
+            "metadata": stamped(self.metadata, effect_key, CHARGE),
         }
         if self.customer is not None:
             params["customer"] = self.customer
         if self.description is not None:
             params["description"] = self.description
         return params
+
+    def write(self) -> Write[Payment]:
+        """The charge as a :class:`Write`: the effect :data:`CHARGE`."""
+        return Write(CHARGE, self.arguments(), Payment, "payment_intents", "create", (), self.params)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +234,7 @@ class RefundRequest:
         """The Refund parameters, with the effect's identity in the metadata."""
         params: dict[str, Any] = {
             "payment_intent": self.payment_intent,
-            "metadata": {**(self.metadata or {}), METADATA_KEY: effect_key, METADATA_EFFECT: REFUND},
+            "metadata": stamped(self.metadata, effect_key, REFUND),
         }
         if self.amount is not None:
             params["amount"] = self.amount
@@ -210,10 +242,25 @@ class RefundRequest:
             params["reason"] = self.reason
         return params
 
+    def write(self) -> Write[Refund]:
+        """The refund as a :class:`Write`: the effect :data:`REFUND`."""
+        return Write(REFUND, self.arguments(), Refund, "refunds", "create", (), self.params)
 
-def capture_params(amount: int | None) -> dict[str, Any]:
-    """The capture parameters: all that is capturable unless ``amount`` says less."""
-    return {} if amount is None else {"amount_to_capture": amount}
+
+def capture(payment_intent: str, amount: int | None) -> Write[Payment]:
+    """Capture an authorised PaymentIntent: all that is capturable unless ``amount`` says less."""
+
+    def params(_: str) -> dict[str, Any]:
+        return {} if amount is None else {"amount_to_capture": amount}
+
+    arguments = {"payment_intent": payment_intent, "amount": amount}
+    return Write(CAPTURE, arguments, Payment, "payment_intents", "capture", (payment_intent,), params)
+
+
+def cancel(payment_intent: str) -> Write[Payment]:
+    """Cancel a PaymentIntent (void an authorisation)."""
+    arguments = {"payment_intent": payment_intent}
+    return Write(CANCEL, arguments, Payment, "payment_intents", "cancel", (payment_intent,), lambda _: {})
 
 
 # -- reconciling ----------------------------------------------------------------------------------

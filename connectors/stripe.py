@@ -45,11 +45,9 @@ from connectors._stripe_async import AsyncStripeMethods
 from connectors._stripe_flows import map_error
 from connectors._stripe_objects import (
     CANCEL,
-    CAPTURE,
     CHARGE,
     KEY_WINDOW,
     METADATA_KEY,
-    REFUND,
     Payment,
     Refund,
     Resolution,
@@ -69,7 +67,7 @@ __all__ = [
     "refund_compensation",
 ]
 
-T = TypeVar("T")
+R = TypeVar("R", Payment, Refund)
 
 
 class _HasStepScope(Protocol):
@@ -139,52 +137,15 @@ class StripeEffects(AsyncStripeMethods):
         request = flows.ChargeRequest(
             amount, currency, payment_method, customer, capture, description, metadata
         )
-
-        def call() -> Payment:
-            return Payment.of(self._post("payment_intents", "create", request.params(_current_effect().key)))
-
-        return self._run(
-            CHARGE,
-            call,
-            arguments=request.arguments(),
-            key=key,
-            result_type=Payment,
-            reconciler=self.reconcile_charge,
-        )
+        return self._write(request.write(), key, self.reconcile_charge)
 
     def capture(self, payment_intent: str, *, amount: int | None = None, key: str | None = None) -> Payment:
         """Capture an authorised PaymentIntent: the effect ``stripe.capture``."""
-
-        def call() -> Payment:
-            return Payment.of(
-                self._post("payment_intents", "capture", flows.capture_params(amount), payment_intent)
-            )
-
-        arguments = {"payment_intent": payment_intent, "amount": amount}
-        return self._run(
-            CAPTURE,
-            call,
-            arguments=arguments,
-            key=key,
-            result_type=Payment,
-            reconciler=self._reconcile_status("succeeded"),
-        )
+        return self._write(flows.capture(payment_intent, amount), key, self._reconcile_status("succeeded"))
 
     def cancel(self, payment_intent: str, *, key: str | None = None) -> Payment:
         """Cancel a PaymentIntent (void an authorisation): the effect ``stripe.cancel``."""
-
-        def call() -> Payment:
-            return Payment.of(self._post("payment_intents", "cancel", {}, payment_intent))
-
-        arguments = {"payment_intent": payment_intent}
-        return self._run(
-            CANCEL,
-            call,
-            arguments=arguments,
-            key=key,
-            result_type=Payment,
-            reconciler=self._reconcile_status("canceled"),
-        )
+        return self._write(flows.cancel(payment_intent), key, self._reconcile_status("canceled"))
 
     def refund(
         self,
@@ -197,18 +158,7 @@ class StripeEffects(AsyncStripeMethods):
     ) -> Refund:
         """Refund a PaymentIntent (all that is left of it by default): the effect ``stripe.refund``."""
         request = flows.RefundRequest(payment_intent, amount, reason, metadata)
-
-        def call() -> Refund:
-            return Refund.of(self._post("refunds", "create", request.params(_current_effect().key)))
-
-        return self._run(
-            REFUND,
-            call,
-            arguments=request.arguments(),
-            key=key,
-            result_type=Refund,
-            reconciler=self.reconcile_refund,
-        )
+        return self._write(request.write(), key, self.reconcile_refund)
 
     # -- compensation -----------------------------------------------------------------------------
 
@@ -274,33 +224,27 @@ class StripeEffects(AsyncStripeMethods):
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    def _run(
-        self,
-        name: str,
-        call: Callable[[], T],
-        *,
-        arguments: Mapping[str, Any],
-        key: str | None,
-        result_type: type[T],
-        reconciler: Callable[[ReconcileRequest], Any],
-    ) -> T:
+    def _write(
+        self, write: flows.Write[R], key: str | None, reconciler: Callable[[ReconcileRequest], Any]
+    ) -> R:
+        def call() -> R:
+            effect = _current_effect()
+            method = getattr(getattr(self.client.v1, write.resource), write.method)
+            params = write.params(effect.key)
+            try:
+                answer = method(*write.ids, params, self._options(effect.provider_key))
+            except stripe.StripeError as exc:
+                raise map_error(exc, effect.provider_key) from exc
+            return write.result_type.of(answer)
+
         return self.guard.run(
-            name,
+            write.effect,
             call,
-            arguments=arguments,
+            arguments=write.arguments,
             key=key,
-            result_type=result_type,
+            result_type=write.result_type,
             **self._guard_options(reconciler),
         )
-
-    def _post(self, resource: str, method: str, params: Mapping[str, Any], *ids: str) -> Any:
-        provider_key = _current_effect().provider_key
-        try:
-            return getattr(getattr(self.client.v1, resource), method)(
-                *ids, params, self._options(provider_key)
-            )
-        except stripe.StripeError as exc:
-            raise map_error(exc, provider_key) from exc
 
     def _do(self, op: flows.Op) -> Any:
         if isinstance(op, flows.Undo):
