@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CREW_VENV ?= .venv-crewai
 CREW_STAMP := $(CREW_VENV)/.installed
 
-.PHONY: demo test lint typecheck docs bench clean slow ci
+.PHONY: demo test lint typecheck docs bench clean slow sweep ci
 
 # Create the virtualenv and install sagaguard with its dev extras, once (again when pyproject changes).
 $(STAMP): pyproject.toml
@@ -32,6 +32,10 @@ test: $(STAMP) $(CREW_STAMP)
 
 slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The research agent killed at every point, each framework with and without sagaguard (docs/frameworks/research_agent.md).
+sweep: $(STAMP)
+	$(PY) -m pytest -q -m sweep
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check idempotency saga connectors tests bench

@@ -34,7 +34,16 @@ for entry in (ROOT, ROOT / "tests"):  # the project, and tests/ for the harness 
     if str(entry) not in sys.path:
         sys.path.insert(0, str(entry))
 
-from _research.sweep import Outcome, SweepResult, Variant, all_variants, check_clean, clean_run, sweep  # noqa: E402
+from _research.sweep import (  # noqa: E402
+    Outcome,
+    SweepResult,
+    Variant,
+    all_variants,
+    check_clean,
+    clean_run,
+    stop_zygotes,
+    sweep,
+)
 from _research.world import ResearchWorld  # noqa: E402
 
 DOC = ROOT / "docs" / "frameworks" / "research_agent.md"
@@ -105,6 +114,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
                 if not missed
                 else "Targets missed at: " + "; ".join(f"`{p}`: {', '.join(m)}" for p, m in missed.items())
             )
+    took = ", ".join(f"{n} {f['summary']['seconds']:.0f} s" for n, f in results.items())
+    lines += ["", f"Wall time of each sweep (the clean run and every kill point): {took}."]
     lines += ["", "Produced by:", ""]
     for command in sorted({f["command"] for f in results.values()}):
         lines.append(f"    {command}")
@@ -165,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 step = max(1, len(traced) // args.limit)
                 points = traced[::step][: args.limit]
             result = sweep(world, variant, Path(tmp) / f"v{i}", points=points, progress=progress)
+            stop_zygotes(variant)  # the probe above may have started it; one zygote up at a time
             check_clean(result)
             fresh[variant.name] = record(result, command)
             print(json.dumps(result.summary()), flush=True)

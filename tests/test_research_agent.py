@@ -10,8 +10,10 @@ and resumes it in a fresh process (``tests/_research/sweep.py``).
 
 The normal suite runs a handful of kill points for LangGraph with sagaguard (it meets the targets)
 and for LangGraph's checkpointer alone (it does not). The full sweep (every kill point of every
-variant, tens of minutes) runs with ``-m sweep``; ``bench/research_agent.py`` runs the same and
-writes its table into docs/frameworks/research_agent.md.
+variant: about 9 minutes for the four on a loaded 2-core machine, over an hour when each run was a
+new interpreter; runs are forked from a zygote, ``tests/_research/zygote.py``) runs with ``-m
+sweep``; ``bench/research_agent.py`` runs the same and writes its table into
+docs/frameworks/research_agent.md.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def test_the_checkpointer_alone_repays_the_node_and_charges_and_emails_twice(pla
 
 
 @pytest.mark.sweep
-# Tens of minutes: it runs only when asked for (-m sweep), as the slow sweeps do.
+# Minutes (about 9 for four variants): it runs only when asked for (-m sweep), as the slow sweeps do.
 @pytest.mark.skipif("'sweep' not in config.getoption('markexpr')", reason="the full sweep runs with -m sweep")
 @pytest.mark.timeout(7200)
 @pytest.mark.parametrize("variant", all_variants(), ids=lambda v: v.name)

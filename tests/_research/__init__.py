@@ -5,6 +5,8 @@
 - :mod:`_research.langgraph_child`: the LangGraph research agent, run as a child process.
 - :mod:`_research.sweep`: clean run, then SIGKILL at each kill point and resume; measured at the world.
 - :mod:`_research.agents_child`: the OpenAI Agents SDK variant (a plug-in of the sweep).
+- :mod:`_research.zygote`: the fork server the sweep starts each run from (one fresh process per run,
+  imports shared).
 
 ``bench/research_agent.py`` runs the full sweep of every variant and writes the docs table.
 

@@ -1,7 +1,10 @@
 """The LangGraph research agent, run as a child process of the sweep (``_research.sweep``).
 
 ``python tests/_research/langgraph_child.py MODE '<config json>'`` with MODE ``sagaguard`` or
-``plain``. The graph (``StateGraph``, SQLite checkpointer, ``durability="sync"``)::
+``plain``; the sweep forks it instead from a zygote that imported this module
+(:mod:`_research.zygote`), calling :func:`main` in a fresh child process per run, so nothing here may
+start a thread or open anything at import. The graph (``StateGraph``, SQLite checkpointer,
+``durability="sync"``)::
 
     search -> fetch (11 pages) -> summarize (11 model calls) -> cross_check (15 model calls)
            -> write (1 model call) -> pay (a Stripe charge) -> email (SMTP, inline)

@@ -28,7 +28,14 @@ and lists it in a ``variants()`` function of their module, then names the module
   :attr:`Outcome.result`;
 - ``Variant.points``: the kill points to sweep; None takes every point the clean run traced;
 - ``Variant.guarded=True`` on a sagaguard variant: the full sweep test then asserts the targets
-  (:meth:`SweepResult.misses`) at every kill point.
+  (:meth:`SweepResult.misses`) at every kill point;
+- ``Variant.entry`` (opt-in, e.g. ``"_research.langgraph_child:main"``, plus ``preload``): runs are
+  forked from a :class:`_research.zygote.Zygote` that imported the child once, instead of started
+  with ``argv``: the same fresh process per run, without 3-5 s of imports each. The entry is what the
+  script's ``__main__`` calls, ``entry(*argv[2:], config)``, returning the exit status.
+
+Runs are started one at a time: a zygote per variant, started on its first run and stopped when its
+:func:`sweep` ends (:func:`stop_zygotes` stops those started outside a sweep; at exit at the latest).
 
 Kill points named ``enter:<step>`` (reached first thing in each node / step / tool) group the table's
 per-phase breakdown (:meth:`SweepResult.by_phase`).
@@ -36,6 +43,7 @@ per-phase breakdown (:meth:`SweepResult.by_phase`).
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -45,29 +53,68 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from _research.points import TRACE_ENV
 from _research.world import TOPIC, ResearchWorld, expected_report
+from _research.zygote import Zygote
 from idempotency.testing import CRASH_ENV
 
 __all__ = [
+    "LANGGRAPH_PRELOAD",
     "PLUGINS",
+    "SDK_PRELOAD",
     "Outcome",
     "SweepResult",
     "Variant",
     "all_variants",
     "experiment",
     "langgraph_variants",
+    "stop_zygotes",
     "sweep",
     "world_config",
 ]
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+
+SDK_PRELOAD = (
+    "anyio._backends._asyncio",
+    "concurrent.futures.thread",
+    "httpcore",
+    "httpcore2",
+    "jiter",
+    "openai.pagination",
+    "openai.resources.chat.chat",
+    "openai.resources.chat.completions.completions",
+    "sqlalchemy.dialects.sqlite",
+    "stripe._payment_intent",
+    "stripe._payment_intent_service",
+    "stripe._stripe_client",
+    "stripe._v1_services",
+    "truststore",
+)
+"""What the research children's SDKs import only on first use (the HTTP stack, the chat and payment
+resources, SQLite's dialect; ``httpcore2`` and ``truststore`` for the Agents SDK): a zygote imports
+them up front so that no run pays for them. Found by diffing ``sys.modules`` around a forked run;
+importing them starts no thread."""
+
+LANGGRAPH_PRELOAD = (
+    *SDK_PRELOAD,
+    "connectors.email",
+    "connectors.langgraph",
+    "connectors.llm",
+    "connectors.stripe",
+    "idempotency.stores.sql",
+    "langchain_core.tracers.run_collector",
+    "langchain_core.tracers.stdout",
+)
+"""The LangGraph child's lazy imports: :data:`SDK_PRELOAD`, what its sagaguard mode imports in
+``build``, and LangGraph's run tracers."""
 
 PLUGINS = ("_research.agents_child",)
 """Modules that may define ``variants() -> list[Variant]``; missing ones are skipped."""
@@ -84,6 +131,9 @@ class Variant:
         guarded: sagaguard's targets apply (:meth:`SweepResult.misses`): 0 duplicate charges and
             emails, at most 1 re-paid model call per crash, the clean run's report.
         timeout: seconds one child run may take.
+        entry: ``"module:function"``: fork each run from a zygote (:mod:`_research.zygote`) and call
+            ``function(*argv[2:], config)`` in it; None: start ``argv`` with subprocess.
+        preload: modules the zygote imports besides the entry's (those the child imports lazily).
     """
 
     name: str
@@ -91,6 +141,8 @@ class Variant:
     points: tuple[str, ...] | None = None
     guarded: bool = False
     timeout: float = 180.0
+    entry: str | None = None
+    preload: tuple[str, ...] = ()
 
 
 @dataclass
@@ -239,15 +291,59 @@ def world_config(world: ResearchWorld) -> dict[str, Any]:
     }
 
 
+def _child_env() -> dict[str, str]:
+    """The environment every run starts from: ours, without the crash point and trace file."""
+    base = {k: v for k, v in os.environ.items() if k not in (CRASH_ENV, TRACE_ENV)}
+    path = os.pathsep.join(p for p in (str(ROOT), str(HERE.parent), base.get("PYTHONPATH", "")) if p)
+    return {**base, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+_zygotes: dict[Variant, Zygote] = {}
+
+
+def _zygote(variant: Variant) -> Zygote:
+    """The variant's running zygote, started (or restarted, if it died) on demand. Its runs get the
+    environment as it was when it started (the subprocess path reads it per run)."""
+    assert variant.entry is not None
+    running = _zygotes.get(variant)
+    if running is None or not running.alive():
+        if running is not None:
+            running.close()
+        script = variant.argv[1] if len(variant.argv) > 1 else ""
+        running = _zygotes[variant] = Zygote(variant.entry, variant.preload, env=_child_env(), script=script)
+    return running
+
+
+def stop_zygotes(variant: Variant | None = None) -> None:
+    """Stop the zygote of ``variant`` (None: every zygote); the next run starts a new one."""
+    for known in [variant] if variant is not None else list(_zygotes):
+        running = _zygotes.pop(known, None)
+        if running is not None:
+            running.close()
+
+
+atexit.register(stop_zygotes)
+
+
+@contextmanager
+def _zygote_for(variant: Variant) -> Iterator[None]:
+    """Within: the variant's zygote stays up; after: it is stopped, unless it was up before."""
+    up = variant in _zygotes
+    try:
+        yield
+    finally:
+        if not up:
+            stop_zygotes(variant)
+
+
 def _run(
     variant: Variant, config: Mapping[str, Any], env: Mapping[str, str]
 ) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in (CRASH_ENV, TRACE_ENV)}
-    path = os.pathsep.join(p for p in (str(ROOT), str(HERE.parent), base.get("PYTHONPATH", "")) if p)
+    if variant.entry is not None:
+        return _zygote(variant).run(variant.argv[2:], config, env, timeout=variant.timeout)
     return subprocess.run(
         [*variant.argv, json.dumps(dict(config))],
-        env={**base, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **env},
-        capture_output=True, text=True, timeout=variant.timeout, check=False,
+        env={**_child_env(), **env}, capture_output=True, text=True, timeout=variant.timeout, check=False,
     )  # fmt: skip
 
 
@@ -338,14 +434,17 @@ def sweep(
     """The clean run, then :func:`experiment` at each kill point (``points``, else the variant's,
     else every point the clean run traced)."""
     started = time.monotonic()
-    clean, traced = clean_run(world, variant, folder / "clean", topic=topic)
-    chosen = list(points if points is not None else variant.points if variant.points is not None else traced)
-    result = SweepResult(variant.name, clean, [], guarded=variant.guarded, traced=traced)
-    for i, point in enumerate(chosen):
-        outcome = experiment(world, variant, point, folder / f"p{i:03d}", topic=topic)
-        result.outcomes.append(outcome)
-        if progress is not None:
-            progress(outcome)
+    with _zygote_for(variant):
+        clean, traced = clean_run(world, variant, folder / "clean", topic=topic)
+        chosen = list(
+            points if points is not None else variant.points if variant.points is not None else traced
+        )
+        result = SweepResult(variant.name, clean, [], guarded=variant.guarded, traced=traced)
+        for i, point in enumerate(chosen):
+            outcome = experiment(world, variant, point, folder / f"p{i:03d}", topic=topic)
+            result.outcomes.append(outcome)
+            if progress is not None:
+                progress(outcome)
     result.seconds = time.monotonic() - started
     return result
 
@@ -353,10 +452,16 @@ def sweep(
 def langgraph_variants() -> list[Variant]:
     """LangGraph with sagaguard, and LangGraph's checkpointer alone."""
     child = str(HERE / "langgraph_child.py")
+    entry, preload = "_research.langgraph_child:main", LANGGRAPH_PRELOAD
     return [
-        Variant("LangGraph + sagaguard", (sys.executable, child, "sagaguard"), guarded=True),
-        Variant("LangGraph alone (checkpointer)", (sys.executable, child, "plain")),
-    ]
+        Variant(
+            "LangGraph + sagaguard", (sys.executable, child, "sagaguard"), guarded=True, entry=entry,
+            preload=preload,
+        ),
+        Variant(
+            "LangGraph alone (checkpointer)", (sys.executable, child, "plain"), entry=entry, preload=preload
+        ),
+    ]  # fmt: skip
 
 
 def all_variants() -> list[Variant]:
