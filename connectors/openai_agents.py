@@ -15,7 +15,8 @@
 
 The SDK has no run id at tool time (``ToolContext`` carries ``tool_call_id``, ``tool_name``,
 ``tool_arguments``), so the caller names the run. Use one run key per ``Runner.run`` of a turn: with a
-session, ``f"{session_id}/turn-{n}"``; rerun a crashed turn with the same key and the same input.
+session, ``f"{session_id}/turn-{n}"``. Without a session, rerun a crashed turn with the same key and the same
+input; with one, go on from the session (below).
 
 Human approval: a tool with ``needs_approval`` interrupts the run; the model calls made so far are in
 the ``RunState``. Resume with :meth:`AgentRun.resume` (it continues the model-call ordinals after
@@ -26,6 +27,16 @@ those in the state), in this process or another::
     state = run.resume(await RunState.from_json(wrapped, saved))   # load against the wrapped agent
     state.approve(state.get_interruptions()[0])
     result = await Runner.run(wrapped, state)
+
+Sessions: the SDK saves a turn's user input to the session when the run starts and each step (a
+model answer and its tool outputs) as it finishes, so a turn killed mid-run left part of itself in the
+session. Rerunning it with the same input would add that input twice (and change the journaled model
+calls' input: a ``KeyConflict``). :meth:`AgentRun.resume_turn` reads the session and says how to go on::
+
+    run = AgentRun(guard, f"{session_id}/turn-{n}")
+    go_on = await run.resume_turn(session, n, "Refund order 42")  # sets run.model_calls
+    if go_on is not None:                                          # None: the turn already finished
+        result = await Runner.run(run.wrap(agent), go_on, session=session)
 
 Streaming (``Runner.run_streamed``) is not journaled: a stream cannot be replayed as it was. By default
 :meth:`JournaledModel.stream_response` raises :class:`~idempotency.errors.ConfigurationError`;
@@ -41,13 +52,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from agents import Agent, FunctionTool, RunState
 from agents.agent_output import AgentOutputSchemaBase
 from agents.handoffs import Handoff
 from agents.items import ModelResponse, TResponseInputItem, TResponseOutputItem, TResponseStreamEvent
+from agents.memory import Session
 from agents.model_settings import ModelSettings
 from agents.models.interface import Model, ModelProvider, ModelTracing
 from agents.models.multi_provider import MultiProvider
@@ -69,10 +81,12 @@ __all__ = [
     "MODEL_EFFECT",
     "AgentRun",
     "JournaledModel",
+    "TurnProgress",
     "dump_response",
     "load_response",
     "model_call_key",
     "tool_call_key",
+    "turn_progress",
 ]
 
 log = logging.getLogger("sagaguard.connectors.openai_agents")
@@ -82,6 +96,7 @@ TContext = TypeVar("TContext")
 MODEL_EFFECT = "agents.model"
 """The effect name of journaled model calls."""
 
+_MODEL_ITEMS = frozenset({"function_call", "message", "reasoning"})
 _OUTPUT_ITEMS: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutputItem])
 
 
@@ -126,6 +141,62 @@ def load_response(data: Mapping[str, Any]) -> ModelResponse:
         response_id=data.get("response_id"),
         request_id=data.get("request_id"),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnProgress:
+    """How far a session got with one turn (see :func:`turn_progress`)."""
+
+    started: bool
+    """The session holds the turn's user message: the SDK saved the turn's input."""
+    answers: int
+    """Model answers the session holds for the turn: the model-call ordinal the turn goes on from."""
+    finished: bool
+    """The turn's items end with the agent's final message: nothing is left to run."""
+
+
+def turn_progress(items: Sequence[Any], turn: int) -> TurnProgress:
+    """How far the ``turn``-th turn (from 1) got in a session's items (``await session.get_items()``).
+
+    A turn starts at its user message (the turns are counted by user messages, so each turn's input
+    must be one user message: a string, or a list holding one) and runs to the next user message.
+    An answer is a run of consecutive model output items (function calls, assistant messages,
+    reasoning) between the inputs and tool outputs: the SDK saves one answer with its tool outputs
+    per step, so the count is the ordinal of the turn's next model call. The turn is finished when
+    its last item is an assistant message (the final output: no tool call follows it); a turn that
+    ends on a tool's output (``tool_use_behavior="stop_on_first_tool"``) never reads as finished.
+
+    Raises:
+        ConfigurationError: ``turn`` is below 1, or turns before it are missing from the items
+            (the session cannot be the one this turn ran in).
+    """
+    if turn < 1:
+        raise ConfigurationError(f"turns are counted from 1, not {turn}")
+    starts = [i for i, item in enumerate(items) if _is_user_message(item)]
+    if len(starts) < turn - 1:
+        raise ConfigurationError(f"the session holds {len(starts)} turns: turn {turn} cannot run yet")
+    if len(starts) < turn:
+        return TurnProgress(started=False, answers=0, finished=False)
+    end = starts[turn] if len(starts) > turn else len(items)
+    own = [_as_dict(item) for item in items[starts[turn - 1] + 1 : end]]
+    answers, inside = 0, False
+    for item in own:
+        produced = item.get("type") in _MODEL_ITEMS and item.get("role", "assistant") == "assistant"
+        if produced and not inside:
+            answers += 1
+        inside = produced
+    last = own[-1] if own else {}
+    finished = last.get("type", "message") == "message" and last.get("role") == "assistant"
+    return TurnProgress(started=True, answers=answers, finished=finished)
+
+
+def _as_dict(item: Any) -> Mapping[str, Any]:
+    return item if isinstance(item, Mapping) else {}
+
+
+def _is_user_message(item: Any) -> bool:
+    data = _as_dict(item)
+    return data.get("role") == "user" and data.get("type", "message") == "message"
 
 
 class JournaledModel(Model):
@@ -244,7 +315,7 @@ class AgentRun:
     Args:
         guard: the guard tool calls and model calls run under.
         run_key: the run's durable name; a rerun after a crash passes the same one.
-        model_calls: model calls already made in this run (see :meth:`resume`).
+        model_calls: model calls already made in this run (see :meth:`resume` and :meth:`resume_turn`).
         tools: names of the function tools to guard (default: all of them).
         tool_options: per tool name, :meth:`Guard.effect` options (``policy``, ``reconciler``,
             ``provider_idempotent``, ``permanent``, ...) for its effect.
@@ -301,6 +372,37 @@ class AgentRun:
             raise ConfigurationError("this RunState does not expose its model responses; set model_calls")
         self.model_calls = len(responses)
         return state
+
+    async def resume_turn(
+        self, session: Session, turn: int, input: str | list[TResponseInputItem]
+    ) -> str | list[TResponseInputItem] | None:
+        """What to pass ``Runner.run(..., session=session)`` to run or go on with a session's turn.
+
+        The SDK saves the turn's input when the run starts and each step as it finishes, so a turn
+        killed mid-run left part of itself in ``session``. Call this before running the turn, first
+        time or rerun alike, with this run's key for the turn (``f"{session_id}/turn-{turn}"``).
+
+        Args:
+            session: the turn's session (any agents ``Session``).
+            turn: the turn's position in the session, from 1 (see :func:`turn_progress`).
+            input: the turn's user input (one user message).
+
+        Returns:
+            ``input`` when the session does not hold the turn yet (a first run, or a crash before the
+            SDK saved the input); ``[]`` when it holds part of it, with :attr:`model_calls` set to
+            the answers saved, so the next model call is the one the killed run was making (replayed
+            when it was recorded, asked again when it was in flight) and the tools it asks for find
+            their records; ``None`` when the session holds the turn's final answer (do not run it).
+
+        Raises:
+            ConfigurationError: the session holds fewer than ``turn - 1`` turns.
+        """
+        progress = turn_progress(await session.get_items(), turn)
+        if not progress.started:
+            self.model_calls = 0
+            return input
+        self.model_calls = progress.answers
+        return None if progress.finished else []
 
     def wrap(self, agent: Agent[TContext]) -> Agent[TContext]:
         """A copy of ``agent`` and of the agents it hands off to, guarded and journaled.
