@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 import types
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Final, cast
@@ -145,12 +146,32 @@ def _sqlite_on_connect(memory: bool) -> Callable[[Any, Any], None]:
             # busy_timeout first: switching to WAL needs a lock other connections may hold.
             cursor.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
             if not memory:
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _retry_locked(lambda: cursor.execute("PRAGMA journal_mode = WAL"))
             cursor.execute("PRAGMA synchronous = FULL")
         finally:
             cursor.close()
 
     return on_connect
+
+
+_LOCKED_RETRIES = 50
+
+
+def _retry_locked(step: Callable[[], object]) -> None:
+    """Run ``step``, again while SQLite answers "database is locked" (bounded, with backoff).
+
+    Why: some of SQLite's locks are not waited for by the busy timeout. Several processes opening
+    one WAL database at the same instant can get SQLITE_BUSY at once from the first read of the
+    WAL index (another connection is running its recovery) or from switching the journal mode.
+    """
+    for attempt in range(_LOCKED_RETRIES):
+        try:
+            step()
+            return
+        except Exception as exc:  # sqlite3.OperationalError, or SQLAlchemy's wrapper of it
+            if "database is locked" not in str(exc) or attempt == _LOCKED_RETRIES - 1:
+                raise
+            time.sleep(min(0.01 * (attempt + 1), 0.2))
 
 
 def _sqlite_on_begin(conn: sa.Connection) -> None:
@@ -465,17 +486,23 @@ class SqlStore:
         """
         for attempt in range(2):
             try:
-                with self._lock, self._translated(), self._engine.begin() as conn:
-                    if self._postgres:  # two processes creating at once would collide
-                        lock = sa.text("SELECT pg_advisory_xact_lock(:id)")
-                        conn.execute(lock, {"id": _DDL_LOCK_ID})
-                    METADATA.create_all(conn, tables=[self._table])
+                if self._postgres:
+                    self._create()
+                else:  # several processes opening one new SQLite file at once
+                    _retry_locked(self._create)
                 return
             except StoreUnavailable:
                 raise
             except StoreError:  # lost a creation race on an engine without BEGIN IMMEDIATE
                 if attempt:
                     raise
+
+    def _create(self) -> None:
+        with self._lock, self._translated(), self._engine.begin() as conn:
+            if self._postgres:  # two processes creating at once would collide
+                lock = sa.text("SELECT pg_advisory_xact_lock(:id)")
+                conn.execute(lock, {"id": _DDL_LOCK_ID})
+            METADATA.create_all(conn, tables=[self._table])
 
     def now(self) -> float:
         """The store's clock: the injected one, or the database's time (one query)."""
