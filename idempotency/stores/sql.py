@@ -24,7 +24,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -38,6 +38,7 @@ from idempotency.errors import ConfigurationError, LostOwnership, StoreError, St
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from idempotency.store import first_token
+from idempotency.stores.shelf import Held, Shelf
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -50,6 +51,8 @@ __all__ = [
     "make_engine",
 ]
 
+T = TypeVar("T")
+
 SCHEMA_VERSION: Final = 1
 """Version of the effects table layout."""
 
@@ -58,6 +61,9 @@ DEFAULT_TABLE: Final = "sagaguard_effects"
 _BUSY_TIMEOUT_MS = 30_000
 _CONNECT_TIMEOUT_S = 5
 _CLAIM_ATTEMPTS = 5
+_HELD_MAX = 4096
+"""Claimed records a store remembers for ``complete_held``; past this many (claims never completed
+nor failed, e.g. by code driving the store itself) it forgets them all and starts afresh."""
 _DDL_LOCK_ID = 0x5A6A_6775  # any constant: serialises concurrent CREATE TABLE on Postgres
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")  # 48 leaves room for index names (63)
 _COLUMNS = (
@@ -298,6 +304,10 @@ class SqlStore:
         self._lock: contextlib.AbstractContextManager[Any] = (
             threading.RLock() if isinstance(engine.pool, StaticPool) else contextlib.nullcontext()
         )
+        self._shelf = Shelf(engine)
+        # The records this store's claims handed out and that are still live, by key: complete()
+        # rebuilds the finished record from one of these instead of reading every column back.
+        self._held: dict[str, Record] = {}
         self._build_statements(engine.dialect.identifier_preparer.quote(table_name))
         if create:
             self.create_tables()
@@ -378,6 +388,13 @@ class SqlStore:
                 "state = 'succeeded', result = :result, error = NULL, "
                 "expires_at = c.now + CAST(:retention AS DOUBLE PRECISION), updated_at = c.now"
             ),
+            # The same write for the holder of the claim: while its token holds, only the lease
+            # (heartbeats) can have changed since, so only that and the new times come back.
+            "complete_held": update(
+                "state = 'succeeded', result = :result, error = NULL, "
+                "expires_at = c.now + CAST(:retention AS DOUBLE PRECISION), updated_at = c.now",
+                returning="lease_until, updated_at, expires_at",
+            ),
             "permanent": update(
                 "state = 'failed', error = :error, "
                 "expires_at = c.now + CAST(:retention AS DOUBLE PRECISION), updated_at = c.now"
@@ -403,51 +420,82 @@ class SqlStore:
 
     @contextlib.contextmanager
     def _translated(self) -> Iterator[None]:
-        """Re-raise driver errors as ours, with the driver's message (never SQLAlchemy's, which
-        may quote parameters)."""
+        """Re-raise driver errors as ours (:meth:`_ours`)."""
         try:
             yield
         except (sa_exc.SQLAlchemyError, self._dbapi_error) as exc:
-            orig = getattr(exc, "orig", None) or exc
-            text = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-            if isinstance(exc, self._transient) or getattr(exc, "connection_invalidated", False):
-                raise StoreUnavailable(f"SQL store unavailable: {text}") from exc
-            raise StoreError(f"SQL store error: {text}") from exc
+            raise self._ours(exc) from exc
+
+    def _ours(self, exc: BaseException) -> StoreError:
+        """Our error for a driver's, with the driver's message (never SQLAlchemy's, which may
+        quote parameters); the caller raises it ``from exc``."""
+        orig = getattr(exc, "orig", None) or exc
+        text = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+        if isinstance(exc, self._transient) or getattr(exc, "connection_invalidated", False):
+            return StoreUnavailable(f"SQL store unavailable: {text}")
+        return StoreError(f"SQL store error: {text}")
 
     @contextlib.contextmanager
     def _cursor(self, *, write: bool = False) -> Iterator[Any]:
-        """A DBAPI cursor on a pooled connection; a write block is one transaction."""
+        """A DBAPI cursor on a shelved connection; a write block is one transaction."""
         with self._lock, self._translated():
-            fairy = self._engine.raw_connection()
-            conn: Any = fairy.driver_connection
-            cursor: Any = None
-            restore = False
+            shelf = self._shelf
+            held = shelf.take()
+            cursor = held.cursor
             try:
-                if self._postgres and not conn.autocommit:
-                    conn.autocommit = True  # each statement is its own transaction
-                    restore = True
-                cursor = conn.cursor()
                 if write and not self._postgres:
                     cursor.execute("BEGIN IMMEDIATE")  # wait for the write lock up front
                 yield cursor
                 if not self._postgres:
-                    conn.commit()
-            except Exception as exc:
-                with contextlib.suppress(Exception):
-                    conn.rollback()
-                driver_error: Any = exc if isinstance(exc, self._dbapi_error) else None
-                if driver_error is not None and self._engine.dialect.is_disconnect(
-                    driver_error, conn, cursor
-                ):
-                    # As SQLAlchemy does on a disconnect: drop this connection and recycle all
-                    # older ones, so that one call pays for a server restart, not one per conn.
-                    self._engine.pool._invalidate(fairy, exc)
+                    held.conn.commit()
+            except BaseException as exc:
+                self._drop(held, exc)
                 raise
-            finally:
-                if restore:
-                    with contextlib.suppress(Exception):
-                        conn.autocommit = False  # hand the connection back as we found it
-                fairy.close()
+            shelf.give(held)
+
+    def _write(self, work: Callable[[Any], T]) -> T:
+        """``work(cursor)`` as one write transaction on a shelved connection: what ``with
+        self._cursor(write=True) as cursor: return work(cursor)`` does, as plain calls, for the
+        writes every guarded call makes (a context manager costs a few µs on a hot path)."""
+        with self._lock:
+            shelf = self._shelf
+            try:
+                held = shelf.take()
+            except (sa_exc.SQLAlchemyError, self._dbapi_error) as exc:
+                raise self._ours(exc) from exc
+            try:
+                if not self._postgres:
+                    held.cursor.execute("BEGIN IMMEDIATE")  # wait for the write lock up front
+                found = work(held.cursor)
+                if not self._postgres:
+                    held.conn.commit()
+            except BaseException as exc:
+                self._drop(held, exc)
+                if isinstance(exc, (sa_exc.SQLAlchemyError, self._dbapi_error)):
+                    raise self._ours(exc) from exc
+                raise
+            shelf.give(held)
+            return found
+
+    def _drop(self, held: Held, exc: BaseException) -> None:
+        """After a failed block: roll back and shelve the connection again, or throw it away when
+        it may be broken (a disconnect, or an interruption that may have left a reply unread)."""
+        conn = held.conn
+        driver_error = isinstance(exc, self._dbapi_error)
+        disconnect = driver_error and self._engine.dialect.is_disconnect(
+            exc,  # type: ignore[arg-type]  # the driver's own error, as the dialect expects
+            conn,
+            held.cursor,
+        )
+        if disconnect or not isinstance(exc, Exception):
+            self._shelf.discard(held, exc, disconnect=disconnect)
+            return
+        try:
+            conn.rollback()
+        except Exception as failed:
+            self._shelf.discard(held, failed, disconnect=False)
+        else:
+            self._shelf.give(held)
 
     def _run(
         self, cursor: Any, statement: _Statement, params: dict[str, Any], fetch: bool = True
@@ -459,8 +507,8 @@ class SqlStore:
         return list(cursor.fetchall()) if fetch else []
 
     def _fenced(self, name: str, key: str, token: int, **params: Any) -> Any:
-        with self._cursor(write=True) as cursor:
-            rows = self._run(cursor, self._sql[name], {"key": key, "token": token, **params})
+        statement, values = self._sql[name], {"key": key, "token": token, **params}
+        rows = self._write(lambda cursor: self._run(cursor, statement, values))
         if not rows:
             raise self._lost(key, token)
         return rows[0]
@@ -532,17 +580,26 @@ class SqlStore:
             "lease": float(lease),
             "first_token": first_token(),  # used only if no row is in the way
         }
+        statement, get = self._sql["claim"], self._get
+
+        def work(cursor: Any) -> list[Any]:
+            rows = self._run(cursor, statement, params)
+            if not rows:  # read the record in the way (SQLite: in the same transaction)
+                found = self._run(cursor, get, {"key": identity.key})
+                rows = [(False, *row) for row in found]
+            return rows
+
         for _ in range(_CLAIM_ATTEMPTS):
-            with self._cursor(write=True) as cursor:
-                rows = self._run(cursor, self._sql["claim"], params)
-                if not rows:  # read the record in the way (SQLite: in the same transaction)
-                    found = self._run(cursor, self._get, {"key": identity.key})
-                    rows = [(False, *row) for row in found]
+            rows = self._write(work)
             if rows:
                 won, *columns = rows[0]
                 rec = _record(columns)
                 if not won:
                     return ClaimResult(ClaimOutcome.EXISTING, rec)
+                held = self._held  # ours now, until complete() or fail()
+                if len(held) >= _HELD_MAX:
+                    held.clear()
+                held[rec.key] = rec
                 if rec.state is State.IN_PROGRESS:
                     return ClaimResult(ClaimOutcome.CLAIMED, rec)
                 return ClaimResult(ClaimOutcome.TOOK_OVER, rec)
@@ -556,14 +613,29 @@ class SqlStore:
         return _record(rows[0]) if rows else None
 
     def complete(self, key: str, token: int, result: str, retention: float) -> Record:
-        """See :meth:`IdempotencyStore.complete`. One fenced UPDATE."""
-        row = self._fenced("complete", key, token, result=result, retention=float(retention))
-        return _record(row)
+        """See :meth:`IdempotencyStore.complete`. One fenced UPDATE.
+
+        When this store's own claim handed out ``token`` for ``key``, the finished record is built
+        from that claim's record and the three fields the UPDATE returns (``complete_held``).
+        """
+        held = self._held.pop(key, None)
+        if held is None or held.token != token:
+            row = self._fenced("complete", key, token, result=result, retention=float(retention))
+            return _record(row)
+        lease_until, updated_at, expires_at = self._fenced(
+            "complete_held", key, token, result=result, retention=float(retention)
+        )
+        return Record(
+            key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
+            State.SUCCEEDED, token, float(lease_until), held.attempts, held.created_at,
+            float(updated_at), float(expires_at), result, None,
+        )  # fmt: skip
 
     def fail(
         self, key: str, token: int, disposition: Disposition, error: str, retention: float
     ) -> Record | None:
         """See :meth:`IdempotencyStore.fail`. One fenced UPDATE, or DELETE when RETRYABLE."""
+        self._held.pop(key, None)
         params: dict[str, Any] = {}
         if disposition is not Disposition.RETRYABLE:
             params["error"] = error
@@ -604,7 +676,9 @@ class SqlStore:
             return int(cursor.rowcount)
 
     def close(self) -> None:
-        """Release the connections of an engine the store made (a given engine is left alone)."""
+        """Give the store's connections back to the pool, and release those of an engine the store
+        made (a given engine is left alone)."""
+        self._shelf.close()
         if self._owned:
             self._engine.dispose()
 

@@ -24,7 +24,7 @@ import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -148,6 +148,24 @@ def _step_values(step: StepRecord, suffix: str, **extra: Any) -> dict[str, Any]:
     return values
 
 
+_STEP_ROW_ORDER: Final = (
+    "saga_id", "idx", "name", "kind", "state", "compensation", "result", "error", "not_applied",
+    "compensation_error", "attempts", "compensation_attempts", "stamp", "stamp", "trace", "resolution",
+)  # fmt: skip
+"""The positional parameters of the SQLite step upsert, in the order :func:`_step_row` gives them."""
+
+
+def _step_row(step: StepRecord, saga_id: str, stamp: float) -> tuple[Any, ...]:
+    """SQLite: a step row's values in :data:`_STEP_ROW_ORDER`, straight from the record (what
+    ``_step_values`` and the statement's picker give, without the dict between; sqlite3 binds a
+    ``StrEnum`` member as the text of its value)."""
+    return (
+        saga_id, step.index, step.name, step.kind, step.state, step.compensation, step.result,
+        step.error, step.not_applied, step.compensation_error, step.attempts,
+        step.compensation_attempts, stamp, stamp, step.trace, step.resolution,
+    )  # fmt: skip
+
+
 class SqlJournal:
     """A :class:`~saga.journal.SagaJournal` on SQLite or PostgreSQL. Thread-safe.
 
@@ -193,6 +211,9 @@ class SqlJournal:
         if self._postgres:
             hot["start_with_step"] = self._sql.start_with_step()
         self._hot = {name: Compiled(text, engine.dialect) for name, text in hot.items()}
+        # The SQLite phase binds step rows as tuples built straight from the records: checked here
+        # against the compiled statement's own parameter order, so the two cannot drift apart.
+        self._step_rows = not self._postgres and self._hot["upsert_step"].order == _STEP_ROW_ORDER
         self._phases: dict[tuple[str, int], Compiled] = {}
         if create:
             self.create_tables()
@@ -349,8 +370,12 @@ class SqlJournal:
             saga = _saga(rows[0])
             if phase.steps and not self._postgres:
                 upsert, stamp = self._hot["upsert_step"], saga.updated_at
-                values = [_step_values(step, "", saga_id=saga_id, stamp=stamp) for step in phase.steps]
-                cursor.executemany(upsert.sql, [upsert.args(v) for v in values])
+                if self._step_rows:
+                    rows = [_step_row(step, saga_id, stamp) for step in phase.steps]
+                else:
+                    values = [_step_values(step, "", saga_id=saga_id, stamp=stamp) for step in phase.steps]
+                    rows = [upsert.args(v) for v in values]
+                cursor.executemany(upsert.sql, rows)
         return saga
 
     def _phase(self, update: str, rows: int) -> Compiled:
@@ -449,7 +474,9 @@ class SqlJournal:
             return [_saga(row) for row in conn.execute(query)]
 
     def close(self) -> None:
-        """Dispose the engine the journal made (a given engine is left alone)."""
+        """Give the journal's connections back to the pool, and dispose the engine the journal made
+        (a given engine is left alone)."""
+        self._driver.close()
         if self._owned:
             self._engine.dispose()
 

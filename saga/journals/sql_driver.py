@@ -3,8 +3,9 @@
 A statement through SQLAlchemy's ``Connection`` costs more Python than a commit costs the disk, and
 a saga step is about one commit; so the calls a running saga makes on every step (the atomic phase,
 the start) hand SQL compiled once for the driver's paramstyle straight to a DBAPI cursor on one of
-the engine's pooled connections. Everything else (operator calls, parking, signals, listing) keeps
-SQLAlchemy: it is rare, and clearer there.
+the engine's pooled connections, kept checked out between calls (:mod:`idempotency.stores.shelf`).
+Everything else (operator calls, parking, signals, listing) keeps SQLAlchemy: it is rare, and
+clearer there.
 
 Transactions: on SQLite a block is one ``BEGIN IMMEDIATE`` (a write) or ``BEGIN`` (a read)
 transaction, committed at its end; on Postgres the connection is in autocommit, so a block made of
@@ -23,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from idempotency.stores.shelf import Shelf
 from saga.errors import JournalError, JournalUnavailable
 
 __all__ = ["Compiled", "Driver"]
@@ -31,13 +33,15 @@ __all__ = ["Compiled", "Driver"]
 class Compiled:
     """One statement compiled for a dialect's driver (its paramstyle), to run on a raw cursor."""
 
-    __slots__ = ("_pick", "sql")
+    __slots__ = ("_pick", "order", "sql")
 
     def __init__(self, text: str, dialect: sa.Dialect) -> None:
         compiled = sa.text(text).compile(dialect=dialect)
         assert isinstance(compiled, SQLCompiler)
         self.sql: str = compiled.string
         order = compiled.positiontup  # set for positional (qmark) drivers such as sqlite3
+        self.order: tuple[str, ...] | None = tuple(order) if order else None
+        """The parameter names in the order a positional driver binds them; None: by name."""
         # itemgetter picks the values in C; with one name it returns the value, not a tuple.
         self._pick: Callable[[Mapping[str, Any]], Any] | None = None
         if order:
@@ -50,7 +54,8 @@ class Compiled:
 
 
 class Driver:
-    """DBAPI cursors on an engine's pooled connections, with the driver's errors made ours.
+    """DBAPI cursors on connections of an engine's pool kept checked out between blocks
+    (:class:`~idempotency.stores.shelf.Shelf`), with the driver's errors made ours.
 
     Args:
         engine: from :func:`idempotency.stores.sql.make_engine` (SQLite with ``isolation_level``
@@ -62,7 +67,8 @@ class Driver:
     def __init__(self, engine: sa.Engine, lock: contextlib.AbstractContextManager[Any]) -> None:
         self._engine = engine
         self._lock = lock
-        self.postgres = engine.dialect.name == "postgresql"
+        self._shelf = Shelf(engine)
+        self.postgres = self._shelf.postgres
         dbapi = engine.dialect.loaded_dbapi
         self._error: type[Exception] = dbapi.Error
         # PEP 249 names the transient ones: the server went away, SQLite "database is locked".
@@ -95,47 +101,48 @@ class Driver:
             JournalUnavailable, JournalError: the driver failed (chained as ``__cause__``).
         """
         with self._lock:
+            shelf = self._shelf
             try:
-                fairy = self._engine.raw_connection()
+                held = shelf.take()
             except (sa_exc.SQLAlchemyError, self._error, OSError) as exc:
                 raise self._translate(exc) from exc
-            conn: Any = fairy.driver_connection
-            restore = False
+            conn, cursor = held.conn, held.cursor
             began = False
             try:
-                if self.postgres:
-                    if not conn.autocommit:
-                        conn.autocommit = True
-                        restore = True
-                    cursor = conn.cursor()
-                    if atomic:
-                        cursor.execute("BEGIN")
-                        began = True
-                else:
-                    cursor = conn.cursor()
+                if not self.postgres:
                     cursor.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                    began = True
+                elif atomic:
+                    cursor.execute("BEGIN")
                     began = True
                 yield cursor
                 if began:
                     cursor.execute("COMMIT")
             except BaseException as exc:
-                if began:
-                    with contextlib.suppress(Exception):
-                        conn.rollback()
-                if isinstance(exc, self._error) and self._engine.dialect.is_disconnect(
+                disconnect = isinstance(exc, self._error) and self._engine.dialect.is_disconnect(
                     exc,  # type: ignore[arg-type]  # the driver's own error, as the dialect expects
                     conn,
                     None,
-                ):
-                    fairy.invalidate(exc)  # a dead connection never goes back to the pool
+                )
+                if disconnect or not isinstance(exc, Exception):
+                    # A dead connection, or one an interruption may have left mid-reply: never reused.
+                    shelf.discard(held, exc, disconnect=disconnect)
+                else:
+                    try:
+                        if began:
+                            conn.rollback()
+                    except Exception as failed:
+                        shelf.discard(held, failed, disconnect=False)
+                    else:
+                        shelf.give(held)
                 if isinstance(exc, (self._error, sa_exc.SQLAlchemyError, OSError)):
                     raise self._translate(exc) from exc
                 raise
-            finally:
-                if restore:
-                    with contextlib.suppress(Exception):
-                        conn.autocommit = False  # hand the connection back as SQLAlchemy gave it
-                fairy.close()
+            shelf.give(held)
+
+    def close(self) -> None:
+        """Give the shelved connections back to the engine's pool."""
+        self._shelf.close()
 
     @staticmethod
     def run(cursor: Any, statement: Compiled, params: Mapping[str, Any]) -> list[Any]:
