@@ -6,7 +6,10 @@ replay one claim. On Postgres each primitive is one autocommit statement (one ro
 SQLite each write is one ``BEGIN IMMEDIATE`` transaction.
 
 Times come from the database's own clock, read inside the statement that uses them (no extra round
-trip), unless a clock is injected: its value is then bound as a parameter.
+trip), unless a clock is injected: its value is then bound as a parameter. SQLite runs in this
+process, so its clock is this host's: there ``time.time()`` is bound (the same instant as SQLite's
+``julianday('now')``, to the microsecond rather than the millisecond, and without an expression in
+every statement).
 
 SQLite runs in WAL mode with ``synchronous=FULL`` and a 30 s busy timeout, and every write
 transaction starts with ``BEGIN IMMEDIATE``: a transaction that starts as a reader and later writes
@@ -289,6 +292,10 @@ class SqlStore:
         self._engine = engine
         self._owned = owned
         self._clock = clock
+        # What "now" is bound from: the injected clock, else on SQLite (in-process) the host's.
+        self._now: Callable[[], float] | None = clock
+        if clock is None and engine.dialect.name == "sqlite":
+            self._now = time.time
         self._postgres = engine.dialect.name == "postgresql"
         dbapi = engine.dialect.loaded_dbapi  # PEP 249 says which of its errors are transient
         self._dbapi_error: type[Exception] = dbapi.Error
@@ -315,7 +322,7 @@ class SqlStore:
     def _build_statements(self, table: str) -> None:
         # Only identifiers are formatted in; every value is a bound parameter.
         dialect = self._engine.dialect
-        now = _DB_NOW[dialect.name] if self._clock is None else "CAST(:now AS DOUBLE PRECISION)"
+        now = _DB_NOW[dialect.name] if self._now is None else "CAST(:now AS DOUBLE PRECISION)"
         clock_row = f"(SELECT {now} AS now) AS c"
         fresh = f"e.state IN {_FINISHED}"  # in DO UPDATE: replacing an expired finished record
 
@@ -329,7 +336,7 @@ class SqlStore:
         def pick(column: str) -> str:
             return f"{column} = CASE WHEN {fresh} THEN excluded.{column} ELSE e.{column} END"
 
-        def upsert(source: str, guard: str) -> str:
+        def upsert(source: str, guard: str, at: str = "c.now") -> str:
             # The proposed row carries "now" (created_at) and "now + lease" (lease_until), so DO
             # UPDATE reads the clock from `excluded`: one reading per statement. SQLite needs a
             # WHERE to parse INSERT .. SELECT followed by ON CONFLICT. A new row starts at the
@@ -339,9 +346,9 @@ class SqlStore:
             INSERT INTO {table} AS e (key, namespace, scope, name, ordinal, fingerprint, state,
                                       token, lease_until, attempts, created_at, updated_at)
             SELECT :key, :namespace, :scope, :name, :ordinal, :fingerprint, 'in_progress',
-                   CAST(:first_token AS BIGINT), c.now + CAST(:lease AS DOUBLE PRECISION), 1,
-                   c.now, c.now
-            FROM {source} WHERE {guard}
+                   CAST(:first_token AS BIGINT), {at} + CAST(:lease AS DOUBLE PRECISION), 1,
+                   {at}, {at}
+            {source} WHERE {guard}
             ON CONFLICT (key) DO UPDATE SET
                 {pick("namespace")}, {pick("scope")}, {pick("name")}, {pick("ordinal")},
                 {pick("fingerprint")}, {pick("created_at")},
@@ -367,18 +374,23 @@ class SqlStore:
             cur AS (SELECT {x_columns},
                            COALESCE({claimable("x", "c.now", ":fingerprint")}, false) AS open
                     FROM {table} AS x, c WHERE x.key = :key),
-            won AS ({upsert("c", "NOT EXISTS (SELECT 1 FROM cur WHERE NOT cur.open)")})
+            won AS ({upsert("FROM c", "NOT EXISTS (SELECT 1 FROM cur WHERE NOT cur.open)")})
             SELECT * FROM won
             UNION ALL SELECT false, {_COLUMNS} FROM cur WHERE NOT cur.open"""
-        else:
-            claim = upsert(clock_row, "true")
+        elif self._now is None:
+            claim = upsert(f"FROM {clock_row}", "true")
+        else:  # a bound "now" needs no clock row to select from
+            claim = upsert("", "true", at=now)
         fence = f"key = :key AND token = :token AND state IN {_LIVE}"
 
-        def update(assignments: str, returning: str = _COLUMNS) -> str:
-            return (
-                f"UPDATE {table} SET {assignments} FROM {clock_row} "
-                f"WHERE {fence} RETURNING {returning}"
-            )
+        source = "" if self._now is not None else f" FROM {clock_row}"
+
+        def update(assignments: str, returning: str | None = _COLUMNS) -> str:
+            # A bound "now" needs no clock row to join: the assignments then name it directly.
+            if not source:
+                assignments = assignments.replace("c.now", now)
+            tail = "" if returning is None else f" RETURNING {returning}"
+            return f"UPDATE {table} SET {assignments}{source} WHERE {fence}{tail}"
 
         purgeable = f"state IN {_FINISHED} AND expires_at <= {now}"
         sql = {
@@ -389,11 +401,12 @@ class SqlStore:
                 "expires_at = c.now + CAST(:retention AS DOUBLE PRECISION), updated_at = c.now"
             ),
             # The same write for the holder of the claim: while its token holds, only the lease
-            # (heartbeats) can have changed since, so only that and the new times come back.
+            # can have changed since (heartbeats, through this store), so only the new times come
+            # back; on SQLite, where this process binds the time, nothing but the row count.
             "complete_held": update(
                 "state = 'succeeded', result = :result, error = NULL, "
                 "expires_at = c.now + CAST(:retention AS DOUBLE PRECISION), updated_at = c.now",
-                returning="lease_until, updated_at, expires_at",
+                returning=None if self._now is not None else "updated_at, expires_at",
             ),
             "permanent": update(
                 "state = 'failed', error = :error, "
@@ -500,8 +513,8 @@ class SqlStore:
     def _run(
         self, cursor: Any, statement: _Statement, params: dict[str, Any], fetch: bool = True
     ) -> list[Any]:
-        if self._clock is not None:
-            params["now"] = float(self._clock())
+        if self._now is not None:
+            params["now"] = float(self._now())
         cursor.execute(statement.sql, statement.args(params))
         # Fetch to the end: SQLite completes a RETURNING statement only then.
         return list(cursor.fetchall()) if fetch else []
@@ -554,8 +567,8 @@ class SqlStore:
 
     def now(self) -> float:
         """The store's clock: the injected one, or the database's time (one query)."""
-        if self._clock is not None:
-            return float(self._clock())
+        if self._now is not None:
+            return float(self._now())
         with self._cursor() as cursor:
             return float(self._run(cursor, self._sql["now"], {})[0][0])
 
@@ -622,13 +635,28 @@ class SqlStore:
         if held is None or held.token != token:
             row = self._fenced("complete", key, token, result=result, retention=float(retention))
             return _record(row)
-        lease_until, updated_at, expires_at = self._fenced(
-            "complete_held", key, token, result=result, retention=float(retention)
-        )
+        retention = float(retention)
+        statement = self._sql["complete_held"]
+        values = {"key": key, "token": token, "result": result, "retention": retention}
+        if self._now is None:  # the database's clock: the UPDATE returns the times it wrote
+            found = self._write(lambda cursor: self._run(cursor, statement, values))
+            if not found:
+                raise self._lost(key, token)
+            updated_at, expires_at = (float(v) for v in found[0])
+        else:  # the time is ours: the row count says whether the fence let the write through
+
+            def write(cursor: Any) -> int:
+                self._run(cursor, statement, values, fetch=False)
+                return int(cursor.rowcount)
+
+            if self._write(write) != 1:
+                raise self._lost(key, token)
+            updated_at = float(values["now"])
+            expires_at = updated_at + retention
         return Record(
             key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
-            State.SUCCEEDED, token, float(lease_until), held.attempts, held.created_at,
-            float(updated_at), float(expires_at), result, None,
+            State.SUCCEEDED, token, held.lease_until, held.attempts, held.created_at,
+            updated_at, expires_at, result, None,
         )  # fmt: skip
 
     def fail(
@@ -646,7 +674,11 @@ class SqlStore:
 
     def heartbeat(self, key: str, token: int, lease: float) -> float:
         """See :meth:`IdempotencyStore.heartbeat`. One fenced UPDATE."""
-        return float(self._fenced("heartbeat", key, token, lease=float(lease))[0])
+        lease_until = float(self._fenced("heartbeat", key, token, lease=float(lease))[0])
+        held = self._held.get(key)
+        if held is not None and held.token == token:  # complete() builds on the lease it holds
+            self._held[key] = held.evolve(lease_until=lease_until)
+        return lease_until
 
     def list(
         self,

@@ -15,7 +15,9 @@ engine comes from :func:`idempotency.stores.sql.make_engine`: SQLite in WAL mode
 ``BEGIN IMMEDIATE`` writers (so writes are serialised), Postgres through psycopg 3, where parking a
 saga and delivering a signal both lock the saga row first, so neither misses the other.
 
-Times are the database's own, read inside the statement, unless a clock is injected.
+Times are the database's own, read inside the statement, unless a clock is injected. SQLite runs in
+this process, so its clock is this host's: there ``time.time()`` is bound as a parameter (the same
+instant as ``julianday('now')``, to the microsecond, without a clock expression in each statement).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Final, cast
 
@@ -198,14 +201,15 @@ class SqlJournal:
         if dialect not in _DIALECTS:
             raise ConfigurationError(f"SqlJournal serves SQLite and PostgreSQL, not {dialect}")
         self._engine = engine
-        self._clock = clock
         self._postgres = dialect == "postgresql"
+        # What "now" is bound from: the injected clock, else on SQLite (in-process) the host's.
+        self._clock = clock if clock is not None or self._postgres else time.time
         self._lock: contextlib.AbstractContextManager[Any] = (
             threading.RLock() if isinstance(engine.pool, StaticPool) else contextlib.nullcontext()
         )
         quote = engine.dialect.identifier_preparer.quote
         sagas, steps, signals = (quote(t.name) for t in self._tables)
-        self._sql = Statements(sagas, steps, signals, dialect, injected_clock=clock is not None)
+        self._sql = Statements(sagas, steps, signals, dialect, injected_clock=self._clock is not None)
         self._driver = Driver(engine, self._lock)
         hot = dict(self._sql.text)
         if self._postgres:

@@ -165,7 +165,6 @@ class Statements:
         now = "CAST(:now AS DOUBLE PRECISION)" if injected_clock else _DB_NOW[dialect]
         clock = f"(SELECT {now} AS now) AS c"
         seconds = "CAST(:lease AS DOUBLE PRECISION)"
-        lease = f"CASE WHEN {seconds} > 0 THEN c.now + {seconds} ELSE 0 END"
         fence = f"saga_id = :saga_id AND token = :token AND state IN {_LIVE}"
         waking = "CASE WHEN state = 'waiting' THEN 0 ELSE 1 END"
         self.now = sa.text(f"SELECT {now}")
@@ -202,12 +201,15 @@ class Statements:
         )
         self.get_steps = sa.text(f"SELECT {STEP_COLUMNS} FROM {steps} WHERE saga_id = :saga_id ORDER BY idx")
         self.get_signals = sa.text(f"SELECT name, payload FROM {signals} WHERE saga_id = :saga_id")
+        # A bound "now" needs no clock row to join: the hot updates then name it directly.
+        at, source = (now, "") if injected_clock else ("c.now", f" FROM {clock}")
+        lease = f"CASE WHEN {seconds} > 0 THEN {at} + {seconds} ELSE 0 END"
         self.text: dict[str, str] = {
             # The atomic phase's fenced update of the saga row: a heartbeat, or a new state.
-            "touch": f"UPDATE {sagas} SET lease_until = {lease}, updated_at = c.now FROM {clock} "
+            "touch": f"UPDATE {sagas} SET lease_until = {lease}, updated_at = {at}{source} "
             f"WHERE {fence} RETURNING {SAGA_COLUMNS}",
             "move": f"UPDATE {sagas} SET state = :state, error = :error, lease_until = {lease}, "
-            f"updated_at = c.now FROM {clock} WHERE {fence} RETURNING {SAGA_COLUMNS}",
+            f"updated_at = {at}{source} WHERE {fence} RETURNING {SAGA_COLUMNS}",
         }
         """The statements of the hot path (:mod:`saga.journals.sql_driver`), as text."""
         # Parking: due at once when the awaited signal is already recorded or a cancel is pending.
