@@ -637,7 +637,7 @@ class SqlStore:
             return _record(row)
         retention = float(retention)
         statement = self._sql["complete_held"]
-        values = {"key": key, "token": token, "result": result, "retention": retention}
+        values: dict[str, Any] = {"key": key, "token": token, "result": result, "retention": retention}
         if self._now is None:  # the database's clock: the UPDATE returns the times it wrote
             found = self._write(lambda cursor: self._run(cursor, statement, values))
             if not found:
