@@ -25,6 +25,7 @@ from saga.decisions import (
     SetState,
     StartAction,
     StartStep,
+    applied,
     apply,
     check,
     compensation_failure_state,
@@ -37,7 +38,7 @@ from saga.decisions import (
     step_deadline,
     wake_at,
 )
-from saga.definition import Saga, StepContext
+from saga.definition import Saga, Step, StepContext
 from saga.errors import (
     DefinitionMismatch,
     RecoveryExhausted,
@@ -117,6 +118,33 @@ class _Retrier:
             return None
         self.attempt += 1
         return float(self._retry.wait(state))
+
+
+_NO_WAIT = Phase()
+"""The wait fields of a phase that does not park the saga."""
+
+# Read on every step: on Python 3.11 a member read through its class costs as much as a call.
+_RUNNING = SagaState.RUNNING
+_COMPENSATING = SagaState.COMPENSATING
+_STARTED = StepState.STARTED
+_SUCCEEDED = StepState.SUCCEEDED
+
+
+def _overran(step: Step[Any, Any], deadline: float | None, row: StepRecord) -> StepTimeout:
+    """The error of a step that ran (or would run) past its deadline."""
+    return StepTimeout(step.name, (deadline or 0.0) - row.started_at)
+
+
+def _stamped(rows: tuple[StepRecord, ...], stamp: float) -> tuple[StepRecord, ...]:
+    """``rows`` with those written STARTED just now (``started_at`` 0) started at ``stamp``; ``rows``
+    itself when none was."""
+    out: list[StepRecord] | None = None
+    for position, row in enumerate(rows):
+        if row.state is _STARTED and row.started_at == 0:
+            if out is None:
+                out = list(rows)
+            out[position] = row.evolve(started_at=stamp)
+    return rows if out is None else tuple(out)
 
 
 class SagaFlow:
@@ -230,21 +258,22 @@ class SagaFlow:
         while True:
             # Checked by resume(); every later snapshot holds the rows this flow wrote from the saga.
             move: Next = decide(self.saga, snapshot, self._fresh, checked=True)
-            if isinstance(move, Done):
-                return snapshot
-            if isinstance(move, StartStep):
-                snapshot = yield from self._write(snapshot, Phase(steps=(self._started(move.index),)))
-                self._fresh = move.index
-            elif isinstance(move, RunStep):
+            # The moves are disjoint types: the one every step takes is tested first.
+            if isinstance(move, RunStep):
                 self._fresh = None
                 snapshot = yield from self._run_step(snapshot, move.index)
+            elif isinstance(move, Done):
+                return snapshot
+            elif isinstance(move, StartStep):
+                snapshot = yield from self._commit(snapshot, (self._started(move.index),))
+                self._fresh = move.index
             elif isinstance(move, Compensate):
                 snapshot = yield from self._compensate(snapshot, move.index)
             elif isinstance(move, Abandon):
                 snapshot = yield from self._abandon(snapshot, move.cause)
             else:
                 error = snapshot.saga.error if move.error is None else move.error
-                snapshot = yield from self._write(snapshot, Phase(state=move.state, error=error))
+                snapshot = yield from self._commit(snapshot, (), move.state, error)
 
     def _begin(self) -> Generator[Op, Any, StartResult]:
         waited, delay = 0.0, _WAIT_FIRST
@@ -290,54 +319,83 @@ class SagaFlow:
         self.input_text = record.input
 
     def _write(self, snapshot: SagaSnapshot, phase: Phase) -> Generator[Op, Any, SagaSnapshot]:
-        """Commit ``phase``, folding in the next move when it is only a journal write, so that
-        "step i succeeded + step i+1 started" (or "+ saga completed") is one commit."""
-        after = apply(snapshot, phase)
+        """Commit ``phase`` (see :meth:`_commit`; its lease is the flow's to set)."""
+        return (yield from self._commit(snapshot, phase.steps, phase.state, phase.error, phase))
+
+    def _commit(
+        self,
+        snapshot: SagaSnapshot,
+        steps: tuple[StepRecord, ...],
+        state: SagaState | None = None,
+        error: str | None = None,
+        wait: Phase = _NO_WAIT,
+    ) -> Generator[Op, Any, SagaSnapshot]:
+        """Commit the phase of ``steps``, ``state`` and ``error`` (with the wait fields of
+        ``wait``), folding in the next move when it is only a journal write, so that "step i
+        succeeded + step i+1 started" (or "+ saga completed") is one commit."""
+        after = applied(snapshot, steps, state, error)
         move = decide(self.saga, after, checked=True)
-        steps, state, error = phase.steps, phase.state, phase.error
-        started: int | None = None
-        if state is None and isinstance(move, StartStep):
-            steps = (*steps, self._started(move.index))
-            started = move.index
-        elif state is None and isinstance(move, SetState):
-            state = move.state
-            error = after.saga.error if move.error is None else move.error
-        live = (snapshot.saga.state if state is None else state) in LIVE_STATES
+        given = steps
+        fresh: StepRecord | None = None
+        if state is None:
+            if isinstance(move, StartStep):
+                fresh = self._started(move.index)
+                steps = (*steps, fresh)
+            elif isinstance(move, SetState):
+                state = move.state
+                error = after.saga.error if move.error is None else move.error
+        now = snapshot.saga.state if state is None else state
+        live = now is _RUNNING or now is _COMPENSATING  # in LIVE_STATES
         phase = Phase(
             steps=steps,
             state=state,
             error=error,
             lease=self.lease if live else 0.0,
-            waiting_for=phase.waiting_for,
-            wait_until=phase.wait_until,
-            wake_at=phase.wake_at,
-            wake_on_cancel=phase.wake_on_cancel,
+            waiting_for=wait.waiting_for,
+            wait_until=wait.wait_until,
+            wake_at=wait.wake_at,
+            wake_on_cancel=wait.wake_on_cancel,
         )
         record = yield Write(self.token, phase)
-        if started is not None:
-            self._fresh = started
+        if fresh is not None:
+            self._fresh = fresh.index
         # Rows written STARTED just now started at the commit's time (the journal stamps it so).
         stamp = record.updated_at
-        rows = tuple(
-            row.evolve(started_at=stamp) if row.state is StepState.STARTED and row.started_at == 0 else row
-            for row in steps
-        )
-        return SagaSnapshot(record, merge_steps(snapshot.steps, rows), snapshot.signals)
+        stamped = _stamped(given, stamp)
+        # The rows after the commit are the rows apply() predicted, unless stamping changed one.
+        rows = after.steps if stamped is given else merge_steps(snapshot.steps, stamped)
+        if fresh is not None:  # STARTED, started_at 0: see _started()
+            rows = merge_steps(rows, (fresh.evolve(started_at=stamp),))
+        return SagaSnapshot(record, rows, snapshot.signals)
 
     def _started(self, index: int) -> StepRecord:
-        step = self.saga.steps[index]
-        trace = None if self.trace_step is None else self.trace_step(index)
-        return StepRecord(
-            index, step.name, step.kind, StepState.STARTED, compensation=step.compensation_name, trace=trace
-        )
+        """Step ``index``'s row to write STARTED (``started_at`` 0: the journal stamps it), with
+        the ``traceparent`` of the span :attr:`trace_step` starts for it."""
+        row = self.saga.started_row(index)
+        if self.trace_step is None:
+            return row
+        trace = self.trace_step(index)
+        return row if trace is None else row.evolve(trace=trace)
 
     def context(
         self, index: int, attempt: int, *, error: str | None = None, snapshot: SagaSnapshot | None = None
     ) -> StepContext:
         """The context handed to step ``index``'s action (or, with ``error``, its compensation)."""
+        deadline = None
+        if snapshot is not None and error is None:
+            deadline = step_deadline(self.saga, snapshot, index)
+        return self._context(index, attempt, error, snapshot, deadline)
+
+    def _context(
+        self,
+        index: int,
+        attempt: int,
+        error: str | None,
+        snapshot: SagaSnapshot | None,
+        deadline: float | None,
+    ) -> StepContext:
         saga = self.saga
         record = None if snapshot is None else snapshot.saga
-        deadline = None if snapshot is None or error is not None else step_deadline(saga, snapshot, index)
         return StepContext(
             saga_id=self.saga_id,
             saga=saga.name,
@@ -349,8 +407,8 @@ class SagaFlow:
             error=error,
             deadline=deadline,
             now=0.0 if record is None else record.updated_at,
-            _results=dict(self.results),
-            _signals=dict(self.signals),
+            _results=self.results.copy(),
+            _signals=self.signals.copy(),
             _wait=(None, 0.0) if record is None else (record.waiting_for, record.wait_until),
         )
 
@@ -368,30 +426,26 @@ class SagaFlow:
     def _run_step(self, snapshot: SagaSnapshot, index: int) -> Generator[Op, Any, SagaSnapshot]:
         step = self.saga.steps[index]
         row = cast(StepRecord, snapshot.step(index))
-        retrier = _Retrier(step.retry)
+        retrier: _Retrier | None = None  # built on the first failure only
+        attempt = 1
         deadline = step_deadline(self.saga, snapshot, index)
-
-        def timeout() -> StepTimeout:
-            return StepTimeout(step.name, (deadline or 0.0) - row.started_at)
-
         not_applied = False
         attempts = row.attempts
         if deadline is not None and snapshot.saga.updated_at >= deadline:
-            error: BaseException = timeout()  # it overran before a crash: never run it again
+            # It overran before a crash: never run it again.
+            error: BaseException = _overran(step, deadline, row)
         else:
             while True:
-                ctx = self.context(index, retrier.attempt, snapshot=snapshot)
+                ctx = self._context(index, attempt, None, snapshot, deadline)
                 ran: Ran = yield Act(ctx, self.token)
-                attempts = row.attempts + retrier.attempt
-                late = deadline is not None and ran.finished_at is not None and ran.finished_at >= deadline
-                if isinstance(ran.error, SagaSuspended):
-                    return (yield from self._park(snapshot, ran.error, ran.finished_at))
-                if ran.error is not None and not isinstance(ran.error, Exception):
-                    raise ran.error  # cancelled or interrupted: the step stays STARTED, as after a crash
-                if late and not isinstance(ran.error, SignalTimeout):
-                    error = timeout()
-                    break
-                if ran.error is None:
+                attempts = row.attempts + attempt
+                failure = ran.error
+                finished = ran.finished_at
+                late = deadline is not None and finished is not None and finished >= deadline
+                if failure is None:
+                    if late:
+                        error = _overran(step, deadline, row)
+                        break
                     try:
                         text = step.codec.encode(ran.value)
                     except CodecError as exc:
@@ -399,9 +453,16 @@ class SagaFlow:
                         error = exc
                         break
                     self.results[step.name] = ran.value
-                    done = row.evolve(state=StepState.SUCCEEDED, result=text, error=None, attempts=attempts)
-                    return (yield from self._write(snapshot, Phase(steps=(done,))))
-                error = ran.error
+                    done = row.evolve(state=_SUCCEEDED, result=text, error=None, attempts=attempts)
+                    return (yield from self._commit(snapshot, (done,)))
+                if isinstance(failure, SagaSuspended):
+                    return (yield from self._park(snapshot, failure, finished))
+                if not isinstance(failure, Exception):
+                    raise failure  # cancelled or interrupted: the step stays STARTED, as after a crash
+                if late and not isinstance(failure, SignalTimeout):
+                    error = _overran(step, deadline, row)
+                    break
+                error = failure
                 if isinstance(error, SignalTimeout):
                     not_applied = True  # the wait changed nothing
                     break
@@ -411,22 +472,20 @@ class SagaFlow:
                 if disposition is Disposition.PERMANENT:
                     not_applied = True
                     break
+                if retrier is None:
+                    retrier = _Retrier(step.retry)
                 pause = retrier.next_pause(error)
                 if pause is None:
                     not_applied = disposition is Disposition.RETRYABLE
                     break
-                if (
-                    deadline is not None
-                    and ran.finished_at is not None
-                    and ran.finished_at + pause >= deadline
-                ):
-                    error = timeout()
+                if deadline is not None and finished is not None and finished + pause >= deadline:
+                    error = _overran(step, deadline, row)
                     break
                 yield Sleep(pause, self.token)
+                attempt = retrier.attempt
         text = encode_error(error)
         failed = row.evolve(state=StepState.FAILED, error=text, not_applied=not_applied, attempts=attempts)
-        phase = Phase(steps=(failed,), state=failure_state(step.kind, not_applied), error=text)
-        return (yield from self._write(snapshot, phase))
+        return (yield from self._commit(snapshot, (failed,), failure_state(step.kind, not_applied), text))
 
     def _park(
         self, snapshot: SagaSnapshot, suspended: SagaSuspended, now: float | None
@@ -488,9 +547,11 @@ class SagaFlow:
 
     def _decoded_results(self, snapshot: SagaSnapshot) -> dict[str, Any]:
         results: dict[str, Any] = {}
+        steps = self.saga.steps
+        count = len(steps)
         for row in snapshot.steps:
-            if row.result is not None and row.index < len(self.saga.steps):
-                results[row.name] = self.saga.steps[row.index].codec.decode(row.result)
+            if row.result is not None and row.index < count:
+                results[row.name] = steps[row.index].codec.decode(row.result)
         return results
 
     def outcome(self, snapshot: SagaSnapshot, *, replayed: bool = False) -> SagaOutcome:

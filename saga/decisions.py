@@ -48,6 +48,7 @@ __all__ = [
     "StartAction",
     "StartStep",
     "abandon_cause",
+    "applied",
     "apply",
     "check",
     "compensation_failure_state",
@@ -140,6 +141,17 @@ class Done:
 
 
 Next = StartStep | RunStep | Compensate | SetState | Abandon | Done
+
+# decide() runs twice per saga step, so it returns shared moves for the usual indexes (they are
+# frozen, and equal to new ones), and reads enum members from module constants: on Python 3.11 a
+# member read through its class (``StepState.SUCCEEDED``) costs as much as a function call.
+_START_STEPS = tuple(StartStep(index) for index in range(64))
+_RUN_STEPS = tuple(RunStep(index) for index in range(64))
+_RUNNING = SagaState.RUNNING
+_COMPENSATING = SagaState.COMPENSATING
+_SUCCEEDED = StepState.SUCCEEDED
+_STARTED = StepState.STARTED
+_COMPENSATABLE = StepKind.COMPENSATABLE
 
 
 def failure_state(kind: StepKind, not_applied: bool) -> SagaState:
@@ -235,13 +247,16 @@ def step_deadline(saga: Saga[Any], snapshot: SagaSnapshot, index: int) -> float 
     """When step ``index`` (STARTED) must be done: its timeout from its start and, for a step
     before the pivot, the saga's deadline; None when neither applies. Pure."""
     step = saga.steps[index]
-    row = snapshot.step(index)
-    found: list[float] = []
-    if step.timeout is not None and row is not None:
-        found.append(row.started_at + step.timeout)
-    if step.kind is StepKind.COMPENSATABLE and snapshot.saga.deadline > 0:
-        found.append(snapshot.saga.deadline)
-    return min(found) if found else None
+    deadline: float | None = None
+    if step.timeout is not None:
+        row = snapshot.step(index)
+        if row is not None:
+            deadline = row.started_at + step.timeout
+    if step.kind is _COMPENSATABLE:
+        overall = snapshot.saga.deadline
+        if overall > 0 and (deadline is None or overall < deadline):
+            deadline = overall
+    return deadline
 
 
 def wake_at(snapshot: SagaSnapshot, wait_until: float) -> float:
@@ -268,11 +283,13 @@ def check(saga: Saga[Any], snapshot: SagaSnapshot) -> None:
             record.saga_id,
             f"journal has {record.name!r} v{record.version}, definition is {saga.name!r} v{saga.version}",
         )
+    steps = saga.steps
+    count = len(steps)
     for row in snapshot.steps:
-        if row.index >= len(saga.steps) or saga.steps[row.index].name != row.name:
-            expected = saga.steps[row.index].name if row.index < len(saga.steps) else None
+        if row.index >= count or steps[row.index].name != row.name:
+            expected = steps[row.index].name if row.index < count else None
             raise StepMismatch(record.saga_id, row.index, row.name, expected)
-        step = saga.steps[row.index]
+        step = steps[row.index]
         if row.compensation is not None and step.compensation_fn is None:
             raise DefinitionMismatch(
                 record.saga_id, f"step {row.name!r} registered a compensation the definition lacks"
@@ -292,32 +309,37 @@ def decide(
     """
     if not checked:
         check(saga, snapshot)
-    state = snapshot.saga.state
-    if state not in LIVE_STATES:
-        return Done()
-    if state is SagaState.RUNNING:
+    record = snapshot.saga
+    state = record.state
+    if state is _RUNNING:
         # The first step, in order, that has no row or has not succeeded (rows are ordered by
         # index, and check() keeps every index within the definition).
-        pending = len(snapshot.steps)
+        steps = snapshot.steps
+        pending = len(steps)
         row: StepRecord | None = None
-        for position, found in enumerate(snapshot.steps):
+        succeeded = _SUCCEEDED
+        for position, found in enumerate(steps):
             if found.index != position:
                 pending = position  # a gap: this step has no row
                 break
-            if found.state is not StepState.SUCCEEDED:
+            if found.state is not succeeded:
                 pending, row = position, found
                 break
         if pending >= len(saga.steps):
             return SetState(SagaState.COMPLETED)
-        cause = abandon_cause(snapshot, fresh)
-        if cause is not None:
-            return Abandon(cause)
+        if record.cancel_requested or 0 < record.deadline <= record.updated_at:
+            # Only then may abandon_cause() find one (the usual case is decided without calling it).
+            cause = abandon_cause(snapshot, fresh)
+            if cause is not None:
+                return Abandon(cause)
         if row is None:
-            return StartStep(pending)
-        if row.state is StepState.STARTED:
-            return RunStep(pending)
+            return _START_STEPS[pending] if pending < 64 else StartStep(pending)
+        if row.state is _STARTED:
+            return _RUN_STEPS[pending] if pending < 64 else RunStep(pending)
         # Only a hand-edited journal gets here: failures change the saga state atomically.
         return SetState(failure_state(row.kind, row.not_applied))
+    if state is not _COMPENSATING:
+        return Done()  # not live
     for row in reversed(snapshot.steps):
         if needs_compensation(row):
             return Compensate(row.index)
@@ -336,9 +358,10 @@ def merge_steps(rows: tuple[StepRecord, ...], new: tuple[StepRecord, ...]) -> tu
     merged = list(rows)
     for row in new:
         index = row.index
-        if index < len(merged) and merged[index].index == index:
+        count = len(merged)
+        if index < count and merged[index].index == index:
             merged[index] = row  # the usual layout: rows 0..n-1, in order
-        elif index == len(merged) and (not merged or merged[-1].index == index - 1):
+        elif index == count and (not count or merged[-1].index == index - 1):
             merged.append(row)
         else:  # gaps: by index
             by_index = {r.index: r for r in merged}
@@ -349,7 +372,15 @@ def merge_steps(rows: tuple[StepRecord, ...], new: tuple[StepRecord, ...]) -> tu
 
 def apply(snapshot: SagaSnapshot, phase: Phase) -> SagaSnapshot:
     """The snapshot after ``phase`` is committed (journal timestamps aside). Pure."""
+    return applied(snapshot, phase.steps, phase.state, phase.error)
+
+
+def applied(
+    snapshot: SagaSnapshot, steps: tuple[StepRecord, ...], state: SagaState | None, error: str | None
+) -> SagaSnapshot:
+    """:func:`apply` for a phase given by its rows, ``state`` and ``error`` (what a flow has in hand
+    before it builds the phase). Pure."""
     saga = snapshot.saga
-    if phase.state is not None:
-        saga = saga.evolve(state=phase.state, error=phase.error)
-    return SagaSnapshot(saga, merge_steps(snapshot.steps, phase.steps), snapshot.signals)
+    if state is not None:
+        saga = saga.evolve(state=state, error=error)
+    return SagaSnapshot(saga, merge_steps(snapshot.steps, steps), snapshot.signals)

@@ -29,6 +29,7 @@ by :meth:`Saga.freeze`, which the runner calls before the first run.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Awaitable, Callable
@@ -42,7 +43,7 @@ from idempotency.errors import CodecError
 from saga.checks import check_callable, check_compensation
 from saga.context import StepContext
 from saga.errors import DefinitionError, DuplicateStep, SignatureError, StepOrderError, UnstorableType
-from saga.records import CompensationPolicy, StepKind
+from saga.records import CompensationPolicy, StepKind, StepRecord, StepState
 from saga.step import MISSING, Step, _StepDecorator
 
 __all__ = ["FORWARD_RETRY", "Saga", "Step", "StepContext"]
@@ -110,6 +111,10 @@ class Saga(Generic[I]):
             raise UnstorableType(f"saga {name!r}: input {exc}") from exc
         self.steps: list[Step[I, Any]] = []
         self._frozen = False
+        self._started_rows: dict[int, tuple[Any, StepRecord]] = {}
+        """By step index: the compensation a STARTED row was built for, and that row."""
+        self._coroutines: tuple[list[tuple[Any, Any]], bool] | None = None
+        """The steps' (action, compensation) pairs :meth:`has_async` last looked at, and its answer."""
 
     # -- declaring steps --------------------------------------------------------------------
 
@@ -412,6 +417,35 @@ class Saga(Generic[I]):
         """Whether :meth:`freeze` ran; a frozen saga takes no more steps or compensations."""
         return self._frozen
 
+    def has_async(self) -> bool:
+        """Whether a step's action or compensation is a coroutine function (``async def``).
+
+        The runner asks on every run, so the answer is kept for the callables it was worked out for
+        (looking at each function costs more than a short step's own work); a step whose action or
+        compensation was replaced since is looked at again.
+        """
+        current = [(s.action, s.compensation_fn) for s in self.steps]
+        cached = self._coroutines
+        if cached is None or cached[0] != current:
+            found = any(_is_async(action) or _is_async(undo) for action, undo in current)
+            self._coroutines = cached = (current, found)
+        return cached[1]
+
+    def started_row(self, index: int) -> StepRecord:
+        """Step ``index``'s row as a run writes it STARTED: its compensation registered, no trace,
+        no journal times yet.
+
+        Records are immutable, so one row serves every run of the definition (building one per step
+        shows in a step's overhead); it is built again if the step's compensation was replaced.
+        """
+        step = self.steps[index]
+        cached = self._started_rows.get(index)
+        if cached is not None and cached[0] is step.compensation_fn:
+            return cached[1]
+        row = StepRecord(index, step.name, step.kind, StepState.STARTED, compensation=step.compensation_name)
+        self._started_rows[index] = (step.compensation_fn, row)
+        return row
+
     def freeze(self) -> Saga[I]:
         """Check the definition is complete and close it to changes. Idempotent; returns self.
 
@@ -438,6 +472,10 @@ class Saga(Generic[I]):
 
     def __repr__(self) -> str:
         return f"Saga({self.name!r}, version={self.version}, steps={[s.name for s in self.steps]})"
+
+
+def _is_async(fn: Any) -> bool:
+    return fn is not None and inspect.iscoroutinefunction(fn)
 
 
 def _check_policy(what: str, policy: CompensationPolicy | str) -> CompensationPolicy:

@@ -64,7 +64,10 @@ class LeaseRenewer:
         self._monotonic = monotonic or time.monotonic
         self._holds: dict[int, _Hold] = {}
         self._ids = itertools.count()
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        """Guards the holds; the thread waits on it. Holds take :attr:`_lock` itself, whose
+        ``with`` costs less than the condition's."""
         self._use_thread = thread
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -75,9 +78,19 @@ class LeaseRenewer:
     def hold(self, saga_id: str, token: int, *, until: float | None = None) -> Iterator[None]:
         """Keep renewing the saga's lease while the block runs (and, with ``until``, no longer than
         the journal's clock reaches it)."""
+        handle = self.enter(saga_id, token, until=until)
+        try:
+            yield
+        finally:
+            self.leave(handle)
+
+    def enter(self, saga_id: str, token: int, *, until: float | None = None) -> int:
+        """Start holding the saga's lease, as :meth:`hold` does; returns the handle :meth:`leave`
+        takes. For a driver that holds around every step: a ``try``/``finally`` costs it less than
+        a context manager."""
         handle = next(self._ids)
         entry = _Hold(saga_id, token, until, self._monotonic() + self.lease / 3)
-        with self._cond:
+        with self._lock:
             self._holds[handle] = entry
             if self._use_thread and self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._loop, name="sagaguard-saga-lease", daemon=True)
@@ -87,11 +100,12 @@ class LeaseRenewer:
                 # the usual leases it wakes (at most a second from now) long before, and a
                 # wake-up per step would cost every step a thread switch.
                 self._cond.notify()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._holds.pop(handle, None)
+        return handle
+
+    def leave(self, handle: int) -> None:
+        """Stop the hold :meth:`enter` returned ``handle`` for."""
+        with self._lock:
+            self._holds.pop(handle, None)
 
     @property
     def holding(self) -> int:

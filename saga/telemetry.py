@@ -26,6 +26,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from idempotency.telemetry import tracing
 from saga.records import SagaOutcome, StepRecord, StepState
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ compensation_counter = _meter.create_counter(
     description="Compensation attempts by result (succeeded, failed)",
 )
 _PROPAGATOR = TraceContextTextMapPropagator()
-_NO_SDK = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-"""Tracer providers that only ever make non-recording spans: the API's defaults."""
 _QUIET: dict[str, Any] = {"record_exception": False, "set_status_on_exception": False}
 """Errors are recorded as types by hand: an exception's message may carry raw data."""
 
@@ -80,7 +79,9 @@ class RunTrace:
         self._steps: dict[int, Span] = {}
         # No SDK installed: every span would be a no-op, yet building one per step (attributes,
         # contexts, a traceparent) costs a noticeable share of a no-op step. Skip them all.
-        self.quiet = isinstance(trace.get_tracer_provider(), _NO_SDK)
+        # tracing(): whether a provider other than the API's own (proxy, no-op) is set, without the
+        # environment lookup get_tracer_provider() makes on every call while none is.
+        self.quiet = not tracing()
         if self.quiet:
             self.span: Span = trace.INVALID_SPAN
             return
@@ -206,8 +207,9 @@ class RunTrace:
 
     def finished(self, outcome: SagaOutcome) -> None:
         """Record where the run left the saga (call before :meth:`running` exits)."""
-        self.span.set_attribute("sagaguard.saga.state", outcome.state.value)
-        self.span.set_attribute("sagaguard.saga.replayed", outcome.replayed)
-        if not outcome.replayed:
+        if not self.quiet:  # else the span is the API's invalid one, which records nothing
+            self.span.set_attribute("sagaguard.saga.state", outcome.state.value)
+            self.span.set_attribute("sagaguard.saga.replayed", outcome.replayed)
+        if not outcome.replayed:  # metrics may be exported without traces
             attrs = {"sagaguard.saga.name": self.flow.saga.name, "sagaguard.saga.outcome": outcome.state}
             saga_counter.add(1, attrs)
