@@ -27,6 +27,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import fields
 from typing import Any, Final, cast
 
 import sqlalchemy as sa
@@ -87,25 +88,19 @@ def _translated() -> Iterator[None]:
         raise JournalError(f"SQL journal error: {text}") from exc
 
 
+_SAGA_STATES: Final = {state.value: state for state in SagaState}
+if [f.name for f in fields(SagaRecord)] != SAGA_COLUMNS.split(", "):  # _saga reads rows in field order
+    raise AssertionError("SAGA_COLUMNS no longer lists SagaRecord's fields in order")
+
+
 def _saga(row: Sequence[Any]) -> SagaRecord:
+    """A row in ``SAGA_COLUMNS`` order (the order of SagaRecord's fields, checked at import) as a
+    record: positional, with the few conversions the drivers need (SQLite's 0/1 to bool)."""
     return SagaRecord(
-        saga_id=row[0],
-        name=row[1],
-        version=int(row[2]),
-        fingerprint=row[3],
-        input=row[4],
-        state=SagaState(row[5]),
-        token=int(row[6]),
-        lease_until=float(row[7]),
-        created_at=float(row[8]),
-        updated_at=float(row[9]),
-        error=row[10],
-        deadline=float(row[11]),
-        recoveries=int(row[12]),
-        waiting_for=row[13],
-        wait_until=float(row[14]),
-        cancel_requested=bool(row[15]),
-    )
+        row[0], row[1], int(row[2]), row[3], row[4], _SAGA_STATES[row[5]], int(row[6]),
+        float(row[7]), float(row[8]), float(row[9]), row[10], float(row[11]), int(row[12]),
+        row[13], float(row[14]), bool(row[15]),
+    )  # fmt: skip
 
 
 def _step(row: Sequence[Any]) -> StepRecord:
@@ -360,27 +355,31 @@ class SqlJournal:
             update = "move"
             params["state"] = phase.state.value
             params["error"] = phase.error
-        run = self._driver.run
-        with self._driver.cursor(write=True) as cursor:
-            if self._postgres:
-                for i, step in enumerate(phase.steps):
-                    params.update(_step_values(step, str(i)))
-                rows = run(cursor, self._phase(update, len(phase.steps)), params)
-            else:
-                rows = run(cursor, self._hot[update], params)
+        run, steps = self._driver.run, phase.steps
+        if self._postgres:
+            for i, step in enumerate(steps):
+                params.update(_step_values(step, str(i)))
+            statement = self._phase(update, len(steps))
+        else:
+            statement = self._hot[update]
+
+        def work(cursor: Any) -> SagaRecord:
+            rows = run(cursor, statement, params)
             if not rows:
                 found = run(cursor, self._hot["get_saga"], {"saga_id": saga_id})
                 raise _lost(saga_id, token, _saga(found[0]) if found else None)
             saga = _saga(rows[0])
-            if phase.steps and not self._postgres:
+            if steps and not self._postgres:
                 upsert, stamp = self._hot["upsert_step"], saga.updated_at
                 if self._step_rows:
-                    rows = [_step_row(step, saga_id, stamp) for step in phase.steps]
+                    values = [_step_row(step, saga_id, stamp) for step in steps]
                 else:
-                    values = [_step_values(step, "", saga_id=saga_id, stamp=stamp) for step in phase.steps]
-                    rows = [upsert.args(v) for v in values]
-                cursor.executemany(upsert.sql, rows)
-        return saga
+                    named = [_step_values(step, "", saga_id=saga_id, stamp=stamp) for step in steps]
+                    values = [upsert.args(v) for v in named]
+                cursor.executemany(upsert.sql, values)
+            return saga
+
+        return self._driver.write(work)
 
     def _phase(self, update: str, rows: int) -> Compiled:
         """Postgres: the one-statement phase for ``rows`` step rows, compiled once."""
