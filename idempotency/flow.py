@@ -68,24 +68,35 @@ class Action(enum.Enum):
     """Someone else holds a live claim: wait, then claim again."""
 
 
+# Enum members as module globals for the per-call code below: on Python 3.11 a member read off its
+# class costs ~70 ns, a module global ~10.
+_CLAIMED, _TOOK_OVER = ClaimOutcome.CLAIMED, ClaimOutcome.TOOK_OVER
+_SUCCEEDED, _FAILED = State.SUCCEEDED, State.FAILED
+_EXECUTE, _RESOLVE, _REPLAY = Action.EXECUTE, Action.RESOLVE, Action.REPLAY
+_REPLAY_FAILURE, _CONFLICT, _WAIT = Action.REPLAY_FAILURE, Action.CONFLICT, Action.WAIT
+_EXECUTED, _REPLAYED = Outcome.EXECUTED, Outcome.REPLAYED
+
+
 def decide(claim: ClaimResult, fingerprint: str, name: str | None = None) -> Action:
     """The next action for a claim result. Pure.
 
     ``name`` is the calling effect's name: a record written by another effect under the same key
     (one explicit key shared by two effects) is a conflict, never replayed as this effect's result.
     """
-    if claim.outcome is ClaimOutcome.CLAIMED:
-        return Action.EXECUTE
+    outcome = claim.outcome
+    if outcome is _CLAIMED:
+        return _EXECUTE
     record = claim.record
     if record.fingerprint != fingerprint or (name is not None and record.name != name):
-        return Action.CONFLICT
-    if claim.outcome is ClaimOutcome.TOOK_OVER:
-        return Action.RESOLVE
-    if record.state is State.SUCCEEDED:
-        return Action.REPLAY
-    if record.state is State.FAILED:
-        return Action.REPLAY_FAILURE
-    return Action.WAIT
+        return _CONFLICT
+    if outcome is _TOOK_OVER:
+        return _RESOLVE
+    state = record.state
+    if state is _SUCCEEDED:
+        return _REPLAY
+    if state is _FAILED:
+        return _REPLAY_FAILURE
+    return _WAIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +263,7 @@ class Flow(Generic[T]):
         self.identity = identity
         self.fingerprint = fingerprint
         self.arguments = arguments
-        self.outcome = Outcome.EXECUTED
+        self.outcome = _EXECUTED
 
     def run(self, claim: ClaimResult | None = None) -> Generator[Op, Any, T]:
         """Claim, then execute, replay, wait or resolve; returns the result or raises.
@@ -298,7 +309,7 @@ class Flow(Generic[T]):
         Raises:
             CodecError: the record no longer reads back as the declared type.
         """
-        self.outcome = Outcome.REPLAYED
+        self.outcome = _REPLAYED
         return self.spec.codec.decode(record.result or "null")
 
     def _execute(self, record: Record) -> Generator[Op, Any, T]:

@@ -61,6 +61,8 @@ from idempotency.telemetry import EffectSpan, counter_attributes, effect_counter
 
 __all__ = ["FingerprintSpec", "Guard", "Operation"]
 
+_new_identity = EffectIdentity.from_fields  # built on every call: the cheaper way, as a global
+
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
@@ -68,6 +70,7 @@ T = TypeVar("T")
 DAY = 86_400.0
 
 _CLAIM = Claim()
+_REPLAY, _EXECUTE = Action.REPLAY, Action.EXECUTE  # globals: cheaper than members read off the enum
 _OPERATIONS_KEPT = 256
 """Operations :meth:`Guard.run` keeps built, by name and options; past this many it starts afresh."""
 
@@ -276,7 +279,7 @@ class Guard:
             fp = fingerprint(select(arguments))
             unit = current_scope()
             ordinal = unit.next_ordinal(effect_name)
-            identity = EffectIdentity(namespace, unit.id, effect_name, ordinal, derive(unit.id, ordinal))
+            identity = _new_identity(namespace, unit.id, effect_name, ordinal, derive(unit.id, ordinal))
             return Flow(spec, identity, fp, arguments)
 
         if is_async:
@@ -397,7 +400,7 @@ class Guard:
         else:
             unit = current_scope()
             ordinal = unit.next_ordinal(name)
-            identity = EffectIdentity(plan.namespace, unit.id, name, ordinal, plan.derive(unit.id, ordinal))
+            identity = _new_identity(plan.namespace, unit.id, name, ordinal, plan.derive(unit.id, ordinal))
         return Flow(plan.spec, identity, fp, arguments)
 
     def _store_op(self, flow: Flow[Any], op: Op) -> Any:
@@ -430,9 +433,9 @@ class Guard:
         claim = store.claim(identity, flow.fingerprint, spec.lease)
         record = claim.record
         action = decide(claim, flow.fingerprint, identity.name)
-        if action is Action.REPLAY:
+        if action is _REPLAY:
             return flow.replay(record)
-        if action is not Action.EXECUTE:
+        if action is not _EXECUTE:
             return self._loop(flow, flow.run(claim), call)
         ran = self._execute(flow, record.token, call)
         if ran.error is None:
@@ -484,9 +487,9 @@ class Guard:
             claim = store.claim(identity, flow.fingerprint, spec.lease)
         record = claim.record
         action = decide(claim, flow.fingerprint, identity.name)
-        if action is Action.REPLAY:
+        if action is _REPLAY:
             return flow.replay(record)
-        if action is not Action.EXECUTE:
+        if action is not _EXECUTE:
             return await self._loop_async(flow, flow.run(claim), call)
         ran = await self._execute_async(flow, record.token, call)
         if ran.error is None:

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +85,10 @@ def derive_key(namespace: str, scope: str, name: str, ordinal: int) -> str:
     return f"sg{KEY_VERSION}_{digest.hexdigest()}"
 
 
+_TAILS_KEPT = 64
+"""Ordinals for which a key deriver keeps the encoded end of the hash input (name and ordinal)."""
+
+
 def key_deriver(namespace: str, name: str) -> Callable[[str, int], str]:
     """:func:`derive_key` with the namespace and the name fixed: ``key_deriver(ns, name)(scope, n)``
     equals ``derive_key(ns, scope, name, n)``.
@@ -99,6 +103,9 @@ def key_deriver(namespace: str, name: str) -> Callable[[str, int], str]:
     derive_key(namespace, "", name, 0)  # the same checks and errors as a full derivation
     head = _KEY_HEAD + _encode_parts(namespace)
     tail = _encode_parts(name)
+    # The encoded name and ordinal that end the hash input, for the first ordinals (most effects are
+    # called a few times per scope): each call then encodes only its scope.
+    tails = [tail + _encode_parts(n) for n in range(_TAILS_KEPT)]
     sha256, prefix = hashlib.sha256, f"sg{KEY_VERSION}_"
 
     def derive(scope: str, ordinal: int) -> str:
@@ -108,11 +115,12 @@ def key_deriver(namespace: str, name: str) -> Callable[[str, int], str]:
             raw = scope.encode()
         except UnicodeEncodeError:
             return derive_key(namespace, scope, name, ordinal)  # raises CodecError
-        count = str(ordinal).encode()
-        digest = sha256(
-            b"".join((head, len(raw).to_bytes(4, "big"), raw, tail, len(count).to_bytes(4, "big"), count))
-        )
-        return prefix + digest.hexdigest()
+        if ordinal < _TAILS_KEPT:
+            rest = tails[ordinal]
+        else:
+            count = str(ordinal).encode()
+            rest = tail + len(count).to_bytes(4, "big") + count
+        return prefix + sha256(head + len(raw).to_bytes(4, "big") + raw + rest).hexdigest()
 
     return derive
 
@@ -153,6 +161,8 @@ conversion (subclasses such as enums and named ints still go through it)."""
 
 _BIG = 10**4000
 _quote = json.encoder.encode_basestring  # what the canonical encoder (ensure_ascii=False) writes
+_int_repr, _float_repr = int.__repr__, float.__repr__
+_sha256 = hashlib.sha256
 
 
 def _flat_text(data: Mapping[str, Any]) -> str | None:
@@ -164,10 +174,12 @@ def _flat_text(data: Mapping[str, Any]) -> str | None:
     or non-plain value, a NaN or an infinity), which the general path handles or refuses.
     """
     parts: list[str] = []
-    try:
-        keys = sorted(data)
-    except TypeError:  # keys of types that do not compare
-        return None
+    keys: Iterable[Any] = data  # one key needs no sorting (the common case: one argument)
+    if len(data) > 1:
+        try:
+            keys = sorted(data)
+        except TypeError:  # keys of types that do not compare
+            return None
     for k in keys:
         if type(k) is not str:
             return None
@@ -176,16 +188,16 @@ def _flat_text(data: Mapping[str, Any]) -> str | None:
         if t is str:
             text = _quote(v)
         elif t is int and -_BIG < v < _BIG:  # past 4300 digits repr refuses: the general path says so
-            text = int.__repr__(v)
+            text = _int_repr(v)
         elif t is bool:
             text = "true" if v else "false"
         elif v is None:
             text = "null"
         elif t is float and v - v == 0.0:  # finite: NaN - NaN and inf - inf are NaN
-            text = float.__repr__(v)
+            text = _float_repr(v)
         else:
             return None
-        parts.append(_quote(k) + ":" + text)
+        parts.append(f"{_quote(k)}:{text}")
     return "{" + ",".join(parts) + "}"
 
 
@@ -243,8 +255,7 @@ def fingerprint(arguments: Mapping[str, Any]) -> str:
     except UnicodeEncodeError:
         _encode_parts(text)  # raises the CodecError every part with no UTF-8 form gets
         raise
-    digest = hashlib.sha256(_FINGERPRINT_HEAD + len(raw).to_bytes(4, "big") + raw)
-    return _FINGERPRINT_PREFIX + digest.hexdigest()
+    return _FINGERPRINT_PREFIX + _sha256(_FINGERPRINT_HEAD + len(raw).to_bytes(4, "big") + raw).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +288,32 @@ class EffectIdentity:
     def provider_key(self) -> str:
         """See :func:`provider_key`."""
         return provider_key(self.key)
+
+    @staticmethod
+    def from_fields(namespace: str, scope: str, name: str, ordinal: int, key: str) -> EffectIdentity:
+        """Exactly ``EffectIdentity(...)`` with the same arguments, built about three times faster.
+
+        For the guard, which builds one on every call. Like :meth:`Record.from_fields
+        <idempotency.records.Record.from_fields>`: the result is a plain frozen identity.
+        """
+        # The frozen dataclass's __init__ sets each field through object.__setattr__; an unfrozen
+        # twin with the same slots takes plain assignments, then becomes the identity by __class__
+        # assignment, which Python allows between two classes of one layout.
+        identity: Any = _new(_IdentityFields)
+        identity.namespace = namespace
+        identity.scope = scope
+        identity.name = name
+        identity.ordinal = ordinal
+        identity.key = key
+        identity.__class__ = EffectIdentity
+        built: EffectIdentity = identity  # typed without a call to cast(), which costs ~0.1 us
+        return built
+
+
+_new = object.__new__
+_IdentityFields = type("_IdentityFields", (), {"__slots__": EffectIdentity.__slots__, "__module__": __name__})
+"""EffectIdentity's slots without its frozen ``__setattr__``: what :meth:`EffectIdentity.from_fields`
+fills."""
 
 
 @dataclass(slots=True)

@@ -309,3 +309,166 @@ def test_redis_complete_of_a_held_claim_returns_the_record_as_stored() -> None:
             store._client.delete(key)
         store.close()
         other.close()
+
+
+# ------------------------------------------------------------------ records built without __init__
+
+
+def test_from_fields_builds_exactly_what_the_constructors_build() -> None:
+    import copy
+    import dataclasses
+
+    from idempotency.keys import EffectIdentity
+    from idempotency.records import ClaimOutcome, ClaimResult, Record, State
+
+    fields = ("k", "ns", "s", "n", 3, "f1_x", State.SUCCEEDED, 2**47, 1.5, 2, 1.25, 1.5, 9.0, '"r"', None)
+    record = Record(*fields)
+    built: list[tuple[Any, Any]] = [
+        (Record.from_fields(*fields), record),
+        (Record.from_fields(*fields[:12]), Record(*fields[:12])),  # the defaults of the last three
+        (EffectIdentity.from_fields("ns", "s", "n", 3, "k"), EffectIdentity("ns", "s", "n", 3, "k")),
+        (ClaimResult.from_fields(ClaimOutcome.EXISTING, record), ClaimResult(ClaimOutcome.EXISTING, record)),
+    ]
+    for fast, slow in built:
+        assert type(fast) is type(slow)
+        assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+        assert dataclasses.astuple(fast) == dataclasses.astuple(slow)
+        assert copy.copy(fast) == slow and dataclasses.replace(fast) == slow
+        name = dataclasses.fields(fast)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(fast, name, 1)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            delattr(fast, name)
+    assert built[0][0].evolve(token=1) == built[0][1].evolve(token=1)
+
+
+# ------------------------------------------------------------------ redis: the claim's fast packing
+
+
+@pytest.fixture
+def redis_store() -> Iterator[Any]:
+    import uuid
+
+    from conftest import FakeClock, require_redis
+
+    from idempotency.stores.redis import RedisStore
+
+    url = require_redis()
+    prefix = f"sg-pack-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(url, clock=FakeClock(), prefix=prefix)
+    try:
+        yield store
+    finally:
+        for key in store._client.scan_iter(match=f"{prefix}:*"):
+            store._client.delete(key)
+        store.close()
+
+
+class _Unusual(str):
+    """A str subclass: the general packing writes it as its repr, and so must every claim."""
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        ("ns", "order-1", "pay.charge", "f1_" + "a" * 64),
+        ("ns", "commande-é", "pay.charge", "f1_" + "a" * 64),  # not ASCII
+        ("espace-ñ", "s", "nom-ü", "f1_ü"),
+        ("ns", _Unusual("s"), "n", "f1_x"),
+        ("ns", "s", "n", _Unusual("f1_x")),
+    ],
+)
+def test_claim_packs_what_the_general_packing_packs(
+    redis_store: Any, monkeypatch: pytest.MonkeyPatch, parts: tuple[str, str, str, str]
+) -> None:
+    import idempotency.stores.redis as redis_module
+    from idempotency.keys import EffectIdentity
+
+    store, (namespace, unit, name, fp) = redis_store, parts
+    sent: list[bytes] = []
+    run = store._run
+
+    def capture(script: Any, packed: bytes) -> list[Any]:
+        sent.append(packed)
+        return run(script, packed)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(store, "_run", capture)
+    monkeypatch.setattr(redis_module, "first_token", lambda: 123456789012345)
+    identity = EffectIdentity(namespace, unit, name, 7, derive_key("ns", "s", "n", 7))
+    for lease in (30.0, 30, 30.0):  # the second and third hit the packed lease kept for the first
+        store._spare.clear()
+        claimed = store.claim(identity, fp, lease)
+        now = repr(float(store._clock()))
+        args = (now, float(lease), namespace, name, fp, unit, "7", "123456789012345")
+        assert sent[-1] == store._pack(store._claim, identity.key, *args)
+        assert claimed.record == store.get(identity.key)
+    assert claimed.outcome is redis_module.ClaimOutcome.EXISTING
+
+
+def test_pack_writes_each_argument_as_a_bulk_string_of_its_utf8(redis_store: Any) -> None:
+    store = redis_store
+    head = store._heads[store._complete_held.sha]
+    for args in [("", "12", '{"a":1}', 3600.0, 3660000), ("1.5", "7", '"é\u2028😀"', 0.1, "")]:
+        raws = [f"{store._kp}k}}", *[a if type(a) is str else repr(a) for a in args]]
+        expected = head + b"".join(b"$%d\r\n%b\r\n" % (len(r.encode()), r.encode()) for r in raws)
+        assert store._pack(store._complete_held, "k", *args) == expected
+    with pytest.raises(CodecError):
+        store._pack(store._complete_held, "k", "", "1", '"\ud800"', 1.0, "")
+
+
+def test_claim_of_text_with_no_utf8_form_is_a_codec_error(redis_store: Any) -> None:
+    from idempotency.keys import EffectIdentity
+
+    with pytest.raises(CodecError):
+        redis_store.claim(EffectIdentity("ns", "\ud800", "n", 0, "sg1_x"), "f1_x", 30.0)
+
+
+def test_claim_keeps_an_unused_first_token_for_the_next_fresh_record(
+    redis_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import itertools
+
+    import idempotency.stores.redis as redis_module
+    from idempotency.keys import EffectIdentity
+
+    store, draws = redis_store, itertools.count(1000)
+    monkeypatch.setattr(redis_module, "first_token", lambda: next(draws))
+    first, second = EffectIdentity.of("ns", "s", "n", 0), EffectIdentity.of("ns", "s", "n", 1)
+    assert store.claim(first, "f1_x", 30.0).record.token == 1000  # fresh: a draw, used
+    assert store.claim(first, "f1_x", 30.0).record.token == 1000  # a replay draws 1001, unused...
+    assert store.claim(first, "f1_x", 30.0).record.token == 1000  # ...and reuses it: no draw
+    assert store.claim(second, "f1_x", 30.0).record.token == 1001  # the unused one starts a record
+    assert store.claim(second, "f1_x", 30.0).record.token == 1001
+    assert next(draws) == 1003  # two draws in five claims (1002 went unused by the last one)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_drops_the_stores_sockets_and_spare_token(redis_store: Any) -> None:
+    import os
+
+    from idempotency.keys import EffectIdentity
+
+    store = redis_store
+    identity = EffectIdentity.of("ns", "s", "fork", 0)
+    store.claim(identity, "f1_x", 30.0)
+    store.claim(identity, "f1_x", 30.0)  # leaves a spare token
+    assert store._idle and store._spare
+    pid = os.fork()
+    if pid == 0:  # the child: nothing inherited is used, and the store still works
+        code = 1
+        try:
+            if not store._idle and not store._spare:
+                child = EffectIdentity.of("ns", "s", "fork", 1)
+                code = 0 if store.claim(child, "f1_x", 30.0).outcome.value == "claimed" else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store._spare  # the parent keeps its own
+    assert store.claim(identity, "f1_x", 30.0).outcome.value == "existing"  # and its sockets work
+
+
+def test_key_deriver_agrees_around_the_kept_ordinals() -> None:
+    derive = key_deriver("ns", "pay.charge")
+    for ordinal in (*range(70), 10**6):
+        assert derive("scope-é", ordinal) == derive_key("ns", "scope-é", "pay.charge", ordinal)

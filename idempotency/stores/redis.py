@@ -18,11 +18,13 @@ script may read ``TIME`` and then write).
 from __future__ import annotations
 
 import json
+import json.scanner
 import math
 import os
 import re
 import socket
 import time
+import weakref
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, Protocol, cast
 
@@ -79,8 +81,9 @@ if not (st == 'in_progress' or st == 'in_doubt') or tonumber(tk) ~= tonumber(ARG
 end
 """
 
-# ARGV: now, lease, fingerprint, namespace, scope, name, ordinal, first_token (random, from Python:
-# a new record starts there; a replaced or taken-over one counts on from its own token). Tokens stay
+# ARGV: now, lease, namespace, name, fingerprint, scope, ordinal, first_token (random, from Python:
+# a new record starts there; a replaced or taken-over one counts on from its own token). The lease,
+# namespace and name come together, so the store packs them once per effect (see claim). Tokens stay
 # strings in the reply: cjson prints numbers with 14 digits, which would round a 15-digit token.
 _CLAIM = (
     _NOW
@@ -92,13 +95,13 @@ if not st or ((st == 'succeeded' or st == 'failed') and r[12] and tonumber(r[12]
   if st and tonumber(r[7]) then tok = f(tonumber(r[7]) + 1) end
   -- DEL drops the old result, error, expires_at and TTL at once: a live record has no TTL.
   if st then redis.call('DEL', k) end
-  redis.call('HSET', k, 'namespace', ARGV[4], 'scope', ARGV[5], 'name', ARGV[6],
-    'ordinal', ARGV[7], 'fingerprint', ARGV[3], 'state', 'in_progress', 'token', tok,
+  redis.call('HSET', k, 'namespace', ARGV[3], 'scope', ARGV[6], 'name', ARGV[4],
+    'ordinal', ARGV[7], 'fingerprint', ARGV[5], 'state', 'in_progress', 'token', tok,
     'lease_until', lu, 'attempts', 1, 'created_at', n, 'updated_at', n)
-  return cjson.encode({'claimed', ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[3], 'in_progress',
+  return cjson.encode({'claimed', ARGV[3], ARGV[6], ARGV[4], ARGV[7], ARGV[5], 'in_progress',
     tok, lu, 1, n, n, false, false, false})
 end
-if (st == 'in_progress' or st == 'in_doubt') and tonumber(r[8]) <= now and r[5] == ARGV[3] then
+if (st == 'in_progress' or st == 'in_doubt') and tonumber(r[8]) <= now and r[5] == ARGV[5] then
   -- A live record never has a TTL (only finishing sets one), so no PERSIST is needed here.
   r[6], r[7], r[8], r[9], r[11] = 'in_doubt', f(tonumber(r[7]) + 1), f(now + tonumber(ARGV[2])),
     tonumber(r[9]) + 1, f(now)
@@ -149,6 +152,10 @@ return cjson.encode({'ok', lu, n, ea})
 _HELD_MAX = 4096
 """Claimed records a store remembers for :data:`_COMPLETE_HELD`; past this many (claims never
 completed nor failed, e.g. by code driving the store itself) it forgets them all and starts afresh."""
+
+_FIXED_MAX = 1024
+"""Effects (namespace, name and lease) whose packed claim arguments a store keeps; past this many it
+forgets them all and starts afresh."""
 
 # ARGV: now, token, disposition, error, retention, ttl_ms. The reply leaves out the error.
 _FAIL = (
@@ -210,6 +217,9 @@ class _Connection(Protocol):
 
 _OUTCOMES = {o.value: o for o in ClaimOutcome}
 _STATES = {s.value: s for s in State}
+_EXISTING = ClaimOutcome.EXISTING  # a module global: an enum member read off its class costs more
+_new_record = Record.from_fields
+_new_claim = ClaimResult.from_fields
 
 # ConnectionError covers BusyLoadingError (still loading). The others are failovers under way (a
 # replica not yet promoted, a cluster reshuffling slots): transient like a lost connection.
@@ -230,7 +240,7 @@ def _record(key: str, reply: list[Any]) -> Record:
     An absent field is None (``HMGET``) or False (a script's JSON, where Lua has no null).
     """
     _, ns, sc, nm, od, fp, st, tk, lu, at, ca, ua, ea, rs, er = reply
-    return Record(
+    return _new_record(
         key, ns, sc, nm, int(od), fp, _STATES[st], int(tk), float(lu), int(at),
         float(ca), float(ua),
         None if ea is None or ea is False else float(ea),
@@ -240,7 +250,10 @@ def _record(key: str, reply: list[Any]) -> Record:
 
 
 _READ = 65536
-_decode = json.JSONDecoder().raw_decode  # json.loads without its two wrapper calls
+_decoder = json.JSONDecoder()
+_decode = _decoder.raw_decode  # json.loads without its two wrapper calls
+_scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(cast(Any, _decoder))
+"""What ``_decode`` calls, without its frame: on text that is no JSON value it raises StopIteration."""
 _parse_error = cast(Callable[[str], redis.RedisError], BaseParser.parse_error)
 """redis-py's mapping of an error reply to its exception (``NOSCRIPT`` to ``NoScriptError``, ...)."""
 
@@ -316,6 +329,24 @@ def connect(url_or_client: str | redis.Redis, prefix: str) -> tuple[redis.Redis,
     return client, True
 
 
+_LIVE: weakref.WeakSet[RedisStore] = weakref.WeakSet()
+"""Every store, so that a forked child can drop what it inherited and must not share."""
+
+
+def _after_fork() -> None:
+    """Run in a forked child: the parent's sockets are not the child's to use, and its spare first
+    token must not start a record in both processes, so every store drops them. A hook rather than
+    a pid check per call: ``os.getpid()`` is a system call, which costs a replay more than its time
+    on a hot CPU."""
+    for store in list(_LIVE):
+        store._idle = []
+        store._spare = []
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 class RedisStore:
     """An effect ledger in Redis, shared by any number of processes and machines.
 
@@ -371,8 +402,12 @@ class RedisStore:
                 (self._complete_held, 5),
             )
         }
+        self._claim_head = self._heads[self._claim.sha]
+        # The packed lease, namespace and name of each effect's claims (see claim), by those three.
+        self._claim_fixed: dict[tuple[str, str, float], str] = {}
+        self._spare: list[str] = []  # a first token drawn for a claim that did not use it (see claim)
         self._idle: list[tuple[_Connection, float]] = []
-        self._pid = os.getpid()
+        _LIVE.add(self)
         try:
             # One round trip that both checks Redis is there and spares the first calls a NOSCRIPT.
             pipe = client.pipeline(transaction=False)
@@ -397,8 +432,6 @@ class RedisStore:
     # keeps idle itself, and send one pre-packed EVALSHA: a replay costs about one PING.
     def _send(self, packed: bytes) -> bytes:
         """Send one command and read its reply on one of the store's own connections."""
-        if self._pid != os.getpid():  # forked: the parent's sockets are not ours to use
-            self._idle, self._pid = [], os.getpid()
         try:
             conn, used = self._idle.pop()  # atomic: threads share the list without a lock
         except IndexError:
@@ -436,16 +469,26 @@ class RedisStore:
             # Kept even when disconnected (it reconnects on use): no more connections than calls.
             self._idle.append((conn, time.monotonic()))
 
-    def _eval(self, script: Script, key: str, *args: str | float) -> list[Any]:
-        """Run a script on one key and decode its JSON reply; one round trip."""
+    def _pack(self, script: Script, key: str, *args: str | float) -> bytes:
+        """The EVALSHA of a script on one key, packed as RESP.
+
+        Raises:
+            CodecError: a text has no UTF-8 form (a lone surrogate).
+        """
+        # Each argument as a RESP bulk string (floats as repr, which Lua's tonumber reads exactly).
+        raws = [self._name(key), *[a if type(a) is str else repr(a) for a in args]]
+        text = "".join([f"${len(r)}\r\n{r}\r\n" for r in raws])
+        if text.isascii():  # then each length in characters is its length in bytes: one encode
+            return self._heads[script.sha] + text.encode()
         try:
-            # Each argument as a RESP bulk string (floats as repr, which Lua's tonumber reads exactly).
-            raws = [self._name(key), *[a if type(a) is str else repr(a) for a in args]]
-            packed = self._heads[script.sha] + b"".join(
+            return self._heads[script.sha] + b"".join(
                 [b"$%d\r\n%b\r\n" % (len(r), r) for r in [a.encode() for a in raws]]
             )
         except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 for it
             raise CodecError(f"text cannot be stored in redis: {exc.reason}") from exc
+
+    def _run(self, script: Script, packed: bytes) -> list[Any]:
+        """Run a packed script and decode its JSON reply; one round trip."""
         try:
             try:
                 raw = self._send(packed)
@@ -453,11 +496,21 @@ class RedisStore:
                 # Redis restarted or its script cache was flushed. NOSCRIPT means it did not run.
                 self._client.script_load(script.script)
                 raw = self._send(packed)
-            return cast("list[Any]", _decode(raw.decode())[0])
+            text = raw.decode()
+            try:
+                reply: list[Any] = _scan(text, 0)[0]  # typed without a call to cast()
+                return reply
+            except StopIteration:
+                _decode(text)  # raises the JSONDecodeError that the scanner only signals
+                raise
         except redis.RedisError as exc:
             raise _store_error(exc) from exc
         except ValueError as exc:  # not UTF-8 or not JSON: the hash was written by someone else
             raise StoreError(f"redis holds a malformed record: {exc}") from exc
+
+    def _eval(self, script: Script, key: str, *args: str | float) -> list[Any]:
+        """Run a script on one key and decode its JSON reply; one round trip."""
+        return self._run(script, self._pack(script, key, *args))
 
     @staticmethod
     def _lost(key: str, token: int, reply: list[Any]) -> LostOwnership:
@@ -485,18 +538,59 @@ class RedisStore:
         outcome and the record as it stands, whatever the outcome. A new record starts at the random
         token of :func:`~idempotency.store.first_token`, passed as an argument.
         """
-        reply = self._eval(
-            self._claim, identity.key, self._now_arg(), float(lease), fingerprint,
-            identity.namespace, identity.scope, identity.name, str(identity.ordinal),
-            str(first_token()),
-        )  # fmt: skip
-        outcome, record = _OUTCOMES[reply[0]], _record(identity.key, reply)
-        if outcome is not ClaimOutcome.EXISTING:  # ours now, until complete() or fail()
+        key, namespace, name, scope = identity.key, identity.namespace, identity.name, identity.scope
+        clock = self._clock
+        now = "" if clock is None else repr(float(clock()))
+        spare = self._spare
+        try:
+            token = spare.pop() if spare else str(first_token())
+        except IndexError:  # another thread took the spare between the check and the pop
+            token = str(first_token())
+        ordinal = str(identity.ordinal)
+        # The common case packed as one text: the lease, namespace and name as packed for the last
+        # claim of the effect, the rest around them. Pure ASCII (keys and fingerprints are), each
+        # length in characters is its length in bytes. Anything else (other text, a str subclass,
+        # which _pack writes as its repr) takes the general packing.
+        if type(namespace) is str and type(name) is str and type(scope) is str and type(fingerprint) is str:
+            fixed = self._claim_fixed.get((namespace, name, lease))
+            if fixed is None:
+                fixed = self._fix_claim(namespace, name, lease)
+            full = self._kp + key + "}"
+            text = (
+                f"${len(full)}\r\n{full}\r\n${len(now)}\r\n{now}\r\n{fixed}${len(fingerprint)}\r\n{fingerprint}"
+                f"\r\n${len(scope)}\r\n{scope}\r\n${len(ordinal)}\r\n{ordinal}\r\n${len(token)}\r\n{token}\r\n"
+            )
+            packed = self._claim_head + text.encode() if text.isascii() else None
+        else:
+            packed = None
+        if packed is None:
+            packed = self._pack(
+                self._claim, key, now, float(lease), namespace, name, fingerprint, scope, ordinal, token
+            )  # fmt: skip
+        reply = self._run(self._claim, packed)
+        record = _record(key, reply)
+        outcome = _OUTCOMES[reply[0]]
+        if outcome is _EXISTING:
+            # The script wrote nothing, so the token went unused: still a uniform draw that nothing
+            # has seen, as good as the next one. Kept for the next claim, it spares a replay the
+            # system call of a fresh draw (a child forgets it at fork, so no two processes share it).
+            if not spare:
+                spare.append(token)
+        else:  # ours now, until complete() or fail()
             held = self._held
             if len(held) >= _HELD_MAX:
                 held.clear()
-            held[identity.key] = record
-        return ClaimResult(outcome, record)
+            held[key] = record
+        return _new_claim(outcome, record)
+
+    def _fix_claim(self, namespace: str, name: str, lease: float) -> str:
+        """The claim's lease, namespace and name packed (ARGV[2] to ARGV[4]), kept for the next call."""
+        fixed = self._claim_fixed
+        if len(fixed) >= _FIXED_MAX:
+            fixed.clear()
+        packed = "".join(f"${len(a)}\r\n{a}\r\n" for a in (repr(float(lease)), namespace, name))
+        fixed[namespace, name, lease] = packed
+        return packed
 
     def get(self, key: str) -> Record | None:
         """See :meth:`IdempotencyStore.get`: one ``HMGET``."""
@@ -527,7 +621,7 @@ class RedisStore:
             if short[0] == "lost":
                 raise self._lost(key, token, short)
             _, lease_until, updated_at, expires_at = short
-            return Record(
+            return _new_record(
                 key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
                 State.SUCCEEDED, token, float(lease_until), held.attempts, held.created_at,
                 float(updated_at), float(expires_at), result, None,
