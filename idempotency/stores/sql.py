@@ -243,10 +243,13 @@ class _Statement:
         return params if self._order is None else tuple(params[k] for k in self._order)
 
 
+_STATES: Final = {state.value: state for state in State}
+
+
 def _record(row: Sequence[Any]) -> Record:
     """A row in ``_COLUMNS`` order (the order of Record's fields) as a Record."""
-    return Record(
-        row[0], row[1], row[2], row[3], int(row[4]), row[5], State(row[6]), int(row[7]),
+    return Record.from_fields(
+        row[0], row[1], row[2], row[3], int(row[4]), row[5], _STATES[row[6]], int(row[7]),
         float(row[8]), int(row[9]), float(row[10]), float(row[11]),
         None if row[12] is None else float(row[12]), row[13], row[14],
     )  # fmt: skip
@@ -608,14 +611,14 @@ class SqlStore:
                 won, *columns = rows[0]
                 rec = _record(columns)
                 if not won:
-                    return ClaimResult(ClaimOutcome.EXISTING, rec)
+                    return ClaimResult.from_fields(ClaimOutcome.EXISTING, rec)
                 held = self._held  # ours now, until complete() or fail()
                 if len(held) >= _HELD_MAX:
                     held.clear()
                 held[rec.key] = rec
                 if rec.state is State.IN_PROGRESS:
-                    return ClaimResult(ClaimOutcome.CLAIMED, rec)
-                return ClaimResult(ClaimOutcome.TOOK_OVER, rec)
+                    return ClaimResult.from_fields(ClaimOutcome.CLAIMED, rec)
+                return ClaimResult.from_fields(ClaimOutcome.TOOK_OVER, rec)
             # That record was deleted before we could read it: claim again.
         raise StoreError(f"claim of effect key {identity.key[:16]}... kept racing with deletes")
 
@@ -653,7 +656,7 @@ class SqlStore:
                 raise self._lost(key, token)
             updated_at = float(values["now"])
             expires_at = updated_at + retention
-        return Record(
+        return Record.from_fields(
             key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
             State.SUCCEEDED, token, held.lease_until, held.attempts, held.created_at,
             updated_at, expires_at, result, None,
