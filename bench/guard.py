@@ -119,7 +119,10 @@ def _notes(info: dict[str, Any], cfg: Config) -> list[str]:
         "shown for context. SQLite: DBOS's file is switched to WAL first (synchronous=FULL is the "
         "default), the store's own settings; DBOS as it comes (rollback journal) is measured "
         "separately after, with fewer calls. Postgres: DBOS's system database is the run's fresh "
-        "database, the one the store's table lives in.",
+        "database, the one the store's table lives in. A guarded new call is two durable commits "
+        "(the claim must be on disk before the effect runs), a DBOS step one (it writes nothing "
+        "before the step, which is why a crash mid-step re-runs it): against the raw floor of two "
+        "commits, 0.3x of a DBOS step leaves the guard and the store about 60 µs on SQLite here.",
         "Powertools: `idempotent_function` with `RedisCachePersistenceLayer` on the same redis-py "
         "client, a stand-in Lambda context registered (300 s remaining); its package's DynamoDB "
         "layer needs boto3, which is not installed, so that one module is replaced by a stub "
@@ -138,7 +141,10 @@ def _notes(info: dict[str, Any], cfg: Config) -> list[str]:
         "interleaved group (`sqlite.*`, `sqlite.async.*`, `sqlite.million.*` are three groups); "
         "every target above compares two series of the same group.",
         "Async: `await` on a guarded `async def` no-op on the same store as the sync call; "
-        "`offload=True` runs each store call in `asyncio.to_thread`.",
+        "`offload=True` runs each store call in `asyncio.to_thread`: a thread hop each way, which "
+        "costs about as much as a commit on this VM. SQL stores offload by default (a SQLite "
+        "writer may wait up to its busy timeout for the lock, which must not stall the event "
+        "loop); Redis and memory stores do not.",
     ]
     if cfg.million:
         notes.append(
