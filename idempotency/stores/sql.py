@@ -404,12 +404,12 @@ class SqlStore:
                 "expires_at = c.now + CAST(:retention AS DOUBLE PRECISION), updated_at = c.now"
             ),
             # The same write for the holder of the claim: while its token holds, only the lease
-            # can have changed since (heartbeats, through this store), so only the new times come
-            # back; on SQLite, where this process binds the time, nothing but the row count.
+            # can have changed since (heartbeats), so only it and the new times come back; on
+            # SQLite, where this process binds the time, only the lease.
             "complete_held": update(
                 "state = 'succeeded', result = :result, error = NULL, "
                 "expires_at = c.now + CAST(:retention AS DOUBLE PRECISION), updated_at = c.now",
-                returning=None if self._now is not None else "updated_at, expires_at",
+                returning="lease_until" if self._now is not None else "lease_until, updated_at, expires_at",
             ),
             "permanent": update(
                 "state = 'failed', error = :error, "
@@ -632,7 +632,7 @@ class SqlStore:
         """See :meth:`IdempotencyStore.complete`. One fenced UPDATE.
 
         When this store's own claim handed out ``token`` for ``key``, the finished record is built
-        from that claim's record and the three fields the UPDATE returns (``complete_held``).
+        from that claim's record and the fields the UPDATE returns (``complete_held``).
         """
         held = self._held.pop(key, None)
         if held is None or held.token != token:
@@ -641,24 +641,17 @@ class SqlStore:
         retention = float(retention)
         statement = self._sql["complete_held"]
         values: dict[str, Any] = {"key": key, "token": token, "result": result, "retention": retention}
+        found = self._write(lambda cursor: self._run(cursor, statement, values))
+        if not found:
+            raise self._lost(key, token)
         if self._now is None:  # the database's clock: the UPDATE returns the times it wrote
-            found = self._write(lambda cursor: self._run(cursor, statement, values))
-            if not found:
-                raise self._lost(key, token)
-            updated_at, expires_at = (float(v) for v in found[0])
-        else:  # the time is ours: the row count says whether the fence let the write through
-
-            def write(cursor: Any) -> int:
-                self._run(cursor, statement, values, fetch=False)
-                return int(cursor.rowcount)
-
-            if self._write(write) != 1:
-                raise self._lost(key, token)
-            updated_at = float(values["now"])
+            lease_until, updated_at, expires_at = (float(v) for v in found[0])
+        else:  # the time is ours
+            lease_until, updated_at = float(found[0][0]), float(values["now"])
             expires_at = updated_at + retention
         return Record.from_fields(
             key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
-            State.SUCCEEDED, token, held.lease_until, held.attempts, held.created_at,
+            State.SUCCEEDED, token, lease_until, held.attempts, held.created_at,
             updated_at, expires_at, result, None,
         )  # fmt: skip
 
@@ -677,11 +670,7 @@ class SqlStore:
 
     def heartbeat(self, key: str, token: int, lease: float) -> float:
         """See :meth:`IdempotencyStore.heartbeat`. One fenced UPDATE."""
-        lease_until = float(self._fenced("heartbeat", key, token, lease=float(lease))[0])
-        held = self._held.get(key)
-        if held is not None and held.token == token:  # complete() builds on the lease it holds
-            self._held[key] = held.evolve(lease_until=lease_until)
-        return lease_until
+        return float(self._fenced("heartbeat", key, token, lease=float(lease))[0])
 
     def list(
         self,
