@@ -39,9 +39,11 @@ def store_cases(store: Any, tag: str, total: int) -> dict[str, Case]:
 def async_cases(store: Any, tag: str) -> tuple[dict[str, AsyncCase], list[Guard]]:
     """Sync, async offloaded and async direct new calls on one store (shared with the SQL phase)."""
     sync_guard = Guard(store, namespace="bench", retention=RETENTION)
+    default_guard = Guard(store, namespace="bench", retention=RETENTION)
     offload_guard = Guard(store, namespace="bench", retention=RETENTION, offload=True)
     direct_guard = Guard(store, namespace="bench", retention=RETENTION, offload=False)
     sync_fn = sync_guard.effect("bench.noop")(noop)
+    default_fn = default_guard.effect("bench.anoop")(anoop)
     offload_fn = offload_guard.effect("bench.anoop")(anoop)
     direct_fn = direct_guard.effect("bench.anoop")(anoop)
 
@@ -49,6 +51,12 @@ def async_cases(store: Any, tag: str) -> tuple[dict[str, AsyncCase], list[Guard]
         with scope(f"{tag}-as{i}"):
             t0 = perf_counter_ns()
             sync_fn(i)
+            return perf_counter_ns() - t0
+
+    async def default_new(i: int) -> int:
+        with scope(f"{tag}-af{i}"):
+            t0 = perf_counter_ns()
+            await default_fn(i)
             return perf_counter_ns() - t0
 
     async def offload_new(i: int) -> int:
@@ -63,5 +71,10 @@ def async_cases(store: Any, tag: str) -> tuple[dict[str, AsyncCase], list[Guard]
             await direct_fn(i)
             return perf_counter_ns() - t0
 
-    cases = {"sync_new": sync_new, "async_offload_new": offload_new, "async_direct_new": direct_new}
-    return cases, [sync_guard, offload_guard, direct_guard]
+    cases = {
+        "sync_new": sync_new,
+        "async_default_new": default_new,
+        "async_offload_new": offload_new,
+        "async_direct_new": direct_new,
+    }
+    return cases, [sync_guard, default_guard, offload_guard, direct_guard]

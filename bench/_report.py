@@ -61,7 +61,18 @@ def targets(million_rows: int = 1_000_000) -> list[Target]:
                 1.2,
             )
         )
+    # Judged: what an async call costs as the guard comes (offload=None: the store decides);
+    # the two forced settings are context.
+    defaults = {"redis": "called directly", "sqlite": "a thread", "postgres": "a thread"}
     for backend in ("redis", "sqlite", "postgres"):
+        rows.append(
+            Target(
+                f"{_NAMES[backend]}: async new call, default ({defaults[backend]}) vs sync",
+                f"{backend}.async.async_default_new",
+                f"{backend}.async.sync_new",
+                1.3,
+            )
+        )
         for mode in ("offload", "direct"):
             rows.append(
                 Target(
@@ -69,6 +80,7 @@ def targets(million_rows: int = 1_000_000) -> list[Target]:
                     f"{backend}.async.async_{mode}_new",
                     f"{backend}.async.sync_new",
                     1.3,
+                    judged=False,
                 )
             )
     return rows
@@ -98,6 +110,7 @@ DESCRIPTIONS = {
     "dbos_workflow_rollback_journal": "DBOS one-step workflow, DBOS's default rollback journal",
     "dbos_step_rollback_journal": "DBOS step, DBOS's default rollback journal",
     "async.sync_new": "sync guarded call (inside the event loop)",
+    "async.async_default_new": "await guarded async no-op, offload=None (the store decides)",
     "async.async_offload_new": "await guarded async no-op, offload=True",
     "async.async_direct_new": "await guarded async no-op, offload=False",
     "million.empty_new": "new key, empty store",

@@ -140,11 +140,14 @@ def _notes(info: dict[str, Any], cfg: Config) -> list[str]:
         "commit latency several-fold within minutes, so compare figures only within one "
         "interleaved group (`sqlite.*`, `sqlite.async.*`, `sqlite.million.*` are three groups); "
         "every target above compares two series of the same group.",
-        "Async: `await` on a guarded `async def` no-op on the same store as the sync call; "
-        "`offload=True` runs each store call in `asyncio.to_thread`: a thread hop each way, which "
-        "costs about as much as a commit on this VM. SQL stores offload by default (a SQLite "
-        "writer may wait up to its busy timeout for the lock, which must not stall the event "
-        "loop); Redis and memory stores do not.",
+        "Async: `await` on a guarded `async def` no-op on the same store as the sync call. The "
+        "judged row is the guard as it comes (`offload=None`: the store decides): SQL stores run "
+        "each store call in a worker thread (a SQLite writer may wait up to its busy timeout for "
+        "the lock, a Postgres one for a row lock or a slow network, which must not stall the "
+        "event loop), Redis and memory are called directly (one round trip costs less than two "
+        "thread hops). `offload=True` forces the thread (`asyncio.to_thread`: a hop each way, "
+        "which costs about as much as a commit on this VM), `offload=False` forces direct calls; "
+        "both are context.",
     ]
     if cfg.million:
         notes.append(
