@@ -365,7 +365,7 @@ def redis_store() -> Iterator[Any]:
 
 
 class _Unusual(str):
-    """A str subclass: the general packing writes it as its repr, and so must every claim."""
+    """A str subclass: packed as its text (never its repr), by the general packing and every claim."""
 
 
 @pytest.mark.parametrize(
@@ -403,6 +403,8 @@ def test_claim_packs_what_the_general_packing_packs(
         assert sent[-1] == store._pack(store._claim, identity.key, *args)
         assert claimed.record == store.get(identity.key)
     assert claimed.outcome is redis_module.ClaimOutcome.EXISTING
+    stored = store.get(identity.key)
+    assert (stored.scope, stored.fingerprint) == (str.__str__(unit), str.__str__(fp))
 
 
 def test_pack_writes_each_argument_as_a_bulk_string_of_its_utf8(redis_store: Any) -> None:

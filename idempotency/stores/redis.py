@@ -289,6 +289,11 @@ def _reply(sock: socket.socket) -> bytes:
     raise redis.ConnectionError(f"unexpected reply from redis: {data[:40]!r}")
 
 
+def _text(value: str | float) -> str:
+    """A script argument that is not a plain str, as the text Lua reads."""
+    return str.__str__(value) if isinstance(value, str) else repr(value)
+
+
 def _ttl_ms(retention: float) -> int | str:
     """Milliseconds of TTL for a finished record, or '' (none) when the retention is unbounded.
 
@@ -475,8 +480,9 @@ class RedisStore:
         Raises:
             CodecError: a text has no UTF-8 form (a lone surrogate).
         """
-        # Each argument as a RESP bulk string (floats as repr, which Lua's tonumber reads exactly).
-        raws = [self._name(key), *[a if type(a) is str else repr(a) for a in args]]
+        # Each argument as a RESP bulk string (floats as repr, which Lua's tonumber reads exactly;
+        # a str subclass, e.g. a StrEnum, as its text, never its repr).
+        raws = [self._name(key), *[a if type(a) is str else _text(a) for a in args]]
         text = "".join([f"${len(r)}\r\n{r}\r\n" for r in raws])
         if text.isascii():  # then each length in characters is its length in bytes: one encode
             return self._heads[script.sha] + text.encode()
