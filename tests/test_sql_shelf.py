@@ -230,3 +230,23 @@ def test_a_forked_child_never_uses_its_parents_connections(pg_table: str) -> Non
     store.complete(parent_ident.key, claimed.token, "1", 60.0)
     assert store.get(child_ident.key) is not None and store.get(child_ident.key).result == "2"  # type: ignore[union-attr]
     store.close()
+
+
+def test_settle_rolls_back_and_keeps_or_discards(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path}/s.db")
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE t (n INTEGER)"))
+    shelf = Shelf(engine)
+    held = shelf.take()
+    held.cursor.execute("BEGIN IMMEDIATE")
+    held.cursor.execute("INSERT INTO t VALUES (1)")
+    shelf.settle(held, ValueError("the block failed"), disconnect=False)  # rolled back, kept
+    again = shelf.take()
+    assert again is held
+    assert again.cursor.execute("SELECT count(*) FROM t").fetchall() == [(0,)]
+    shelf.settle(again, KeyboardInterrupt(), disconnect=False)  # interrupted: never reused
+    other = shelf.take()
+    assert other is not held
+    shelf.give(other)
+    shelf.close()
+    engine.dispose()

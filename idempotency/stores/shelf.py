@@ -107,6 +107,21 @@ class Shelf:
         else:
             self._release(held)
 
+    def settle(self, held: Held, exc: BaseException, *, disconnect: bool, rollback: bool = True) -> None:
+        """After a block that raised ``exc``: roll its transaction back and shelve the connection
+        again, or throw it away when it may be broken (a ``disconnect``, or an interruption such as
+        a cancellation or ``KeyboardInterrupt`` that may have left a reply unread)."""
+        if disconnect or not isinstance(exc, Exception):
+            self.discard(held, exc, disconnect=disconnect)
+            return
+        try:
+            if rollback:
+                held.conn.rollback()
+        except Exception as failed:
+            self.discard(held, failed, disconnect=False)
+        else:
+            self.give(held)
+
     def discard(self, held: Held, exc: BaseException | None, *, disconnect: bool) -> None:
         """Throw away a connection that may be broken; after a ``disconnect`` also every shelved one
         (the server went away: they are as dead), as SQLAlchemy's pool does with its older ones."""

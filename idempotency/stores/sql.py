@@ -494,24 +494,13 @@ class SqlStore:
             return found
 
     def _drop(self, held: Held, exc: BaseException) -> None:
-        """After a failed block: roll back and shelve the connection again, or throw it away when
-        it may be broken (a disconnect, or an interruption that may have left a reply unread)."""
-        conn = held.conn
-        driver_error = isinstance(exc, self._dbapi_error)
-        disconnect = driver_error and self._engine.dialect.is_disconnect(
+        """After a failed block: roll back and shelve the connection, or throw it away if broken."""
+        disconnect = isinstance(exc, self._dbapi_error) and self._engine.dialect.is_disconnect(
             exc,  # type: ignore[arg-type]  # the driver's own error, as the dialect expects
-            conn,
+            held.conn,
             held.cursor,
         )
-        if disconnect or not isinstance(exc, Exception):
-            self._shelf.discard(held, exc, disconnect=disconnect)
-            return
-        try:
-            conn.rollback()
-        except Exception as failed:
-            self._shelf.discard(held, failed, disconnect=False)
-        else:
-            self._shelf.give(held)
+        self._shelf.settle(held, exc, disconnect=disconnect)
 
     def _run(
         self, cursor: Any, statement: _Statement, params: dict[str, Any], fetch: bool = True

@@ -154,23 +154,12 @@ class Driver:
     def _fail(self, held: Held, began: bool, exc: BaseException) -> NoReturn:
         """End a failed block: roll back and shelve the connection again, or throw it away when it
         may be broken; then raise ``exc``, translated when it is the driver's."""
-        shelf = self._shelf
         disconnect = isinstance(exc, self._error) and self._engine.dialect.is_disconnect(
             exc,  # type: ignore[arg-type]  # the driver's own error, as the dialect expects
             held.conn,
             None,
         )
-        if disconnect or not isinstance(exc, Exception):
-            # A dead connection, or one an interruption may have left mid-reply: never reused.
-            shelf.discard(held, exc, disconnect=disconnect)
-        else:
-            try:
-                if began:
-                    held.conn.rollback()
-            except Exception as failed:
-                shelf.discard(held, failed, disconnect=False)
-            else:
-                shelf.give(held)
+        self._shelf.settle(held, exc, disconnect=disconnect, rollback=began)
         if isinstance(exc, (self._error, sa_exc.SQLAlchemyError, OSError)):
             raise self._translate(exc) from exc
         raise exc
