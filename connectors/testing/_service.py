@@ -314,6 +314,12 @@ class LocalService:
             raise RuntimeError(f"the local {self.kind} server is not running: use it as a context manager")
         return self._url
 
+    def command(self) -> list[str]:
+        """The server process's command line (this checkout is on its ``PYTHONPATH``): it prints
+        ``{"url": ...}`` as its first line once it listens, and exits when its stdin closes."""
+        argv = [sys.executable, "-m", "connectors.testing", self.kind, "--port", "0", "--exit-on-stdin-eof"]
+        return [*argv, "--config", json.dumps(self.config)]
+
     def start(self) -> Self:
         """Start the server and wait until it listens. Returns self."""
         if self._url is not None:
@@ -328,9 +334,8 @@ class LocalService:
             return self
         root = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-        argv = [sys.executable, "-m", "connectors.testing", self.kind, "--port", "0", "--exit-on-stdin-eof"]
         proc = subprocess.Popen(
-            [*argv, "--config", json.dumps(self.config)],
+            self.command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

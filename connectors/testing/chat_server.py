@@ -77,31 +77,33 @@ class ChatApp(App):
             return Reply(HTTPStatus.OK, found) if found is not None else _error(404, "no such completion")
         return _error(404, f"no route {request.method} {request.path}")
 
+    def answer(self, body: Mapping[str, Any], messages: list[Any]) -> tuple[dict[str, Any], str | None]:
+        """The assistant message for a valid request, and a label to count it under
+        (``completions_{label}``; None: only ``completions``). Subclasses answer otherwise.
+
+        Here: the first offered tool is called when the last message is not a tool result (a fresh
+        ``call_...`` id each time), else a text answer.
+        """
+        tools = body.get("tools") or []
+        last = messages[-1] if isinstance(messages[-1], dict) else {}
+        if tools and last.get("role") != "tool":
+            function = tools[0].get("function", {})
+            call = {
+                "id": f"call_{uuid.uuid4().hex[:20]}",
+                "type": "function",
+                "function": {"name": function.get("name", "tool"), "arguments": "{}"},
+            }
+            return {"role": "assistant", "content": None, "tool_calls": [call]}, None
+        return {"role": "assistant", "content": f"done after {len(messages)} messages"}, None
+
     def _complete(self, body: Mapping[str, Any]) -> Reply:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not body.get("model"):
             return _error(400, "model and a non-empty messages list are required")
         if body.get("stream"):
             return _error(400, "streaming is not supported by the local server")
-        tools = body.get("tools") or []
-        last = messages[-1] if isinstance(messages[-1], dict) else {}
-        if tools and last.get("role") != "tool":
-            function = tools[0].get("function", {})
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": f"call_{uuid.uuid4().hex[:20]}",
-                        "type": "function",
-                        "function": {"name": function.get("name", "tool"), "arguments": "{}"},
-                    }
-                ],
-            }
-            finish = "tool_calls"
-        else:
-            message = {"role": "assistant", "content": f"done after {len(messages)} messages"}
-            finish = "stop"
+        message, label = self.answer(body, messages)
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
         prompt = max(1, len(json.dumps(messages)) // 4)
         completion = max(1, len(json.dumps(message)) // 4)
         answer = {
@@ -119,6 +121,8 @@ class ChatApp(App):
         }
         with self.lock:
             self._inc("completions")
+            if label is not None:
+                self._inc(f"completions_{label}")
             self._inc("prompt_tokens", prompt)
             self._inc("completion_tokens", completion)
             if body.get("store"):

@@ -76,12 +76,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
-import select
-import subprocess
 import sys
-import time
 import urllib.parse
 import uuid
 from collections.abc import Mapping, Sequence
@@ -337,6 +333,9 @@ def answer(messages: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]]:
     return task, {"role": "assistant", "content": content}
 
 
+_planned = answer  # the module's answer, for the method of the same name below
+
+
 class ResearchApp(ChatApp):
     """The research server: the :class:`ChatApp` protocol with the research model, plus search/fetch."""
 
@@ -356,38 +355,10 @@ class ResearchApp(ChatApp):
             return Reply(HTTPStatus.OK, {"url": url, "text": page_text(url)})
         return super().handle(request)
 
-    def _complete(self, body: Mapping[str, Any]) -> Reply:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not body.get("model"):
-            return Reply(HTTPStatus.BAD_REQUEST, {"error": {"message": "model and messages are required"}})
-        if body.get("stream"):
-            return Reply(HTTPStatus.BAD_REQUEST, {"error": {"message": "streaming is not supported"}})
-        task, message = answer(messages)
-        finish = "tool_calls" if message.get("tool_calls") else "stop"
-        prompt = max(1, len(json.dumps(messages)) // 4)
-        completion = max(1, len(json.dumps(message)) // 4)
-        reply = {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body["model"],
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
-            "metadata": body.get("metadata"),
-        }
-        with self.lock:
-            self._inc("completions")
-            self._inc(f"completions_{task or 'other'}")
-            self._inc("prompt_tokens", prompt)
-            self._inc("completion_tokens", completion)
-            if body.get("store"):
-                self.stored.append(reply)
-                self._inc("stored")
-        return Reply(HTTPStatus.OK, reply)
+    def answer(self, body: Mapping[str, Any], messages: list[Any]) -> tuple[dict[str, Any], str | None]:
+        """The planned answer (:func:`answer`), counted under its task (``completions_search``, ...)."""
+        task, message = _planned(messages)
+        return message, task or "other"
 
 
 # ------------------------------------------------------------------------------------ the world
@@ -399,29 +370,8 @@ class _ResearchService(LocalService):
     def __init__(self) -> None:
         super().__init__("research")
 
-    def start(self) -> Self:
-        if self._url is not None:
-            return self
-        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--serve"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
-        )  # fmt: skip
-        self._proc = proc
-        try:
-            assert proc.stdout is not None
-            ready, _, _ = select.select([proc.stdout], [], [], self.startup_timeout)
-            line = proc.stdout.readline() if ready else ""
-            if not line.strip():
-                proc.kill()
-                err = proc.stderr.read() if proc.stderr is not None else ""
-                raise RuntimeError(f"the research server did not start:\n{err}")
-            self._url = str(json.loads(line)["url"])
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def command(self) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "--serve"]
 
 
 class ResearchWorld:
