@@ -212,7 +212,8 @@ class SqlJournal:
         self._hot = {name: Compiled(text, engine.dialect) for name, text in hot.items()}
         # The SQLite phase binds step rows as tuples built straight from the records: checked here
         # against the compiled statement's own parameter order, so the two cannot drift apart.
-        self._step_rows = not self._postgres and self._hot["upsert_step"].order == _STEP_ROW_ORDER
+        if not self._postgres and self._hot["upsert_step"].order != _STEP_ROW_ORDER:
+            raise AssertionError("the step upsert's parameters are no longer in _step_row's order")
         self._phases: dict[tuple[str, int], Compiled] = {}
         if create:
             self.create_tables()
@@ -370,13 +371,9 @@ class SqlJournal:
                 raise _lost(saga_id, token, _saga(found[0]) if found else None)
             saga = _saga(rows[0])
             if steps and not self._postgres:
-                upsert, stamp = self._hot["upsert_step"], saga.updated_at
-                if self._step_rows:
-                    values = [_step_row(step, saga_id, stamp) for step in steps]
-                else:
-                    named = [_step_values(step, "", saga_id=saga_id, stamp=stamp) for step in steps]
-                    values = [upsert.args(v) for v in named]
-                cursor.executemany(upsert.sql, values)
+                stamp = saga.updated_at
+                values = [_step_row(step, saga_id, stamp) for step in steps]
+                cursor.executemany(self._hot["upsert_step"].sql, values)
             return saga
 
         return self._driver.write(work)
