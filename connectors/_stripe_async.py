@@ -7,7 +7,6 @@ those of :mod:`connectors._stripe_flows`, shared with the sync methods.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -19,6 +18,7 @@ from connectors._stripe_objects import CANCEL, CHARGE, Payment, Refund, Resoluti
 from idempotency.effect import ReconcileRequest
 from idempotency.effect import current_effect as _current_effect
 from idempotency.keys import EffectIdentity
+from idempotency.offload import in_thread
 
 R = TypeVar("R", Payment, Refund)
 
@@ -78,7 +78,7 @@ class AsyncStripeMethods(StripeBase):
         found = None
         if result is None:
             # The store is sync: a SQL read must not block the event loop.
-            record = await asyncio.to_thread(self.guard.store.get, identity.key)
+            record = await in_thread(self.guard.store.get, identity.key)
             if record is None:
                 return []  # never claimed: the charge was not attempted
             found = await self.find_payments_async(identity.key, since=record.created_at - self.search_margin)

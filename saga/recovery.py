@@ -29,6 +29,7 @@ from typing import Any
 from idempotency.codec import decode_error, encode_error
 from idempotency.errors import CodecError
 from idempotency.guard import Guard
+from idempotency.offload import in_thread
 from saga.definition import Saga
 from saga.errors import DefinitionMismatch, LostSagaLease, UnknownSaga
 from saga.journal import SagaJournal
@@ -216,13 +217,13 @@ async def arecover(
         sleep=time.sleep,
     )
     sweep = _Sweep()
-    claimed = await asyncio.to_thread(_candidates, journal, reg, drive, limit, sweep)
+    claimed = await in_thread(_candidates, journal, reg, drive, limit, sweep)
     for saga, snapshot in claimed:
         saga_id = snapshot.saga.saga_id
         try:
             sweep.outcomes[saga_id] = await drive.aresume(saga, snapshot)
         except Exception as exc:
-            await asyncio.to_thread(_settle, journal, sweep, saga_id, snapshot, exc)
+            await in_thread(_settle, journal, sweep, saga_id, snapshot, exc)
     if runner is None:
         drive.close()
     return sweep.report()

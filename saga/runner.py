@@ -31,6 +31,7 @@ from idempotency.effect import Policy
 from idempotency.errors import CodecError, ConfigurationError, OutcomeUnknown
 from idempotency.guard import Guard
 from idempotency.keys import fingerprint, scope
+from idempotency.offload import in_thread
 from idempotency.records import Disposition
 from saga.coordinator import SagaFlow
 from saga.definition import Saga, StepContext
@@ -347,7 +348,7 @@ class SagaRunner:
                         with self._hold(flow, op):
                             await self._async_sleep(op.seconds)
                     else:
-                        answer = await asyncio.to_thread(self._journal_op, flow, op)
+                        answer = await in_thread(self._journal_op, flow, op)
                         if isinstance(op, Write):
                             run.written(op.phase.steps)
                 except BaseException as exc:
@@ -357,19 +358,19 @@ class SagaRunner:
         ctx = op.context
         step = flow.saga.steps[ctx.index]
         if not _is_async(step.action):
-            return await asyncio.to_thread(self._act, flow, op)
+            return await in_thread(self._act, flow, op)
         with scope(step_scope(ctx.saga_id, ctx.step)):
             ran = await _call_async(step.action, ctx, flow.input)
         if ctx.deadline is None and not isinstance(ran.error, SagaSuspended):
             return ran
-        return await asyncio.to_thread(self._finished, ctx, ran)
+        return await in_thread(self._finished, ctx, ran)
 
     async def _undo_async(self, flow: SagaFlow, op: Undo) -> Ran:
         ctx = op.context
         fn = flow.saga.steps[ctx.index].compensation_fn
         assert fn is not None
         if not _is_async(fn):
-            return await asyncio.to_thread(self._undo, flow, op)
+            return await in_thread(self._undo, flow, op)
 
         async def call() -> None:
             with scope(compensation_key(ctx.saga_id, ctx.step)):
