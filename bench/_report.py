@@ -63,7 +63,11 @@ def targets(million_rows: int = 1_000_000) -> list[Target]:
         )
     # Judged: what an async call costs as the guard comes (offload=None: the store decides);
     # the two forced settings are context.
-    defaults = {"redis": "called directly", "sqlite": "a thread", "postgres": "a thread"}
+    defaults = {
+        "redis": "called directly",
+        "sqlite": "on the loop, a thread if it would wait",
+        "postgres": "a thread",
+    }
     for backend in ("redis", "sqlite", "postgres"):
         rows.append(
             Target(

@@ -141,13 +141,16 @@ def _notes(info: dict[str, Any], cfg: Config) -> list[str]:
         "interleaved group (`sqlite.*`, `sqlite.async.*`, `sqlite.million.*` are three groups); "
         "every target above compares two series of the same group.",
         "Async: `await` on a guarded `async def` no-op on the same store as the sync call. The "
-        "judged row is the guard as it comes (`offload=None`: the store decides): SQL stores run "
-        "each store call in a worker thread (a SQLite writer may wait up to its busy timeout for "
-        "the lock, a Postgres one for a row lock or a slow network, which must not stall the "
-        "event loop), Redis and memory are called directly (one round trip costs less than two "
-        "thread hops). `offload=True` forces the thread (`asyncio.to_thread`: a hop each way, "
-        "which costs about as much as a commit on this VM), `offload=False` forces direct calls; "
-        "both are context.",
+        "judged row is the guard as it comes (`offload=None`: the store decides). SQLite: the "
+        "claim and the record are written on the event loop when they can start at once (a kept "
+        "connection, the write lock free under a zero busy timeout), so the loop waits only for "
+        "the commit's own fsync, never for another writer's lock; otherwise, and for 1 s after a "
+        "commit that took over 2 ms, in a worker thread. Postgres: each store call in a worker "
+        "thread (a row lock or a slow network must not stall the loop). Redis and memory: called "
+        "directly (one round trip costs less than two thread hops). `offload=True` forces the "
+        "thread for every store call (`idempotency.offload`: a queue and a future per hop, "
+        "about half of `asyncio.to_thread`'s cost, but on this VM the loop's wake-up alone "
+        "is tens of µs), `offload=False` forces direct calls; both are context.",
     ]
     if cfg.million:
         notes.append(

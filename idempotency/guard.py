@@ -48,6 +48,7 @@ from idempotency.flow import (
 )
 from idempotency.heartbeat import Heartbeater
 from idempotency.keys import EffectIdentity, current_scope, fingerprint, key_deriver
+from idempotency.offload import in_thread, submit
 from idempotency.options import (
     FingerprintSpec,
     binder,
@@ -56,7 +57,7 @@ from idempotency.options import (
     check_sync_reconciler,
     fingerprint_selector,
 )
-from idempotency.store import IdempotencyStore
+from idempotency.store import IdempotencyStore, WritesNow
 from idempotency.telemetry import EffectSpan, counter_attributes, effect_counter, tracing
 
 __all__ = ["FingerprintSpec", "Guard", "Operation"]
@@ -191,6 +192,11 @@ class Guard:
         # By default the store says: a commit that waits on fsync (SQL) goes to a thread; a
         # sub-millisecond round trip (Redis, memory) costs less than the two thread hops.
         self._offload = bool(getattr(store, "offload_async", True)) if offload is None else offload
+        # A store that can tell a write it can do at once (SQLite with the write lock free) does
+        # it on the event loop; the thread is then only for writes that would wait.
+        self._now: WritesNow | None = (
+            store if offload is None and self._offload and isinstance(store, WritesNow) else None
+        )
         self.heartbeater = Heartbeater(store)
         self._operations: dict[Any, Operation[Any]] = {}
 
@@ -481,10 +487,12 @@ class Guard:
     async def _settle_async(self, flow: Flow[Any], call: Callable[[], Awaitable[Any]]) -> Any:
         """The async twin of :meth:`_settle`."""
         spec, identity, store = flow.spec, flow.identity, self.store
-        if self._offload:
-            claim = await self._store_op_in_thread(flow, _CLAIM)
-        else:
+        now = self._now
+        if not self._offload:
             claim = store.claim(identity, flow.fingerprint, spec.lease)
+        else:
+            tried = None if now is None else now.claim_now(identity, flow.fingerprint, spec.lease)
+            claim = await self._store_op_in_thread(flow, _CLAIM) if tried is None else tried
         record = claim.record
         action = decide(claim, flow.fingerprint, identity.name)
         if action is _REPLAY:
@@ -498,10 +506,12 @@ class Guard:
             except CodecError:
                 pass  # the flow records it in doubt (and encodes again, to raise the same error)
             else:
-                if self._offload:
-                    await self._store_op_in_thread(flow, Complete(record.token, text))
-                else:
+                if not self._offload:
                     store.complete(identity.key, record.token, text, spec.retention)
+                elif (
+                    now is None or now.complete_now(identity.key, record.token, text, spec.retention) is None
+                ):
+                    await self._store_op_in_thread(flow, Complete(record.token, text))
                 return ran.value
         return await self._loop_async(flow, flow.finish(record, ran), call)
 
@@ -533,17 +543,18 @@ class Guard:
                 error = exc
 
     async def _store_op_in_thread(self, flow: Flow[Any], op: Op) -> Any:
-        pending = asyncio.ensure_future(asyncio.to_thread(self._store_op, flow, op))
+        pending = submit(self._store_op, flow, op)
+        if not isinstance(op, Claim):
+            return await pending  # cancelled: the thread records on regardless
         try:
             return await asyncio.shield(pending)
         except asyncio.CancelledError:
             # The thread runs on regardless. A claim it makes for this cancelled call is given
             # back, or it would look like a crash and an effect that never ran would be in doubt.
-            if isinstance(op, Claim):
-                with contextlib.suppress(Exception):
-                    release = abandon(await pending)
-                    if release is not None:
-                        await asyncio.to_thread(self._store_op, flow, release)
+            with contextlib.suppress(Exception):
+                release = abandon(await pending)
+                if release is not None:
+                    await in_thread(self._store_op, flow, release)
             raise
 
     def _execute(self, flow: Flow[Any], token: int, call: Callable[[], Any]) -> Ran:

@@ -21,7 +21,7 @@ from typing import Final, Protocol, runtime_checkable
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimResult, Disposition, Record, State
 
-__all__ = ["FIRST_TOKEN_BITS", "IdempotencyStore", "first_token"]
+__all__ = ["FIRST_TOKEN_BITS", "IdempotencyStore", "WritesNow", "first_token"]
 
 FIRST_TOKEN_BITS: Final = 48
 """Random bits in the first token of a key's record: ``1 <= token <= 2**48``, far below ``2**53``, so
@@ -127,4 +127,24 @@ class IdempotencyStore(Protocol):
 
     def close(self) -> None:
         """Release connections. The store is unusable afterwards."""
+        ...
+
+
+@runtime_checkable
+class WritesNow(Protocol):
+    """Optional: a store that can try the two writes of a new guarded call without waiting.
+
+    The guard's async calls (with ``offload`` left at None, on a store whose ``offload_async`` is
+    true) try these first, on the event loop, and run the blocking form in a worker thread only
+    when they answer None. Each has its sync form's contract when it answers, must answer None
+    (having written nothing) rather than wait for a lock, a pool or the network, and may block only
+    on the database's own I/O of a write it could start at once.
+    """
+
+    def claim_now(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult | None:
+        """:meth:`IdempotencyStore.claim` if it can be done now, else None."""
+        ...
+
+    def complete_now(self, key: str, token: int, result: str, retention: float) -> Record | None:
+        """:meth:`IdempotencyStore.complete` if it can be done now, else None."""
         ...

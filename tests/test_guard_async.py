@@ -3,8 +3,10 @@
 The same promises as test_guard.py, driven by the async loop: each test runs its coroutine with
 ``asyncio.run`` (no pytest plugin). The guard's sync ``sleep`` is forbidden here, so a wait or retry
 that blocked the event loop would fail the test; the injected ``async_sleep`` records each pause and
-advances the fake clock. Tests marked with the ``guard`` parametrisation run with store I/O offloaded
-to a thread (the default) and inline (``offload=False``).
+advances the fake clock. The ``guard`` fixture is the guard as it comes (``offload=None``: the store
+decides; on SQLite the two writes of a new call are tried on the event loop first); tests marked
+with the ``guard`` parametrisation also run with every store call in a thread (``offload=True``)
+and inline (``offload=False``).
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ from idempotency.store import IdempotencyStore
 T = TypeVar("T")
 WAIT = 2.0
 ONE_TRY = Retry(stop=tenacity.stop_after_attempt(1), wait=tenacity.wait_none())
-BOTH_DRIVERS = pytest.mark.parametrize("guard", [True, False], ids=["offload", "inline"], indirect=True)
+BOTH_DRIVERS = pytest.mark.parametrize(
+    "guard", [None, True, False], ids=["default", "offload", "inline"], indirect=True
+)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -87,7 +91,7 @@ def guard(request: pytest.FixtureRequest, store: IdempotencyStore, sleeps: Sleep
         wait=WAIT,
         sleep=forbidden_sleep,
         async_sleep=sleeps.asleep,
-        offload=getattr(request, "param", True),
+        offload=getattr(request, "param", None),
     )
     yield g
     g.close()
@@ -713,7 +717,7 @@ def test_async_zombie_gets_lost_ownership(
 # --------------------------------------------------------------------------- real concurrency
 
 
-@pytest.mark.parametrize("offload", [True, False], ids=["offload", "inline"])
+@pytest.mark.parametrize("offload", [None, True, False], ids=["default", "offload", "inline"])
 def test_async_tasks_race_one_effect_runs_once(store: IdempotencyStore, offload: bool) -> None:
     racer = Guard(store, lease=LEASE, wait=60.0, offload=offload)  # real asyncio.sleep
     calls = Calls()
@@ -739,7 +743,7 @@ def test_async_tasks_race_one_effect_runs_once(store: IdempotencyStore, offload:
     assert results == ["run-1"] * 32
 
 
-@pytest.mark.parametrize("offload", [True, False], ids=["offload", "inline"])
+@pytest.mark.parametrize("offload", [None, True, False], ids=["default", "offload", "inline"])
 def test_async_unreachable_store_fails_closed(offload: bool) -> None:
     from idempotency.stores.sql import SqlStore
 

@@ -100,6 +100,16 @@ class Shelf:
             fairy.close()
             raise
 
+    def take_idle(self) -> Held | None:
+        """:meth:`take`, but only a shelved connection: None rather than a checkout from the pool
+        (which may connect, or wait for a connection to come back)."""
+        if self._pid != os.getpid():
+            self._forked()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return None
+
     def give(self, held: Held) -> None:
         """Put back a connection whose transaction the caller ended."""
         if len(self._idle) < self._keep and self._pid == os.getpid():

@@ -67,6 +67,17 @@ _CLAIM_ATTEMPTS = 5
 _HELD_MAX = 4096
 """Claimed records a store remembers for ``complete_held``; past this many (claims never completed
 nor failed, e.g. by code driving the store itself) it forgets them all and starts afresh."""
+_BUSY_PRAGMA = f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}"
+_SLOW_WRITE = 0.002  # seconds: a write from the event loop that took longer than this ...
+_SLOW_PAUSE = 1.0  # ... sends every write from it to a thread for this long
+_RLOCK = type(threading.RLock())
+
+
+class _Wait:
+    """The answer of a write that would have had to wait (see ``SqlStore._write_now``)."""
+
+
+_WAIT: Final = _Wait()
 _DDL_LOCK_ID = 0x5A6A_6775  # any constant: serialises concurrent CREATE TABLE on Postgres
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")  # 48 leaves room for index names (63)
 _COLUMNS = (
@@ -318,6 +329,7 @@ class SqlStore:
         # The records this store's claims handed out and that are still live, by key: complete()
         # rebuilds the finished record from one of these instead of reading every column back.
         self._held: dict[str, Record] = {}
+        self._slow_until = 0.0  # see _write_now
         self._build_statements(engine.dialect.identifier_preparer.quote(table_name))
         if create:
             self.create_tables()
@@ -493,6 +505,69 @@ class SqlStore:
             shelf.give(held)
             return found
 
+    def _write_now(self, work: Callable[[Any], T]) -> T | _Wait:
+        """:meth:`_write` on SQLite if nothing has to be waited for first, else :data:`_WAIT`.
+
+        For a call from the event loop (the guard's async calls), which must never block on a
+        lock: only with an idle shelved connection (no pool checkout, which may wait for one),
+        the store's lock of a shared in-memory connection free, and the write lock taken at
+        once (``BEGIN IMMEDIATE`` under a zero busy timeout: another writer makes it answer
+        "locked" at once, and nothing was written). What remains is the commit's own write to
+        the file; after one that took over :data:`_SLOW_WRITE` seconds (a slow or busy disk),
+        every write goes to a thread for :data:`_SLOW_PAUSE` seconds.
+        """
+        if time.monotonic() < self._slow_until:
+            return _WAIT
+        lock = self._lock
+        if isinstance(lock, _RLOCK) and not lock.acquire(blocking=False):
+            return _WAIT
+        try:
+            held = self._shelf.take_idle()
+            if held is None:
+                return _WAIT
+            cursor = held.cursor
+            started = time.perf_counter()
+            try:
+                began = self._begin_now(cursor)
+            except BaseException as exc:
+                # Its busy timeout may still be zero: it must never serve a write that waits.
+                self._shelf.discard(held, exc, disconnect=False)
+                if isinstance(exc, self._dbapi_error):
+                    raise self._ours(exc) from exc
+                raise
+            if not began:
+                self._shelf.give(held)
+                return _WAIT
+            try:
+                found = work(cursor)
+                held.conn.commit()
+            except BaseException as exc:
+                self._drop(held, exc)
+                if isinstance(exc, (sa_exc.SQLAlchemyError, self._dbapi_error)):
+                    raise self._ours(exc) from exc
+                raise
+            self._shelf.give(held)
+            if time.perf_counter() - started > _SLOW_WRITE:
+                self._slow_until = time.monotonic() + _SLOW_PAUSE
+            return found
+        finally:
+            if isinstance(lock, _RLOCK):
+                lock.release()
+
+    def _begin_now(self, cursor: Any) -> bool:
+        """``BEGIN IMMEDIATE`` under a zero busy timeout, the usual one restored after: False (and no
+        transaction) when another writer holds the lock."""
+        cursor.execute("PRAGMA busy_timeout = 0")
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+        except self._dbapi_error as exc:
+            if "locked" not in str(exc):  # SQLITE_BUSY: another writer has the lock
+                raise
+            cursor.execute(_BUSY_PRAGMA)
+            return False
+        cursor.execute(_BUSY_PRAGMA)
+        return True
+
     def _drop(self, held: Held, exc: BaseException) -> None:
         """After a failed block: roll back and shelve the connection, or throw it away if broken."""
         disconnect = isinstance(exc, self._dbapi_error) and self._engine.dialect.is_disconnect(
@@ -575,6 +650,25 @@ class SqlStore:
         statement itself returns that record; it returns nothing only when it lost a race with a
         concurrent claim, and the record is then read at once.
         """
+        work = self._claim_work(identity, fingerprint, lease)
+        for _ in range(_CLAIM_ATTEMPTS):
+            claimed = self._claimed(self._write(work))
+            if claimed is not None:
+                return claimed
+            # That record was deleted before we could read it: claim again.
+        raise StoreError(f"claim of effect key {identity.key[:16]}... kept racing with deletes")
+
+    def claim_now(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult | None:
+        """See :class:`~idempotency.store.WritesNow`: :meth:`claim`, if it can start at once (SQLite
+        only; see :meth:`_write_now`); None otherwise, and nothing was written."""
+        if self._postgres:
+            return None
+        rows = self._write_now(self._claim_work(identity, fingerprint, lease))
+        return None if isinstance(rows, _Wait) else self._claimed(rows)
+
+    def _claim_work(
+        self, identity: EffectIdentity, fingerprint: str, lease: float
+    ) -> Callable[[Any], list[Any]]:
         params = {
             "key": identity.key,
             "namespace": identity.namespace,
@@ -590,26 +684,27 @@ class SqlStore:
         def work(cursor: Any) -> list[Any]:
             rows = self._run(cursor, statement, params)
             if not rows:  # read the record in the way (SQLite: in the same transaction)
-                found = self._run(cursor, get, {"key": identity.key})
-                rows = [(False, *row) for row in found]
+                rows = [(False, *row) for row in self._run(cursor, get, {"key": identity.key})]
             return rows
 
-        for _ in range(_CLAIM_ATTEMPTS):
-            rows = self._write(work)
-            if rows:
-                won, *columns = rows[0]
-                rec = _record(columns)
-                if not won:
-                    return ClaimResult.from_fields(ClaimOutcome.EXISTING, rec)
-                held = self._held  # ours now, until complete() or fail()
-                if len(held) >= _HELD_MAX:
-                    held.clear()
-                held[rec.key] = rec
-                if rec.state is State.IN_PROGRESS:
-                    return ClaimResult.from_fields(ClaimOutcome.CLAIMED, rec)
-                return ClaimResult.from_fields(ClaimOutcome.TOOK_OVER, rec)
-            # That record was deleted before we could read it: claim again.
-        raise StoreError(f"claim of effect key {identity.key[:16]}... kept racing with deletes")
+        return work
+
+    def _claimed(self, rows: list[Any]) -> ClaimResult | None:
+        """The outcome of a claim's rows (``won``, then the record's columns); None when there are
+        none (the record in the way was deleted before it could be read)."""
+        if not rows:
+            return None
+        won, *columns = rows[0]
+        rec = _record(columns)
+        if not won:
+            return ClaimResult.from_fields(ClaimOutcome.EXISTING, rec)
+        held = self._held  # ours now, until complete() or fail()
+        if len(held) >= _HELD_MAX:
+            held.clear()
+        held[rec.key] = rec
+        if rec.state is State.IN_PROGRESS:
+            return ClaimResult.from_fields(ClaimOutcome.CLAIMED, rec)
+        return ClaimResult.from_fields(ClaimOutcome.TOOK_OVER, rec)
 
     def get(self, key: str) -> Record | None:
         """See :meth:`IdempotencyStore.get`."""
@@ -624,24 +719,49 @@ class SqlStore:
         from that claim's record and the fields the UPDATE returns (``complete_held``).
         """
         held = self._held.pop(key, None)
-        if held is None or held.token != token:
-            row = self._fenced("complete", key, token, result=result, retention=float(retention))
-            return _record(row)
-        retention = float(retention)
-        statement = self._sql["complete_held"]
-        values: dict[str, Any] = {"key": key, "token": token, "result": result, "retention": retention}
-        found = self._write(lambda cursor: self._run(cursor, statement, values))
+        work, values = self._complete_work(key, token, result, retention, held)
+        return self._completed(key, token, self._write(work), values, held)
+
+    def complete_now(self, key: str, token: int, result: str, retention: float) -> Record | None:
+        """See :class:`~idempotency.store.WritesNow`: :meth:`complete`, if it can start at once
+        (SQLite only; see :meth:`_write_now`); None otherwise, and nothing was written."""
+        if self._postgres:
+            return None
+        held = self._held.pop(key, None)
+        work, values = self._complete_work(key, token, result, retention, held)
+        found = self._write_now(work)
+        if isinstance(found, _Wait):
+            if held is not None:
+                self._held[key] = held  # for complete(), which runs next
+            return None
+        return self._completed(key, token, found, values, held)
+
+    def _complete_work(
+        self, key: str, token: int, result: str, retention: float, held: Record | None
+    ) -> tuple[Callable[[Any], list[Any]], dict[str, Any]]:
+        """The fenced UPDATE that records success: ``complete_held`` when ``held`` is the record our
+        claim handed out for this token (only the new times come back), else ``complete``."""
+        values: dict[str, Any] = {"key": key, "token": token, "result": result, "retention": float(retention)}
+        ours = held is not None and held.token == token
+        statement = self._sql["complete_held" if ours else "complete"]
+        return (lambda cursor: self._run(cursor, statement, values)), values
+
+    def _completed(
+        self, key: str, token: int, found: list[Any], values: dict[str, Any], held: Record | None
+    ) -> Record:
         if not found:
             raise self._lost(key, token)
+        if held is None or held.token != token:
+            return _record(found[0])
         if self._now is None:  # the database's clock: the UPDATE returns the times it wrote
             lease_until, updated_at, expires_at = (float(v) for v in found[0])
         else:  # the time is ours
             lease_until, updated_at = float(found[0][0]), float(values["now"])
-            expires_at = updated_at + retention
+            expires_at = updated_at + values["retention"]
         return Record.from_fields(
             key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
             State.SUCCEEDED, token, lease_until, held.attempts, held.created_at,
-            updated_at, expires_at, result, None,
+            updated_at, expires_at, values["result"], None,
         )  # fmt: skip
 
     def fail(
