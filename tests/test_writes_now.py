@@ -153,19 +153,27 @@ def test_the_busy_timeout_is_restored_after_a_write_now(store: Spy, path: Path) 
     assert not lock.released_by_fallback
 
 
-def test_a_slow_write_now_sends_the_next_ones_to_a_thread(
-    store: Spy, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sql_module, "_SLOW_WRITE", 0.0)  # every write counts as slow
-    monkeypatch.setattr(sql_module, "_SLOW_PAUSE", 3600.0)
-    assert store.claim_now(identity("s", "a"), fp(), LEASE) is not None  # done, but slow
-    assert store.claim_now(identity("s", "b"), fp(), LEASE) is None  # paused
+def test_while_writes_are_slow_none_is_made_on_the_loop(store: Spy, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql_module, "_SLOW_WRITE", 0.0)  # every write is slower than this
+    assert store.claim_now(identity("s", "a"), fp(), LEASE) is not None  # the average was 0
+    assert store.claim_now(identity("s", "b"), fp(), LEASE) is None  # now it is over the bound
     assert store.get(identity("s", "b").key) is None
-    monkeypatch.setattr(sql_module, "_SLOW_PAUSE", 0.0)
-    store.claim(identity("s", "c"), fp(), LEASE)  # a blocking write does not end the pause ...
-    assert store.claim_now(identity("s", "b"), fp(), LEASE) is None
-    store._slow_until = 0.0  # ... its end does (a pause of 0 s from the next slow write on)
+    monkeypatch.setattr(sql_module, "_SLOW_WRITE", 3600.0)
     assert store.claim_now(identity("s", "b"), fp(), LEASE) is not None
+
+
+def test_fast_writes_in_threads_bring_the_writes_back_to_the_loop(store: Spy) -> None:
+    """The average is of every write of the store: the blocking writes (made in threads while the
+    loop's would be too slow) tell when the disk is fast again. One slow write among fast ones
+    moves it by an eighth of its time only."""
+    store._write_time = 1.0  # as after writes of a second each
+    assert store.claim_now(identity("s", "a"), fp(), LEASE) is None
+    writes = 0
+    while store.claim_now(identity("s", "a"), fp(), LEASE) is None:
+        store.claim(identity("t", f"w{writes}"), fp(), LEASE)  # a fast write, as in a thread
+        writes += 1
+        assert writes < 200
+    assert writes >= 20  # from 1 s to under 2 ms takes many fast writes, not one
 
 
 def test_postgres_never_writes_from_the_event_loop(clock: FakeClock) -> None:

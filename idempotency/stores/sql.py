@@ -68,8 +68,8 @@ _HELD_MAX = 4096
 """Claimed records a store remembers for ``complete_held``; past this many (claims never completed
 nor failed, e.g. by code driving the store itself) it forgets them all and starts afresh."""
 _BUSY_PRAGMA = f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}"
-_SLOW_WRITE = 0.002  # seconds: a write from the event loop that took longer than this ...
-_SLOW_PAUSE = 1.0  # ... sends every write from it to a thread for this long
+_SLOW_WRITE = 0.002  # seconds: while this store's writes take longer than this on average ...
+_WRITE_WEIGHT = 0.125  # ... (a moving average, each write weighing this much), none is made on the loop
 _RLOCK = type(threading.RLock())
 
 
@@ -329,7 +329,7 @@ class SqlStore:
         # The records this store's claims handed out and that are still live, by key: complete()
         # rebuilds the finished record from one of these instead of reading every column back.
         self._held: dict[str, Record] = {}
-        self._slow_until = 0.0  # see _write_now
+        self._write_time = 0.0  # the moving average of SQLite writes, in seconds: see _write_now
         self._build_statements(engine.dialect.identifier_preparer.quote(table_name))
         if create:
             self.create_tables()
@@ -486,6 +486,7 @@ class SqlStore:
         self._cursor(write=True) as cursor: return work(cursor)`` does, as plain calls, for the
         writes every guarded call makes (a context manager costs a few µs on a hot path)."""
         with self._lock:
+            started = time.perf_counter()
             shelf = self._shelf
             try:
                 held = shelf.take()
@@ -503,6 +504,7 @@ class SqlStore:
                     raise self._ours(exc) from exc
                 raise
             shelf.give(held)
+            self._write_time += (time.perf_counter() - started - self._write_time) * _WRITE_WEIGHT
             return found
 
     def _write_now(self, work: Callable[[Any], T]) -> T | _Wait:
@@ -513,10 +515,11 @@ class SqlStore:
         the store's lock of a shared in-memory connection free, and the write lock taken at
         once (``BEGIN IMMEDIATE`` under a zero busy timeout: another writer makes it answer
         "locked" at once, and nothing was written). What remains is the commit's own write to
-        the file; after one that took over :data:`_SLOW_WRITE` seconds (a slow or busy disk),
-        every write goes to a thread for :data:`_SLOW_PAUSE` seconds.
+        the file; while this store's writes (from threads too) take over :data:`_SLOW_WRITE` on
+        average (a slow or busy disk, writers queueing for the lock), every one goes to a thread.
+        One slow fsync among fast ones does not: it moves the average by an eighth of itself.
         """
-        if time.monotonic() < self._slow_until:
+        if self._write_time > _SLOW_WRITE:
             return _WAIT
         lock = self._lock
         if isinstance(lock, _RLOCK) and not lock.acquire(blocking=False):
@@ -547,8 +550,7 @@ class SqlStore:
                     raise self._ours(exc) from exc
                 raise
             self._shelf.give(held)
-            if time.perf_counter() - started > _SLOW_WRITE:
-                self._slow_until = time.monotonic() + _SLOW_PAUSE
+            self._write_time += (time.perf_counter() - started - self._write_time) * _WRITE_WEIGHT
             return found
         finally:
             if isinstance(lock, _RLOCK):
