@@ -49,16 +49,19 @@ class _Workers:
     def reset(self) -> None:
         """No workers and an empty queue (also in a forked child: the parent's threads are gone)."""
         self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        # Released by a worker each time it finishes a job (then it waits for the next): a submit
-        # that can take one knows an idle worker will pick its job up; one that cannot starts
-        # another worker (up to the bound). A new worker's first job is the one that started it.
-        self.idle = threading.Semaphore(0)
+        # A token from each worker that finished a job (and waits for the next): a submit that
+        # takes one knows an idle worker will pick its job up; one that finds none starts another
+        # worker (up to the bound), whose first job is the one that started it. A queue of
+        # tokens, not a Semaphore: both ends are then C calls, with no Python lock around them.
+        self.idle: queue.SimpleQueue[None] = queue.SimpleQueue()
         self.started = 0
         self.lock = threading.Lock()
 
     def put(self, job: _Job) -> None:
         self.jobs.put(job)
-        if not self.idle.acquire(blocking=False):
+        try:
+            self.idle.get_nowait()
+        except queue.Empty:
             with self.lock:
                 if self.started < _MAX_WORKERS:
                     self.started += 1
@@ -71,7 +74,7 @@ class _Workers:
             _run(jobs.get(), idle)
 
 
-def _run(job: _Job, idle: threading.Semaphore) -> None:
+def _run(job: _Job, idle: queue.SimpleQueue[None]) -> None:
     """Run one job and hand its outcome to the job's loop. The hand-off is the last thing the worker
     does before it waits again: the woken loop thread needs the GIL, and a worker that went on
     running Python would make it wait (and sleep, and be woken) once more."""
@@ -81,7 +84,7 @@ def _run(job: _Job, idle: threading.Semaphore) -> None:
         outcome, value = _succeeded, context.run(fn, *args)
     except BaseException as exc:  # raised in the awaiting task, not here
         outcome, value = _failed, exc
-    idle.release()
+    idle.put(None)
     _deliver(loop, future, outcome, value)
 
 
