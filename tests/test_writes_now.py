@@ -258,3 +258,30 @@ def test_async_call_on_sqlite_never_waits_for_the_write_lock_on_the_loop(store: 
     assert store.blocking[0] == "claim"
     rec = store.get(identity("s", "pay.charge").key)
     assert rec is not None and rec.state is State.SUCCEEDED
+
+
+def test_in_memory_sqlite_writes_now_unless_another_thread_is_in_the_store(clock: FakeClock) -> None:
+    """``sqlite://`` is one connection shared under the store's lock: the loop never waits for it."""
+    store = SqlStore("sqlite://", clock=clock)
+    try:
+        store.get("warm-up")
+        assert store.claim_now(identity("s", "a"), fp(), LEASE) is not None
+        inside, leave = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with store._lock:  # what a call running in another thread holds
+                inside.set()
+                leave.wait(10)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert inside.wait(10)
+            assert store.claim_now(identity("s", "b"), fp(), LEASE) is None
+        finally:
+            leave.set()
+            holder.join()
+        assert store.get(identity("s", "b").key) is None
+        assert store.claim_now(identity("s", "b"), fp(), LEASE) is not None
+    finally:
+        store.close()
