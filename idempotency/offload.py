@@ -75,9 +75,9 @@ class _Workers:
 
 
 def _run(job: _Job, idle: queue.SimpleQueue[None]) -> None:
-    """Run one job and hand its outcome to the job's loop. The hand-off is the last thing the worker
-    does before it waits again: the woken loop thread needs the GIL, and a worker that went on
-    running Python would make it wait (and sleep, and be woken) once more."""
+    """Run one job and hand its outcome to the job's loop. The hand-off comes last, after the idle
+    token: the woken loop thread needs the GIL, which the worker then gives up at once by waiting
+    for its next job."""
     loop, future, context, fn, args = job
     outcome: Callable[[asyncio.Future[Any], Any], None]
     try:
@@ -100,6 +100,11 @@ def _succeeded(future: asyncio.Future[Any], value: Any) -> None:
 
 
 def _failed(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if isinstance(exc, StopIteration):
+        # A future refuses it (it would end a generator), and the caller would wait for ever.
+        wrapped = RuntimeError("the call raised StopIteration")
+        wrapped.__cause__ = exc
+        exc = wrapped
     if not future.done():
         future.set_exception(exc)
 

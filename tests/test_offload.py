@@ -38,6 +38,17 @@ def test_the_exception_is_raised_in_the_awaiting_task() -> None:
         asyncio.run(offload.in_thread(work))
 
 
+def test_stop_iteration_arrives_as_a_runtime_error() -> None:
+    """A future refuses StopIteration (asyncio.to_thread would leave its caller waiting for ever)."""
+
+    def work() -> None:
+        raise StopIteration
+
+    with pytest.raises(RuntimeError, match="StopIteration") as raised:
+        asyncio.run(asyncio.wait_for(offload.in_thread(work), 10))
+    assert isinstance(raised.value.__cause__, StopIteration)
+
+
 def test_the_call_sees_the_callers_context_and_changes_none_of_it() -> None:
     def work() -> str:
         seen = who.get()
