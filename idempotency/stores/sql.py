@@ -270,7 +270,9 @@ class SqlStore:
     """An :class:`~idempotency.store.IdempotencyStore` on SQLite or PostgreSQL. Thread-safe.
 
     On Postgres every primitive is one statement in autocommit (one round trip, no BEGIN/COMMIT);
-    on SQLite each write is one ``BEGIN IMMEDIATE`` transaction.
+    on SQLite each write is one ``BEGIN IMMEDIATE`` transaction. For async callers it is also a
+    :class:`~idempotency.store.WritesNow`: on SQLite a claim or a record that can start at once is
+    written on the event loop (:meth:`claim_now`, :meth:`complete_now`); on Postgres never.
 
     Args:
         url_or_engine: a ``sqlite:///path.db``, ``sqlite://`` (private, in memory) or
