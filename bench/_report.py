@@ -66,7 +66,7 @@ def targets(million_rows: int = 1_000_000) -> list[Target]:
     defaults = {
         "redis": "called directly",
         "sqlite": "on the loop, a thread if it would wait",
-        "postgres": "a thread",
+        "postgres": "awaited on the loop",
     }
     for backend in ("redis", "sqlite", "postgres"):
         rows.append(

@@ -57,7 +57,8 @@ from idempotency.options import (
     check_sync_reconciler,
     fingerprint_selector,
 )
-from idempotency.store import IdempotencyStore, WritesNow
+from idempotency.records import ClaimResult
+from idempotency.store import AsyncWrites, IdempotencyStore, WriteCancelled
 from idempotency.telemetry import EffectSpan, counter_attributes, effect_counter, tracing
 
 __all__ = ["FingerprintSpec", "Guard", "Operation"]
@@ -192,10 +193,11 @@ class Guard:
         # By default the store says: a commit that waits on fsync (SQL) goes to a thread; a
         # sub-millisecond round trip (Redis, memory) costs less than the two thread hops.
         self._offload = bool(getattr(store, "offload_async", True)) if offload is None else offload
-        # A store that can tell a write it can do at once (SQLite with the write lock free) does
-        # it on the event loop; the thread is then only for writes that would wait.
-        self._now: WritesNow | None = (
-            store if offload is None and self._offload and isinstance(store, WritesNow) else None
+        # A store whose hot writes can be awaited (SQLite with the write lock free, Postgres on a
+        # non-blocking socket) makes them on the event loop; the thread is then only for writes
+        # that would wait.
+        self._native: AsyncWrites | None = (
+            store if offload is None and self._offload and isinstance(store, AsyncWrites) else None
         )
         self.heartbeater = Heartbeater(store)
         self._operations: dict[Any, Operation[Any]] = {}
@@ -487,11 +489,17 @@ class Guard:
     async def _settle_async(self, flow: Flow[Any], call: Callable[[], Awaitable[Any]]) -> Any:
         """The async twin of :meth:`_settle`."""
         spec, identity, store = flow.spec, flow.identity, self.store
-        now = self._now
+        native = self._native
         if not self._offload:
             claim = store.claim(identity, flow.fingerprint, spec.lease)
         else:
-            tried = None if now is None else now.claim_now(identity, flow.fingerprint, spec.lease)
+            tried = None
+            if native is not None:
+                try:
+                    tried = await native.aclaim(identity, flow.fingerprint, spec.lease)
+                except WriteCancelled as cancelled:
+                    await self._give_back(flow, cancelled.outcome)
+                    raise
             claim = await self._store_op_in_thread(flow, _CLAIM) if tried is None else tried
         record = claim.record
         action = decide(claim, flow.fingerprint, identity.name)
@@ -509,7 +517,8 @@ class Guard:
                 if not self._offload:
                     store.complete(identity.key, record.token, text, spec.retention)
                 elif (
-                    now is None or now.complete_now(identity.key, record.token, text, spec.retention) is None
+                    native is None
+                    or await native.acomplete(identity.key, record.token, text, spec.retention) is None
                 ):
                     await self._store_op_in_thread(flow, Complete(record.token, text))
                 return ran.value
@@ -549,13 +558,20 @@ class Guard:
         try:
             return await asyncio.shield(pending)
         except asyncio.CancelledError:
-            # The thread runs on regardless. A claim it makes for this cancelled call is given
-            # back, or it would look like a crash and an effect that never ran would be in doubt.
+            # The thread runs on regardless; what it claims for this cancelled call is given back.
             with contextlib.suppress(Exception):
-                release = abandon(await pending)
-                if release is not None:
-                    await in_thread(self._store_op, flow, release)
+                await self._give_back(flow, await pending)
             raise
+
+    async def _give_back(self, flow: Flow[Any], claimed: Any) -> None:
+        """Release a claim made for a call cancelled before it ran (``claimed``: what the claim
+        returned, or the error it raised), or it would look like a crash, and an effect that never
+        ran would be in doubt."""
+        if isinstance(claimed, ClaimResult):
+            release = abandon(claimed)
+            if release is not None:
+                with contextlib.suppress(Exception):
+                    await in_thread(self._store_op, flow, release)
 
     def _execute(self, flow: Flow[Any], token: int, call: Callable[[], Any]) -> Ran:
         handle = self.heartbeater.register(flow.identity.key, token, flow.spec.lease)

@@ -14,14 +14,15 @@ exception is chained as ``__cause__``.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Collection
-from typing import Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimResult, Disposition, Record, State
 
-__all__ = ["FIRST_TOKEN_BITS", "IdempotencyStore", "WritesNow", "first_token"]
+__all__ = ["FIRST_TOKEN_BITS", "AsyncWrites", "IdempotencyStore", "WriteCancelled", "first_token"]
 
 FIRST_TOKEN_BITS: Final = 48
 """Random bits in the first token of a key's record: ``1 <= token <= 2**48``, far below ``2**53``, so
@@ -130,21 +131,33 @@ class IdempotencyStore(Protocol):
         ...
 
 
-@runtime_checkable
-class WritesNow(Protocol):
-    """Optional: a store that can try the two writes of a new guarded call without waiting.
+class WriteCancelled(asyncio.CancelledError):
+    """A cancellation that arrived after a write was sent: the write's reply was read all the same,
+    and ``outcome`` is what it returned (or the exception it raised), for the caller to act on
+    before the cancellation goes on (the guard gives back a claim made for a cancelled call)."""
 
-    The guard's async calls (with ``offload`` left at None, on a store whose ``offload_async`` is
-    true) try these first, on the event loop, and run the blocking form in a worker thread only
-    when they answer None. Each has its sync form's contract when it answers, must answer None
-    (having written nothing) rather than wait for a lock, a pool or the network, and may block only
-    on the database's own I/O of a write it could start at once.
+    def __init__(self, outcome: Any) -> None:
+        super().__init__()
+        self.outcome = outcome
+
+
+@runtime_checkable
+class AsyncWrites(Protocol):
+    """Optional: a store whose two writes of a new guarded call can be awaited without a thread.
+
+    The guard's async calls (``offload`` left at None, on a store whose ``offload_async`` is true)
+    await these first and run the blocking form in a worker thread only when they answer None
+    (having written nothing): for a write that would have to wait for a lock or a pool. Each has
+    its blocking form's contract when it answers, and must never block the event loop on anything
+    but the store's own I/O of a write it could start at once (SQLite: the commit's write to disk)
+    or wait for another writer there. Cancelled after its write was sent, it raises
+    :class:`WriteCancelled` with the write's outcome.
     """
 
-    def claim_now(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult | None:
-        """:meth:`IdempotencyStore.claim` if it can be done now, else None."""
+    async def aclaim(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult | None:
+        """:meth:`IdempotencyStore.claim`, or None to have it made in a thread."""
         ...
 
-    def complete_now(self, key: str, token: int, result: str, retention: float) -> Record | None:
-        """:meth:`IdempotencyStore.complete` if it can be done now, else None."""
+    async def acomplete(self, key: str, token: int, result: str, retention: float) -> Record | None:
+        """:meth:`IdempotencyStore.complete`, or None to have it made in a thread."""
         ...

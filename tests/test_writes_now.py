@@ -1,10 +1,10 @@
 """The store's writes tried "now", on the event loop, and what the guard's async calls do with them.
 
 On SQLite an async guarded call tries its claim and its record on the event loop first
-(:class:`~idempotency.store.WritesNow`): only when it can start at once (an idle kept connection,
+(:class:`~idempotency.store.AsyncWrites`): only when it can start at once (an idle kept connection,
 the write lock free). Anything that would wait goes to a worker thread, so the loop never waits for
 another writer's lock. These tests hold the lock with a second, raw sqlite3 connection, the way
-another process would; Postgres never writes from the loop.
+another process would. Postgres awaits its writes instead (tests/test_pq_async.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from conftest import FakeClock, require_postgres
 import idempotency.stores.sql as sql_module
 from idempotency import ClaimOutcome, Guard, State, scope
 from idempotency.records import Record
-from idempotency.store import WritesNow
+from idempotency.store import AsyncWrites
 from idempotency.stores.sql import SqlStore
 
 LEASE, RETENTION = 30.0, 3600.0
@@ -86,7 +86,7 @@ def store(path: Path, clock: FakeClock) -> Iterator[Spy]:
 
 
 def test_sql_store_offers_writes_now(store: Spy) -> None:
-    assert isinstance(store, WritesNow)
+    assert isinstance(store, AsyncWrites)
 
 
 def test_a_fresh_store_writes_now_only_once_a_connection_is_kept(path: Path, clock: FakeClock) -> None:
@@ -176,7 +176,9 @@ def test_fast_writes_in_threads_bring_the_writes_back_to_the_loop(store: Spy) ->
     assert writes >= 20  # from 1 s to under 2 ms takes many fast writes, not one
 
 
-def test_postgres_never_writes_from_the_event_loop(clock: FakeClock) -> None:
+def test_postgres_has_no_sync_write_now(clock: FakeClock) -> None:
+    """A Postgres write is a network round trip: never made blocking on the loop (it is awaited
+    there instead, through ``aclaim``: tests/test_pq_async.py)."""
     url = require_postgres()
     store = SqlStore(url, clock=clock, table_name="sg_test_writes_now")
     try:

@@ -22,6 +22,7 @@ version that changes it will ship a migration and bump the number.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 import threading
 import time
@@ -39,8 +40,10 @@ from sqlmodel import Field, SQLModel
 
 from idempotency.errors import ConfigurationError, LostOwnership, StoreError, StoreUnavailable
 from idempotency.keys import EffectIdentity
+from idempotency.offload import in_thread
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
-from idempotency.store import first_token
+from idempotency.store import WriteCancelled, first_token
+from idempotency.stores import pq_async
 from idempotency.stores.shelf import Held, Shelf
 
 __all__ = [
@@ -78,6 +81,14 @@ class _Wait:
 
 
 _WAIT: Final = _Wait()
+
+
+def _statement_name(sql: str) -> str:
+    """A prepared statement's name that only this text has (stores of other tables or clocks share
+    connections of one engine, and psycopg's own names start with ``_pg3_``)."""
+    return "sagaguard_" + hashlib.sha256(sql.encode()).hexdigest()[:24]
+
+
 _DDL_LOCK_ID = 0x5A6A_6775  # any constant: serialises concurrent CREATE TABLE on Postgres
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")  # 48 leaves room for index names (63)
 _COLUMNS = (
@@ -271,8 +282,9 @@ class SqlStore:
 
     On Postgres every primitive is one statement in autocommit (one round trip, no BEGIN/COMMIT);
     on SQLite each write is one ``BEGIN IMMEDIATE`` transaction. For async callers it is also a
-    :class:`~idempotency.store.WritesNow`: on SQLite a claim or a record that can start at once is
-    written on the event loop (:meth:`claim_now`, :meth:`complete_now`); on Postgres never.
+    :class:`~idempotency.store.AsyncWrites`: on SQLite a claim or a record that can start at once is
+    written on the event loop (:meth:`claim_now`, :meth:`complete_now`); on Postgres both are
+    awaited there, on libpq's non-blocking interface.
 
     Args:
         url_or_engine: a ``sqlite:///path.db``, ``sqlite://`` (private, in memory) or
@@ -445,6 +457,11 @@ class SqlStore:
         }
         self._sql = {name: _Statement(sa.text(text), dialect) for name, text in sql.items()}
         self._get = self._sql["get"]
+        # The writes async calls await on Postgres (_awrite), for libpq, by name.
+        self._pq = {
+            name: pq_async.Statement(_statement_name(self._sql[name].sql), self._sql[name].sql)
+            for name in (("claim", "complete", "complete_held") if self._postgres else ())
+        }
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -558,6 +575,34 @@ class SqlStore:
             if isinstance(lock, _RLOCK):
                 lock.release()
 
+    async def _awrite(self, name: str, params: dict[str, Any]) -> list[Any] | None:
+        """Statement ``name`` on Postgres, awaited on the event loop on a shelved connection (see
+        :mod:`~idempotency.stores.pq_async`); None when no shelved connection is idle (a checkout
+        from the pool may wait), and nothing was written."""
+        shelf = self._shelf
+        held = shelf.take_idle()
+        if held is None:
+            return None
+        statement = self._pq[name]
+        try:
+            if self._now is not None:
+                params["now"] = float(self._now())
+            rows = await pq_async.execute(held.conn, statement, params)
+        except WriteCancelled:
+            shelf.give(held)  # its reply was read
+            raise
+        except pq_async.Broken as exc:
+            shelf.discard(held, exc, disconnect=True)
+            raise StoreUnavailable(f"SQL store unavailable: {exc}") from exc
+        except self._dbapi_error as exc:  # the server's answer: the connection is fine
+            shelf.give(held)
+            raise self._ours(exc) from exc
+        except BaseException as exc:  # cancelled before or twice after sending: a reply may be unread
+            shelf.discard(held, exc, disconnect=False)
+            raise
+        shelf.give(held)
+        return rows
+
     def _begin_now(self, cursor: Any) -> bool:
         """``BEGIN IMMEDIATE`` under a zero busy timeout, the usual one restored after: False (and no
         transaction) when another writer holds the lock."""
@@ -662,18 +707,32 @@ class SqlStore:
             # That record was deleted before we could read it: claim again.
         raise StoreError(f"claim of effect key {identity.key[:16]}... kept racing with deletes")
 
+    async def aclaim(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult | None:
+        """See :class:`~idempotency.store.AsyncWrites`: on SQLite :meth:`claim_now`; on Postgres the
+        claim's statement awaited on the event loop (:mod:`~idempotency.stores.pq_async`). None (and
+        nothing written) when it would wait, or lost a race with a concurrent claim: the blocking
+        :meth:`claim` then runs in a thread."""
+        if not self._postgres:
+            return self.claim_now(identity, fingerprint, lease)
+        try:
+            rows = await self._awrite("claim", self._claim_params(identity, fingerprint, lease))
+        except WriteCancelled as cancelled:
+            outcome = cancelled.outcome
+            if not isinstance(outcome, BaseException):
+                outcome = self._claimed(outcome)
+            raise WriteCancelled(outcome) from None
+        return None if rows is None else self._claimed(rows)
+
     def claim_now(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult | None:
-        """See :class:`~idempotency.store.WritesNow`: :meth:`claim`, if it can start at once (SQLite
-        only; see :meth:`_write_now`); None otherwise, and nothing was written."""
+        """:meth:`claim` on SQLite if it can start at once (see :meth:`_write_now`), else None (and
+        nothing was written); always None on Postgres."""
         if self._postgres:
             return None
         rows = self._write_now(self._claim_work(identity, fingerprint, lease))
         return None if isinstance(rows, _Wait) else self._claimed(rows)
 
-    def _claim_work(
-        self, identity: EffectIdentity, fingerprint: str, lease: float
-    ) -> Callable[[Any], list[Any]]:
-        params = {
+    def _claim_params(self, identity: EffectIdentity, fingerprint: str, lease: float) -> dict[str, Any]:
+        return {
             "key": identity.key,
             "namespace": identity.namespace,
             "scope": identity.scope,
@@ -683,6 +742,11 @@ class SqlStore:
             "lease": float(lease),
             "first_token": first_token(),  # used only if no row is in the way
         }
+
+    def _claim_work(
+        self, identity: EffectIdentity, fingerprint: str, lease: float
+    ) -> Callable[[Any], list[Any]]:
+        params = self._claim_params(identity, fingerprint, lease)
         statement, get = self._sql["claim"], self._get
 
         def work(cursor: Any) -> list[Any]:
@@ -726,9 +790,34 @@ class SqlStore:
         work, values = self._complete_work(key, token, result, retention, held)
         return self._completed(key, token, self._write(work), values, held)
 
+    async def acomplete(self, key: str, token: int, result: str, retention: float) -> Record | None:
+        """See :class:`~idempotency.store.AsyncWrites`: :meth:`complete` as :meth:`aclaim` claims."""
+        if not self._postgres:
+            return self.complete_now(key, token, result, retention)
+        held = self._held.pop(key, None)
+        name, values = self._complete_statement(key, token, result, retention, held)
+        try:
+            found = await self._awrite(name, values)
+        except WriteCancelled as cancelled:
+            outcome = cancelled.outcome
+            if not isinstance(outcome, BaseException):  # no row: fenced out (not looked up here)
+                outcome = (
+                    self._completed(key, token, outcome, values, held)
+                    if outcome
+                    else LostOwnership(key, token)
+                )
+            raise WriteCancelled(outcome) from None
+        if found is None:
+            if held is not None:
+                self._held[key] = held  # for complete(), which runs next
+            return None
+        if not found:
+            raise await in_thread(self._lost, key, token)
+        return self._completed(key, token, found, values, held)
+
     def complete_now(self, key: str, token: int, result: str, retention: float) -> Record | None:
-        """See :class:`~idempotency.store.WritesNow`: :meth:`complete`, if it can start at once
-        (SQLite only; see :meth:`_write_now`); None otherwise, and nothing was written."""
+        """:meth:`complete` on SQLite if it can start at once (see :meth:`_write_now`), else None
+        (and nothing was written); always None on Postgres."""
         if self._postgres:
             return None
         held = self._held.pop(key, None)
@@ -745,10 +834,16 @@ class SqlStore:
     ) -> tuple[Callable[[Any], list[Any]], dict[str, Any]]:
         """The fenced UPDATE that records success: ``complete_held`` when ``held`` is the record our
         claim handed out for this token (only the new times come back), else ``complete``."""
-        values: dict[str, Any] = {"key": key, "token": token, "result": result, "retention": float(retention)}
-        ours = held is not None and held.token == token
-        statement = self._sql["complete_held" if ours else "complete"]
+        name, values = self._complete_statement(key, token, result, retention, held)
+        statement = self._sql[name]
         return (lambda cursor: self._run(cursor, statement, values)), values
+
+    @staticmethod
+    def _complete_statement(
+        key: str, token: int, result: str, retention: float, held: Record | None
+    ) -> tuple[str, dict[str, Any]]:
+        values: dict[str, Any] = {"key": key, "token": token, "result": result, "retention": float(retention)}
+        return ("complete_held" if held is not None and held.token == token else "complete"), values
 
     def _completed(
         self, key: str, token: int, found: list[Any], values: dict[str, Any], held: Record | None
