@@ -329,3 +329,27 @@ def test_a_statement_already_prepared_in_the_session_is_used(store: Spy) -> None
     claimed = asyncio.run(claim("b"))
     assert claimed is not None and claimed.record.state is State.IN_PROGRESS
 
+
+def test_connections_without_prepared_statements_make_async_writes_in_a_thread(
+    url: str, table: str, clock: FakeClock
+) -> None:
+    """``prepare_threshold=None`` (what PgBouncer in transaction mode needs before 1.21): the writes
+    are not prepared on the loop's path either; they go to a thread."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(
+        url.replace("postgresql://", "postgresql+psycopg://"), connect_args={"prepare_threshold": None}
+    )
+    store = Spy(engine, clock=clock, table_name=table)
+    guard = Guard(store, lease=LEASE, retention=RETENTION)
+    try:
+        store.get("warm-up")
+        assert asyncio.run(store.aclaim(identity("s", "a"), fp(), LEASE)) is None
+        with scope("s"):
+            assert asyncio.run(charge_effect(guard, [])(5)) == 5
+        assert store.blocking == ["claim", "complete"]
+    finally:
+        guard.close()
+        store.close()
+        engine.dispose()
+

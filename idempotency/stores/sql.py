@@ -577,11 +577,15 @@ class SqlStore:
 
     async def _awrite(self, name: str, params: dict[str, Any]) -> list[Any] | None:
         """Statement ``name`` on Postgres, awaited on the event loop on a shelved connection (see
-        :mod:`~idempotency.stores.pq_async`); None when no shelved connection is idle (a checkout
-        from the pool may wait), and nothing was written."""
+        :mod:`~idempotency.stores.pq_async`); None, and nothing written, when no shelved connection
+        is idle (a checkout from the pool may wait) or the engine's connections have prepared
+        statements turned off (``prepare_threshold=None``, as behind PgBouncer before 1.21)."""
         shelf = self._shelf
         held = shelf.take_idle()
         if held is None:
+            return None
+        if held.conn.prepare_threshold is None:  # prepared statements turned off (PgBouncer)
+            shelf.give(held)
             return None
         statement = self._pq[name]
         try:
