@@ -148,10 +148,10 @@ class AsyncWrites(Protocol):
     The guard's async calls (``offload`` left at None, on a store whose ``offload_async`` is true)
     await these first and run the blocking form in a worker thread only when they answer None
     (having written nothing): for a write that would have to wait for a lock or a pool. Each has
-    its blocking form's contract when it answers, and must never block the event loop on anything
-    but the store's own I/O of a write it could start at once (SQLite: the commit's write to disk)
-    or wait for another writer there. Cancelled after its write was sent, it raises
-    :class:`WriteCancelled` with the write's outcome.
+    its blocking form's contract when it answers. It may block the event loop only on the store's
+    own I/O of a write it could start at once (SQLite: the commit's write to disk; Postgres awaits
+    its socket instead), never to wait for another writer. Cancelled after its write was sent, it
+    raises :class:`WriteCancelled` with the write's outcome.
     """
 
     async def aclaim(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult | None:
