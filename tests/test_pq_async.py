@@ -17,28 +17,13 @@ from typing import Any
 import psycopg
 import pytest
 from _guardutil import fp, identity
+from _sqlspy import Spy, charge_effect
 from conftest import FakeClock, require_postgres
 
 from idempotency import Guard, State, StoreError, StoreUnavailable, scope
 from idempotency.stores.sql import SqlStore
 
 LEASE, RETENTION = 30.0, 3600.0
-
-
-class Spy(SqlStore):
-    """The real store, counting the calls of the blocking forms (made only from a thread)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.blocking: list[str] = []
-
-    def claim(self, *args: Any, **kwargs: Any) -> Any:
-        self.blocking.append("claim")
-        return super().claim(*args, **kwargs)
-
-    def complete(self, *args: Any, **kwargs: Any) -> Any:
-        self.blocking.append("complete")
-        return super().complete(*args, **kwargs)
 
 
 @pytest.fixture
@@ -95,15 +80,6 @@ async def until(predicate: Any) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError("timed out")
-
-
-def charge_effect(guard: Guard, runs: list[int]) -> Any:
-    @guard.effect("pay.charge")
-    async def charge(amount: int) -> int:
-        runs.append(amount)
-        return amount
-
-    return charge
 
 
 def test_async_calls_on_postgres_await_the_server_on_the_loop(store: Spy) -> None:

@@ -14,10 +14,10 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from _guardutil import fp, identity
+from _sqlspy import Spy, charge_effect
 from conftest import FakeClock, require_postgres
 
 import idempotency.stores.sql as sql_module
@@ -27,22 +27,6 @@ from idempotency.store import AsyncWrites
 from idempotency.stores.sql import SqlStore
 
 LEASE, RETENTION = 30.0, 3600.0
-
-
-class Spy(SqlStore):
-    """The real store, counting the calls of the blocking forms (made only from a thread)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.blocking: list[str] = []
-
-    def claim(self, *args: Any, **kwargs: Any) -> Any:
-        self.blocking.append("claim")
-        return super().claim(*args, **kwargs)
-
-    def complete(self, *args: Any, **kwargs: Any) -> Any:
-        self.blocking.append("complete")
-        return super().complete(*args, **kwargs)
 
 
 class WriteLock:
@@ -203,11 +187,7 @@ def test_postgres_has_no_sync_write_now(clock: FakeClock) -> None:
 def test_async_call_on_sqlite_writes_on_the_loop_when_nothing_waits(store: Spy) -> None:
     guard = Guard(store, lease=LEASE, retention=RETENTION)
     runs: list[int] = []
-
-    @guard.effect("pay.charge")
-    async def charge(amount: int) -> int:
-        runs.append(amount)
-        return amount
+    charge = charge_effect(guard, runs)
 
     async def main() -> list[int]:
         with scope("s"):
@@ -228,11 +208,7 @@ def test_async_call_on_sqlite_never_waits_for_the_write_lock_on_the_loop(store: 
     """While another writer holds the lock, the claim waits in a thread and the loop runs on."""
     guard = Guard(store, lease=LEASE, retention=RETENTION)
     runs: list[int] = []
-
-    @guard.effect("pay.charge")
-    async def charge(amount: int) -> int:
-        runs.append(amount)
-        return amount
+    charge = charge_effect(guard, runs)
 
     async def main(lock: WriteLock) -> tuple[int, int]:
         with scope("s"):

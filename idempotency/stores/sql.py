@@ -511,20 +511,26 @@ class SqlStore:
                 held = shelf.take()
             except (sa_exc.SQLAlchemyError, self._dbapi_error) as exc:
                 raise self._ours(exc) from exc
-            try:
-                if not self._postgres:
-                    held.cursor.execute("BEGIN IMMEDIATE")  # wait for the write lock up front
-                found = work(held.cursor)
-                if not self._postgres:
-                    held.conn.commit()
-            except BaseException as exc:
-                self._drop(held, exc)
-                if isinstance(exc, (sa_exc.SQLAlchemyError, self._dbapi_error)):
-                    raise self._ours(exc) from exc
-                raise
-            shelf.give(held)
-            self._write_time += (time.perf_counter() - started - self._write_time) * _WRITE_WEIGHT
-            return found
+            # SQLite: wait for the write lock up front
+            return self._transact(held, work, started, begin=not self._postgres)
+
+    def _transact(self, held: Held, work: Callable[[Any], T], started: float, *, begin: bool) -> T:
+        """``work(cursor)`` on ``held`` (after ``BEGIN IMMEDIATE`` when ``begin``) and, on SQLite,
+        the commit; then the connection goes back on the shelf, or is dropped after a failure."""
+        try:
+            if begin:
+                held.cursor.execute("BEGIN IMMEDIATE")
+            found = work(held.cursor)
+            if not self._postgres:
+                held.conn.commit()
+        except BaseException as exc:
+            self._drop(held, exc)
+            if isinstance(exc, (sa_exc.SQLAlchemyError, self._dbapi_error)):
+                raise self._ours(exc) from exc
+            raise
+        self._shelf.give(held)
+        self._write_time += (time.perf_counter() - started - self._write_time) * _WRITE_WEIGHT
+        return found
 
     def _write_now(self, work: Callable[[Any], T]) -> T | _Wait:
         """:meth:`_write` on SQLite if nothing has to be waited for first, else :data:`_WAIT`.
@@ -560,17 +566,7 @@ class SqlStore:
             if not began:
                 self._shelf.give(held)
                 return _WAIT
-            try:
-                found = work(cursor)
-                held.conn.commit()
-            except BaseException as exc:
-                self._drop(held, exc)
-                if isinstance(exc, (sa_exc.SQLAlchemyError, self._dbapi_error)):
-                    raise self._ours(exc) from exc
-                raise
-            self._shelf.give(held)
-            self._write_time += (time.perf_counter() - started - self._write_time) * _WRITE_WEIGHT
-            return found
+            return self._transact(held, work, started, begin=False)
         finally:
             if isinstance(lock, _RLOCK):
                 lock.release()
