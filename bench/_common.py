@@ -16,6 +16,8 @@ BASE_ITERATIONS = {"memory": 5000, "redis": 2000, "sqlite": 500, "postgres": 100
 
 RETENTION = 900.0
 """Seconds a benchmark record is kept: Redis evicts whatever a crashed run leaves behind."""
+DBOS_ROUNDS = 4
+"""Rounds in which a block of guarded calls alternates with a block of DBOS workflows (bench/_sql.py)."""
 
 MILLION = 1_000_000
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from _cases import async_cases, store_cases
-from _common import RETENTION, Config, PhaseResult, noop, run_tag
+from _common import DBOS_ROUNDS, RETENTION, Config, PhaseResult, noop, run_tag
 from _harness import Case, interleave, interleave_async, stats
 
 from idempotency import Guard, scope
@@ -154,6 +154,43 @@ def _guard_cases(guard: Guard, tag: str, total: int) -> dict[str, Case]:
     return {"new": new, "replay": replay}
 
 
+def _alone(dbos_url: str, guard: Guard, tag: str, n: int, warm: int) -> dict[str, Any]:
+    """A guarded new call and a DBOS step, each with the other absent from the process.
+
+    DBOS runs background threads once launched (queue polling, a notification listener, a
+    scheduler), which weigh on whatever else the process runs; a user of either never runs the
+    other beside it. So: ``DBOS_ROUNDS`` rounds, each a block of guarded calls with DBOS not
+    launched, then DBOS launched, a block of workflows (warm-up, then the timed steps), DBOS
+    destroyed. The rounds alternate so that the machine's drift over the run weighs on both.
+    """
+    from _dbos import dbos_case
+
+    @guard.effect("bench.alone")
+    def guarded(i: int) -> int:
+        return i
+
+    ours: list[int] = []
+    steps: list[int] = []
+    per = max(1, n // DBOS_ROUNDS)
+    for r in range(DBOS_ROUNDS):
+        for i in range(warm + per):
+            with scope(f"{tag}-alone{r}-{i}"):
+                t0 = perf_counter_ns()
+                guarded(i)
+                took = perf_counter_ns() - t0
+            if i >= warm:
+                ours.append(took)
+        workflow, step_samples, stop, _ = dbos_case(dbos_url)
+        try:
+            first = len(step_samples)
+            for i in range(warm + per):
+                workflow(i)
+            steps.extend(step_samples[first + warm :])
+        finally:
+            stop()
+    return {"new": stats(ours), "dbos_step": stats(steps)}
+
+
 def _million(kind: str, url: str, cfg: Config, result: PhaseResult, tag: str) -> None:
     """New calls on an empty effects table against one holding a million records, interleaved."""
     from _bulk import load_postgres, load_sqlite
@@ -252,6 +289,7 @@ def run(kind: str, cfg: Config) -> PhaseResult:
         finally:
             stop_dbos()
             close_raw()
+        result.add(f"{kind}.alone", _alone(dbos_url, guard, tag, n, warm))
         if kind == "sqlite":
             _dbos_rollback_journal(url, cfg, result)
         acases, guards = async_cases(store, tag)
