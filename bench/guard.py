@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -106,23 +107,34 @@ def _command() -> str:
     return shlex.join([exe, *sys.argv])
 
 
-def _budget(series: dict[str, Any]) -> str:
-    """What 0.3x of a DBOS step leaves above the raw floor of two commits, per SQL backend."""
+def _per_sql_backend(
+    series: dict[str, Any], a: str, b: str, say: Callable[[str, float, float], str]
+) -> list[str]:
+    """``say(label, p50 of a, p50 of b)`` for each SQL backend that measured both series."""
     found = []
     for backend, label in (("sqlite", "SQLite"), ("postgres", "Postgres")):
-        step, floor = series.get(f"{backend}.dbos_step"), series.get(f"{backend}.floor_raw")
-        if step and floor:
-            found.append(f"{0.3 * step['p50'] - floor['p50']:.0f} µs on {label}")
+        first, second = series.get(f"{backend}.{a}"), series.get(f"{backend}.{b}")
+        if first and second:
+            found.append(say(label, first["p50"], second["p50"]))
+    return found
+
+
+def _budget(series: dict[str, Any]) -> str:
+    """What 0.3x of a DBOS step leaves above the raw floor of two commits, per SQL backend."""
+    found = _per_sql_backend(
+        series, "dbos_step", "floor_raw", lambda label, step, floor: f"{0.3 * step - floor:.0f} µs on {label}"
+    )
     return " and ".join(found) or "(not measured)"
 
 
 def _alone(series: dict[str, Any]) -> str:
     """The same guarded call measured alone and interleaved with DBOS running."""
-    found = []
-    for backend, label in (("sqlite", "SQLite"), ("postgres", "Postgres")):
-        alone, beside = series.get(f"{backend}.alone.new"), series.get(f"{backend}.new")
-        if alone and beside:
-            found.append(f"{label} {alone['p50']:.0f} µs alone, {beside['p50']:.0f} µs beside DBOS")
+    found = _per_sql_backend(
+        series,
+        "alone.new",
+        "new",
+        lambda label, alone, beside: f"{label} {alone:.0f} µs alone, {beside:.0f} µs beside DBOS",
+    )
     return "the guarded new call: " + "; ".join(found) + "." if found else "(not measured)."
 
 

@@ -85,12 +85,9 @@ class Shelf:
         Raises:
             whatever the pool raises when it cannot connect (the caller translates it).
         """
-        if self._pid != os.getpid():
-            self._forked()
-        try:
-            return self._idle.pop()
-        except IndexError:
-            pass
+        held = self.take_idle()
+        if held is not None:
+            return held
         fairy = self._engine.raw_connection()
         try:
             if self.postgres:
