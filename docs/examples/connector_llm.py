@@ -25,7 +25,8 @@ with LocalChatModel(in_process=True) as model:
     assert first_call.id == again_call.id
     assert model.counters()["completions"] == 1
     print(f"tool call {first_call.function.name} ({first_call.id}) both times")
-    print(f"model calls paid: {chat.usage.calls}, saved: {chat.usage.saved_calls} ({chat.usage.saved_tokens} tokens)")
+    usage = chat.usage
+    print(f"model calls paid: {usage.calls}, saved: {usage.saved_calls} ({usage.saved_tokens} tokens)")
 
 guard.close()
 store.close()

@@ -127,22 +127,41 @@ class EffectFields(_SagaguardModel):
     attempts: int
     created_at: float = Field(sa_type=sa.Double)
     updated_at: float = Field(sa_type=sa.Double)
-    expires_at: float | None = Field(default=None, sa_type=sa.Double, index=True)  # purge
+    expires_at: float | None = Field(default=None, sa_type=sa.Double)  # purge: see _indexes
     result: str | None = Field(default=None, sa_type=sa.Text)
     error: str | None = Field(default=None, sa_type=sa.Text)
 
 
-def _state_index(table_name: str) -> tuple[sa.Index]:
-    # (state, key), not (state): listing the IN_DOUBT records a page at a time, in key order,
-    # is then a range scan, where SQLite would otherwise walk the primary key through every row.
-    return (sa.Index(f"ix_{table_name}_state_key", "state", "key"),)
+_RARE_STATES: Final = frozenset({State.IN_DOUBT.value, State.FAILED.value})
+"""The states an operator lists and a guarded call that succeeds never writes: the one index on
+``state`` holds only these."""
+_RARE: Final = "(" + ", ".join(f"'{state}'" for state in sorted(_RARE_STATES)) + ")"
+_EXPIRING = "expires_at IS NOT NULL"
+
+
+def _indexes(table_name: str) -> tuple[sa.Index, ...]:
+    # Both partial: a new claim (in progress, no expiry) and its success (succeeded) then write
+    # one index entry between them instead of four. Each entry is a page in the commit's WAL
+    # flush: on SQLite with synchronous=FULL, 40 us of a 290 us claim and record (measured).
+    rare, expiring = sa.text(f"state IN {_RARE}"), sa.text(_EXPIRING)
+    return (
+        # The retention sweep's range scan ("expires_at <= now" implies IS NOT NULL to both
+        # planners).
+        sa.Index(
+            f"ix_{table_name}_expiring", "expires_at", sqlite_where=expiring, postgresql_where=expiring
+        ),
+        # (state, key): listing the records in doubt (or failed) a page at a time, in key order, is
+        # a range scan. SQLite uses a partial index only when the query repeats its condition
+        # word for word: see SqlStore.list.
+        sa.Index(f"ix_{table_name}_rare", "state", "key", sqlite_where=rare, postgresql_where=rare),
+    )
 
 
 class EffectRow(EffectFields, table=True):
     """The default effects table, ``sagaguard_effects``."""
 
     __tablename__ = DEFAULT_TABLE
-    __table_args__ = _state_index(DEFAULT_TABLE)
+    __table_args__ = _indexes(DEFAULT_TABLE)
 
 
 _models: dict[str, type[EffectFields]] = {DEFAULT_TABLE: EffectRow}
@@ -161,7 +180,7 @@ def effect_model(table_name: str = DEFAULT_TABLE) -> type[EffectFields]:
         )
     with _models_lock:
         if table_name not in _models:
-            namespace = {"__tablename__": table_name, "__table_args__": _state_index(table_name)}
+            namespace = {"__tablename__": table_name, "__table_args__": _indexes(table_name)}
             name, bases = f"EffectRow_{table_name}", (EffectFields,)
             model = types.new_class(name, bases, {"table": True}, lambda ns: ns.update(namespace))
             _models[table_name] = cast(type[EffectFields], model)
@@ -889,17 +908,28 @@ class SqlStore:
         after: str | None = None,
     ) -> list[Record]:
         """See :meth:`IdempotencyStore.list`. Ordered by key (the primary key's index)."""
+        statement = self._listing(states, namespace, limit, after)
+        with self._cursor() as cursor:
+            return [_record(row) for row in self._run(cursor, statement, dict(statement.params))]
+
+    def _listing(
+        self, states: Collection[State] | None, namespace: str | None, limit: int, after: str | None
+    ) -> _Statement:
+        """The query of :meth:`list`: in doubt or failed records are a range scan of the partial
+        index on ``state``; any other state, a walk of the primary key in order (a success, the
+        hot path, writes no entry into that index)."""
         t = self._table.c
         query = sa.select(*(t[name] for name in _COLUMNS.split(", ")))
         if states is not None:
-            query = query.where(t.state.in_([State(s).value for s in states]))
+            wanted = {State(s).value for s in states}
+            query = query.where(t.state.in_(sorted(wanted)))
+            if wanted <= _RARE_STATES:  # the partial index's condition, word for word (SQLite)
+                query = query.where(sa.text(f"state IN {_RARE}"))
         if namespace is not None:
             query = query.where(t.namespace == namespace)
         if after is not None:
             query = query.where(t.key > after)
-        statement = _Statement(query.order_by(t.key).limit(max(0, limit)), self._engine.dialect)
-        with self._cursor() as cursor:
-            return [_record(row) for row in self._run(cursor, statement, dict(statement.params))]
+        return _Statement(query.order_by(t.key).limit(max(0, limit)), self._engine.dialect)
 
     def purge(self, *, limit: int = 1000) -> int:
         """See :meth:`IdempotencyStore.purge`. One DELETE of at most ``limit`` rows."""
