@@ -329,3 +329,129 @@ def test_connections_without_prepared_statements_make_async_writes_in_a_thread(
         store.close()
         engine.dispose()
 
+
+
+# ----------------------------------------------------------------- the blocking path, same statements
+
+
+def _prepared_here(store: SqlStore) -> set[str]:
+    """The statements prepared in the sessions of the store's kept connections."""
+    names: set[str] = set()
+    for held in store._shelf._idle:
+        rows = held.conn.execute("SELECT name FROM pg_prepared_statements").fetchall()
+        names.update(str(row[0]) for row in rows)
+    return names
+
+
+def test_sync_claims_and_records_go_straight_to_libpq(store: Spy) -> None:
+    """The blocking claim and record are the statements the async path prepares (psycopg's
+    ``cursor.execute`` would have prepared them under its own ``_pg3_`` names), and write the same
+    record as every other path."""
+    claimed = store.claim(identity("s", "pay.charge"), fp(amount=5), LEASE)
+    done = store.complete(claimed.record.key, claimed.record.token, "5", RETENTION)
+    ours = {store._pq[name].name.decode() for name in ("claim", "complete_held")}
+    assert ours <= _prepared_here(store)
+    assert (done.state, done.result, done.attempts) == (State.SUCCEEDED, "5", 1)
+    assert done.token == claimed.record.token
+    assert store.get(done.key) == done
+    again = store.claim(identity("s", "pay.charge"), fp(amount=5), LEASE)
+    assert again.record == done  # a replay: the finished record, as stored
+
+
+def test_a_sync_claim_on_a_killed_connection_is_store_unavailable_and_the_next_one_works(
+    store: Spy, url: str
+) -> None:
+    pids = [held.conn.pgconn.backend_pid for held in store._shelf._idle]
+    assert pids
+    with psycopg.connect(url, autocommit=True) as admin:
+        for pid in pids:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(StoreUnavailable):
+        store.claim(identity("a", "pay.charge"), fp(), LEASE)
+    claimed = store.claim(identity("b", "pay.charge"), fp(), LEASE)
+    assert claimed.record.state is State.IN_PROGRESS
+    assert store.get(identity("a", "pay.charge").key) is None  # the failed claim wrote nothing
+
+
+def test_a_sync_server_error_is_a_store_error_and_the_connection_serves_on(
+    store: Spy, url: str, table: str
+) -> None:
+    kept = [held.conn for held in store._shelf._idle]
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f'DROP TABLE "{table}"')
+    with pytest.raises(StoreError) as raised:
+        store.claim(identity("s", "a"), fp(), LEASE)
+    assert not isinstance(raised.value, StoreUnavailable)
+    assert "does not exist" in str(raised.value)
+    assert [held.conn for held in store._shelf._idle] == kept  # the server answered: kept
+    store.create_tables()
+    assert store.claim(identity("s", "b"), fp(), LEASE).record.state is State.IN_PROGRESS
+
+
+def test_sync_statements_deallocated_or_forgotten_are_prepared_again_or_used(store: Spy) -> None:
+    from idempotency.stores import pq_async
+
+    store.claim(identity("s", "a"), fp(), LEASE)
+    for held in store._shelf._idle:
+        held.conn.execute("DEALLOCATE ALL")  # gone from the session, still listed here
+    assert store.claim(identity("s", "b"), fp(), LEASE).record.state is State.IN_PROGRESS
+    for held in store._shelf._idle:
+        pq_async._prepared.pop(held.conn, None)  # forgotten here, still in the session
+    assert store.claim(identity("s", "c"), fp(), LEASE).record.state is State.IN_PROGRESS
+
+
+def test_sync_writes_without_prepared_statements_prepare_nothing(
+    url: str, table: str, clock: FakeClock
+) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(
+        url.replace("postgresql://", "postgresql+psycopg://"), connect_args={"prepare_threshold": None}
+    )
+    store = SqlStore(engine, clock=clock, table_name=table)
+    try:
+        for i in range(8):  # past psycopg's own threshold (5), were it on
+            claimed = store.claim(identity("s", f"e{i}"), fp(), LEASE)
+            store.complete(claimed.record.key, claimed.record.token, "1", RETENTION)
+        assert _prepared_here(store) == set()
+    finally:
+        store.close()
+        engine.dispose()
+
+
+class _Interrupted(BaseException):
+    """What a signal handler raises in the middle of a blocking wait (as Ctrl-C does)."""
+
+
+def test_an_interrupted_sync_claim_throws_its_connection_away(store: Spy, url: str, table: str) -> None:
+    """The wait for the reply is a Python ``poll``: a signal interrupts it, and the connection, its
+    reply unread, is not used again."""
+    import os
+    import signal
+    import threading
+
+    holder = RowHolder(url, table, identity("s", "pay.charge").key)
+    kept = len(store._shelf._idle)
+
+    def interrupt(*_: object) -> None:
+        raise _Interrupted
+
+    def signal_when_waiting() -> None:
+        for _ in range(2000):
+            if holder.waiting() == 1:
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+            threading.Event().wait(0.005)
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    sender = threading.Thread(target=signal_when_waiting)
+    sender.start()
+    try:
+        with pytest.raises(_Interrupted):
+            store.claim(identity("s", "pay.charge"), fp(), LEASE)
+    finally:
+        sender.join()
+        signal.signal(signal.SIGUSR1, previous)
+        holder.rollback()
+    assert len(store._shelf._idle) == kept - 1
+    assert store.claim(identity("t", "pay.charge"), fp(), LEASE).record.state is State.IN_PROGRESS

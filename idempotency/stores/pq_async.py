@@ -1,4 +1,5 @@
-"""Postgres statements awaited on the event loop, through libpq's non-blocking interface.
+"""Postgres statements awaited on the event loop, through libpq's non-blocking interface; and the
+same statements run blocking, for the store's sync writes.
 
 An async guarded call on Postgres makes two writes (the claim, the record). A worker thread keeps the
 event loop free while they wait for the server, but each hop costs a wake-up of the loop (tens of µs
@@ -13,6 +14,12 @@ sent with ``send_query_prepared`` in text format, its reply read as the socket b
 (``loop.add_reader``), the row decoded by column type. A reply the server sends as an error becomes
 the psycopg exception of its SQLSTATE, so the store maps it as it maps every other driver error.
 
+Blocking (:func:`execute_blocking`): the same statement, sent the same way, the reply waited for
+with ``poll`` in the calling thread. psycopg's ``cursor.execute`` of the same prepared statement
+costs about 9 µs more per statement in its Python layers (query and parameter adaptation, its
+prepared-statement bookkeeping, result loading), a guarded call makes two, and a Postgres commit
+here is about 220 µs. The wait is a Python ``poll``, so Ctrl-C interrupts it as it does psycopg's.
+
 Cancellation: once a write is sent, its outcome decides what the caller must do (a claim made for a
 cancelled call is given back), so a cancellation that arrives while the reply is awaited does not
 abandon it: the reply is still read, then :class:`~idempotency.store.WriteCancelled` carries it to
@@ -23,13 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import select
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from idempotency.store import WriteCancelled
 
-__all__ = ["Broken", "Statement", "execute"]
+__all__ = ["Broken", "Statement", "execute", "execute_blocking"]
 
 _NAMED = re.compile(r"%\((\w+)\)s")
 
@@ -99,9 +107,7 @@ async def execute(conn: Any, statement: Statement, params: dict[str, Any]) -> li
     """
     pg = conn.pgconn
     loop = asyncio.get_running_loop()
-    done = _prepared.setdefault(conn, set())
-    encoding = conn.info.encoding  # the session's client_encoding, as a Python codec name
-    values = [_param(params[name], encoding) for name in statement.order]
+    done, encoding, values = _bind(conn, statement, params)
     for attempt in range(2):
         if statement.name not in done:
             await _prepare(pg, loop, statement, params)
@@ -114,21 +120,100 @@ async def execute(conn: Any, statement: Statement, params: dict[str, Any]) -> li
             except Exception as exc:  # the server refused it: nothing was written
                 raise WriteCancelled(exc) from None
             raise WriteCancelled(rows) from None
-        try:
-            return _rows(_check(result), encoding)
-        except Exception as exc:
-            # Gone from the session (psycopg sends DEALLOCATE ALL on a connection after a ROLLBACK
-            # or a DROP it ran): nothing was executed, so prepare it again and send it once more.
-            if attempt or getattr(exc, "sqlstate", None) != _NO_SUCH_STATEMENT:
-                raise
-            done.discard(statement.name)
+        answer = _answer(result, encoding, done, statement, last=bool(attempt))
+        if answer is not None:
+            return answer
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def execute_blocking(conn: Any, statement: Statement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """:func:`execute`, blocking the calling thread until the reply is read.
+
+    Raises:
+        psycopg.Error: the server answered with an error (the connection is fine).
+        Broken: libpq failed (chained to its error): the connection is lost or in an unknown state.
+        KeyboardInterrupt: (or any other signal's exception) while waiting: the reply may be unread,
+            so the connection must be thrown away.
+    """
+    pg = conn.pgconn
+    done, encoding, values = _bind(conn, statement, params)
+    for attempt in range(2):
+        if statement.name not in done:
+            prepared = _send_blocking(
+                pg,
+                lambda: pg.send_prepare(statement.name, statement.sql, param_types=_types(statement, params)),
+            )
+            try:
+                _check(prepared)
+            except Exception as exc:  # prepared by an async call cancelled before it knew
+                if getattr(exc, "sqlstate", None) != _ALREADY_PREPARED:
+                    raise
+            done.add(statement.name)
+        result = _send_blocking(pg, lambda: pg.send_query_prepared(statement.name, values))
+        rows = _answer(result, encoding, done, statement, last=bool(attempt))
+        if rows is not None:
+            return rows
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _bind(
+    conn: Any, statement: Statement, params: dict[str, Any]
+) -> tuple[set[bytes], str, list[bytes | None]]:
+    """The names prepared on ``conn``, its session's encoding (a Python codec name), and the values."""
+    encoding = conn.info.encoding
+    values = [_param(params[name], encoding) for name in statement.order]
+    return _prepared.setdefault(conn, set()), encoding, values
+
+
+def _answer(
+    result: Any, encoding: str, done: set[bytes], statement: Statement, *, last: bool
+) -> list[tuple[Any, ...]] | None:
+    """The rows of ``result``; None when the statement must be prepared again and sent once more."""
+    try:
+        return _rows(_check(result), encoding)
+    except Exception as exc:
+        # Gone from the session (psycopg sends DEALLOCATE ALL on a connection after a ROLLBACK or a
+        # DROP it ran): nothing was executed, so prepare it again and send it once more.
+        if last or getattr(exc, "sqlstate", None) != _NO_SUCH_STATEMENT:
+            raise
+        done.discard(statement.name)
+        return None
+
+
+def _send_blocking(pg: Any, send: Callable[[], None]) -> Any:
+    """``send`` a statement, then wait for its whole reply; its result."""
+    try:
+        send()
+        while pg.flush():  # 1: more to send once the socket is writable (a large statement)
+            _wait(pg.socket, select.POLLOUT)
+        result = None
+        while True:
+            while pg.is_busy():
+                _wait(pg.socket, select.POLLIN)
+                pg.consume_input()
+            got = pg.get_result()
+            if got is None:
+                return result
+            result = got
+    except Exception as exc:  # libpq's own failures (psycopg.OperationalError): the connection
+        raise Broken(str(exc).strip() or type(exc).__name__) from exc
+
+
+def _wait(fd: int, events: int) -> None:
+    poller = select.poll()
+    poller.register(fd, events)
+    poller.poll()  # readable or writable, or an error or hang-up, which libpq then reports
+
+
+def _types(statement: Statement, params: dict[str, Any]) -> list[int]:
+    """The parameters' types the server is told when the statement is prepared (0: it infers)."""
+    return [_PARAM_TYPES.get(type(params[name]), 0) for name in statement.order]
 
 
 async def _prepare(
     pg: Any, loop: asyncio.AbstractEventLoop, statement: Statement, params: dict[str, Any]
 ) -> None:
-    types = [_PARAM_TYPES.get(type(params[name]), 0) for name in statement.order]
+    types = _types(statement, params)
     try:
         result = await _send(
             pg, loop, lambda: pg.send_prepare(statement.name, statement.sql, param_types=types)

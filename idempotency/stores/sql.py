@@ -542,6 +542,9 @@ class SqlStore:
             found = work(held.cursor)
             if not self._postgres:
                 held.conn.commit()
+        except pq_async.Broken as exc:  # a hot write's libpq failed: the server may be gone
+            self._shelf.discard(held, exc, disconnect=True)
+            raise StoreUnavailable(f"SQL store unavailable: {exc}") from exc
         except BaseException as exc:
             self._drop(held, exc)
             if isinstance(exc, (sa_exc.SQLAlchemyError, self._dbapi_error)):
@@ -653,6 +656,19 @@ class SqlStore:
         cursor.execute(statement.sql, statement.args(params))
         # Fetch to the end: SQLite completes a RETURNING statement only then.
         return list(cursor.fetchall()) if fetch else []
+
+    def _hot(self, cursor: Any, name: str, params: dict[str, Any]) -> list[Any]:
+        """Statement ``name`` (a claim or a record) on ``cursor``: on Postgres straight through libpq
+        (:func:`~idempotency.stores.pq_async.execute_blocking`, prepared once per connection) unless
+        the connection prepares nothing (``prepare_threshold=None``: PgBouncer before 1.21), else as
+        every other statement."""
+        if self._postgres:
+            conn = cursor.connection
+            if conn.prepare_threshold is not None:
+                if self._now is not None:
+                    params["now"] = float(self._now())
+                return pq_async.execute_blocking(conn, self._pq[name], params)
+        return self._run(cursor, self._sql[name], params)
 
     def _fenced(self, name: str, key: str, token: int, **params: Any) -> Any:
         statement, values = self._sql[name], {"key": key, "token": token, **params}
@@ -766,10 +782,10 @@ class SqlStore:
         self, identity: EffectIdentity, fingerprint: str, lease: float
     ) -> Callable[[Any], list[Any]]:
         params = self._claim_params(identity, fingerprint, lease)
-        statement, get = self._sql["claim"], self._get
+        get = self._get
 
         def work(cursor: Any) -> list[Any]:
-            rows = self._run(cursor, statement, params)
+            rows = self._hot(cursor, "claim", params)
             if not rows:  # read the record in the way (SQLite: in the same transaction)
                 rows = [(False, *row) for row in self._run(cursor, get, {"key": identity.key})]
             return rows
@@ -854,8 +870,7 @@ class SqlStore:
         """The fenced UPDATE that records success: ``complete_held`` when ``held`` is the record our
         claim handed out for this token (only the new times come back), else ``complete``."""
         name, values = self._complete_statement(key, token, result, retention, held)
-        statement = self._sql[name]
-        return (lambda cursor: self._run(cursor, statement, values)), values
+        return (lambda cursor: self._hot(cursor, name, values)), values
 
     @staticmethod
     def _complete_statement(
