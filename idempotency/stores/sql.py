@@ -1,8 +1,9 @@
 """The SQL store: one SQLModel table serving SQLite (the embedded default) and PostgreSQL.
 
-``claim`` is one ``INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE .. RETURNING`` statement and every
-write after it one fenced ``UPDATE`` (or ``DELETE``), so a new guarded call costs two commits and a
-replay one claim. On Postgres each primitive is one autocommit statement (one round trip); on
+``claim`` is one ``INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE .. RETURNING`` statement (on SQLite
+tried after a plain ``INSERT .. ON CONFLICT DO NOTHING`` in the same transaction, which settles a new
+key alone) and every write after it one fenced ``UPDATE`` (or ``DELETE``), so a new guarded call
+costs two commits and a replay one claim. On Postgres each primitive is one autocommit statement (one round trip); on
 SQLite each write is one ``BEGIN IMMEDIATE`` transaction.
 
 Times come from the database's own clock, read inside the statement that uses them (no extra round
@@ -15,8 +16,8 @@ SQLite runs in WAL mode with ``synchronous=FULL`` and a 30 s busy timeout, and e
 transaction starts with ``BEGIN IMMEDIATE``: a transaction that starts as a reader and later writes
 can fail with "database is locked" at once, whatever the timeout, so writers take the lock first.
 
-Schema version :data:`SCHEMA_VERSION`. The table is created when missing and never altered; a future
-version that changes it will ship a migration and bump the number.
+The table is created when missing, with two partial indexes (see ``_indexes``), and never altered; a
+future version that changes its columns will ship a migration.
 """
 
 from __future__ import annotations
