@@ -3,8 +3,8 @@
 ``claim`` is one ``INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE .. RETURNING`` statement (on SQLite
 tried after a plain ``INSERT .. ON CONFLICT DO NOTHING`` in the same transaction, which settles a new
 key alone) and every write after it one fenced ``UPDATE`` (or ``DELETE``), so a new guarded call
-costs two commits and a replay one claim. On Postgres each primitive is one autocommit statement (one round trip); on
-SQLite each write is one ``BEGIN IMMEDIATE`` transaction.
+costs two commits and a replay one claim. On Postgres each primitive is one autocommit statement
+(one round trip); on SQLite each write is one ``BEGIN IMMEDIATE`` transaction.
 
 Times come from the database's own clock, read inside the statement that uses them (no extra round
 trip), unless a clock is injected: its value is then bound as a parameter. SQLite runs in this
