@@ -486,7 +486,7 @@ class SqlStore:
         }
         self._sql = {name: _Statement(sa.text(text), dialect) for name, text in sql.items()}
         self._get = self._sql["get"]
-        # The writes async calls await on Postgres (_awrite), for libpq, by name.
+        # The claim and the record on Postgres, for libpq by name: sync (_hot) and async (_awrite).
         self._pq = {
             name: pq_async.Statement(_statement_name(self._sql[name].sql), self._sql[name].sql)
             for name in (("claim", "complete", "complete_held") if self._postgres else ())
