@@ -1,10 +1,10 @@
 """The SQL store: one SQLModel table serving SQLite (the embedded default) and PostgreSQL.
 
 ``claim`` is one ``INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE .. RETURNING`` statement (on SQLite
-tried after a plain ``INSERT .. ON CONFLICT DO NOTHING`` in the same transaction, which settles a new
-key alone) and every write after it one fenced ``UPDATE`` (or ``DELETE``), so a new guarded call
-costs two commits and a replay one claim. On Postgres each primitive is one autocommit statement
-(one round trip); on SQLite each write is one ``BEGIN IMMEDIATE`` transaction.
+tried after a plain ``INSERT .. ON CONFLICT DO NOTHING``, which settles a new key alone) and every
+write after it one fenced ``UPDATE`` (or ``DELETE``), so a new guarded call costs two commits and a
+replay one claim. Each of these statements is its own transaction (autocommit): on Postgres one
+round trip, on SQLite one commit.
 
 Times come from the database's own clock, read inside the statement that uses them (no extra round
 trip), unless a clock is injected: its value is then bound as a parameter. SQLite runs in this
@@ -12,9 +12,11 @@ process, so its clock is this host's: there ``time.time()`` is bound (the same i
 ``julianday('now')``, to the microsecond rather than the millisecond, and without an expression in
 every statement).
 
-SQLite runs in WAL mode with ``synchronous=FULL`` and a 30 s busy timeout, and every write
-transaction starts with ``BEGIN IMMEDIATE``: a transaction that starts as a reader and later writes
-can fail with "database is locked" at once, whatever the timeout, so writers take the lock first.
+SQLite runs in WAL mode with ``synchronous=FULL`` and a 30 s busy timeout. A write of more than one
+statement starts with ``BEGIN IMMEDIATE``: a transaction that starts as a reader and later writes
+can fail with "database is locked" at once, whatever the timeout, so writers take the lock first. A
+single writing statement in autocommit needs no such care: it takes the write lock as it starts,
+waiting under the busy timeout, and reads nothing before.
 
 The table is created when missing, with two partial indexes (see ``_indexes``), and never altered; a
 future version that changes its columns will ship a migration.
@@ -300,11 +302,11 @@ def _record(row: Sequence[Any]) -> Record:
 class SqlStore:
     """An :class:`~idempotency.store.IdempotencyStore` on SQLite or PostgreSQL. Thread-safe.
 
-    On Postgres every primitive is one statement in autocommit (one round trip, no BEGIN/COMMIT);
-    on SQLite each write is one ``BEGIN IMMEDIATE`` transaction. For async callers it is also a
-    :class:`~idempotency.store.AsyncWrites`: on SQLite a claim or a record that can start at once is
-    written on the event loop (:meth:`claim_now`, :meth:`complete_now`); on Postgres both are
-    awaited there, on libpq's non-blocking interface.
+    Every write a guarded call makes is one statement in autocommit: on Postgres one round trip,
+    no BEGIN/COMMIT; on SQLite one commit (other writes take ``BEGIN IMMEDIATE``). For async
+    callers it is also a :class:`~idempotency.store.AsyncWrites`: on SQLite a claim or a record that
+    can start at once is written on the event loop (:meth:`claim_now`, :meth:`complete_now`); on
+    Postgres both are awaited there, on libpq's non-blocking interface.
 
     Args:
         url_or_engine: a ``sqlite:///path.db``, ``sqlite://`` (private, in memory) or
@@ -530,9 +532,15 @@ class SqlStore:
             shelf.give(held)
 
     def _write(self, work: Callable[[Any], T]) -> T:
-        """``work(cursor)`` as one write transaction on a shelved connection: what ``with
-        self._cursor(write=True) as cursor: return work(cursor)`` does, as plain calls, for the
-        writes every guarded call makes (a context manager costs a few µs on a hot path)."""
+        """``work(cursor)`` on a shelved connection, for the writes every guarded call makes: what
+        ``with self._cursor(write=True) as cursor: return work(cursor)`` does, as plain calls (a
+        context manager costs a few µs on a hot path), and without ``BEGIN IMMEDIATE`` first.
+
+        So ``work`` starts with a writing statement, in autocommit: one statement is its own
+        transaction; one that goes on takes ``BEGIN IMMEDIATE`` itself (the claim's upsert after
+        its plain insert found a record). On SQLite that saves 25 µs of a 620 µs guarded call
+        (measured, synchronous=FULL): ``BEGIN IMMEDIATE``, ``INSERT``, ``COMMIT`` as three
+        statements cost more than the one."""
         with self._lock:
             started = time.perf_counter()
             shelf = self._shelf
@@ -540,15 +548,12 @@ class SqlStore:
                 held = shelf.take()
             except (sa_exc.SQLAlchemyError, self._dbapi_error) as exc:
                 raise self._ours(exc) from exc
-            # SQLite: wait for the write lock up front
-            return self._transact(held, work, started, begin=not self._postgres)
+            return self._transact(held, work, started)
 
-    def _transact(self, held: Held, work: Callable[[Any], T], started: float, *, begin: bool) -> T:
-        """``work(cursor)`` on ``held`` (after ``BEGIN IMMEDIATE`` when ``begin``) and, on SQLite,
-        the commit; then the connection goes back on the shelf, or is dropped after a failure."""
+    def _transact(self, held: Held, work: Callable[[Any], T], started: float) -> T:
+        """``work(cursor)`` on ``held`` and, on SQLite, the commit of the transaction it is in, if
+        any; then the connection goes back on the shelf, or is dropped after a failure."""
         try:
-            if begin:
-                held.cursor.execute("BEGIN IMMEDIATE")
             found = work(held.cursor)
             if not self._postgres:
                 held.conn.commit()
@@ -598,7 +603,7 @@ class SqlStore:
             if not began:
                 self._shelf.give(held)
                 return _WAIT
-            return self._transact(held, work, started, begin=False)
+            return self._transact(held, work, started)
         finally:
             if isinstance(lock, _RLOCK):
                 lock.release()
@@ -739,8 +744,10 @@ class SqlStore:
         One upsert whose ``DO UPDATE`` fires only for a record that may be replaced (finished
         and expired) or taken over (lease run out, same fingerprint); an inserted row gets the
         random starting token of :func:`~idempotency.store.first_token`, bound as a parameter,
-        and ``DO UPDATE`` sets the old token + 1. On SQLite, when it returns
-        nothing, the record in the way is read in the same write transaction. On Postgres the
+        and ``DO UPDATE`` sets the old token + 1. On SQLite a plain insert (its own transaction)
+        comes first and settles a new key; only when a record is in the way do the upsert and, if
+        it returns nothing, the read of that record follow, in one ``BEGIN IMMEDIATE``
+        transaction. On Postgres the
         statement itself returns that record; it returns nothing only when it lost a race with a
         concurrent claim, and the record is then read at once.
         """
@@ -804,6 +811,8 @@ class SqlStore:
                              identity.ordinal, fingerprint, State.IN_PROGRESS.value,
                              params["first_token"], fresh["lease_until"], 1, now, now,
                              None, None, None)]  # fmt: skip
+                if not cursor.connection.in_transaction:  # else _write_now began it
+                    cursor.execute("BEGIN IMMEDIATE")  # the upsert and the read, as one
             rows = self._hot(cursor, "claim", params)
             if not rows:  # read the record in the way (SQLite: in the same transaction)
                 rows = [(False, *row) for row in self._run(cursor, get, {"key": identity.key})]
