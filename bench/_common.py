@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,3 +84,36 @@ def noop(i: int) -> int:
 async def anoop(i: int) -> int:
     """The async effect body."""
     return i
+
+
+def balance() -> str:
+    """The machine's CPU speed and its disk's flush latency, measured now, as a sentence.
+
+    A DBOS step is mostly Python and a guarded call mostly fsync, so their ratio moves with these
+    two figures from one machine to the next; printing them beside the results says which kind of
+    machine a run was on. The flush is of a 4 KiB rewrite in the temporary directory, where the
+    SQLite phase puts its files.
+    """
+    started = time.perf_counter()
+    total = 0
+    for i in range(1_000_000):
+        total += i
+    loop = time.perf_counter() - started
+    flushes = []
+    with tempfile.TemporaryDirectory(prefix="sgbench-") as tmp:
+        fd = os.open(os.path.join(tmp, "flush"), os.O_RDWR | os.O_CREAT)
+        try:
+            os.write(fd, bytes(64 * 4096))
+            os.fsync(fd)
+            for i in range(200):
+                os.pwrite(fd, b"x" * 4096, (i % 64) * 4096)
+                t0 = time.perf_counter()
+                os.fdatasync(fd)
+                flushes.append(time.perf_counter() - t0)
+        finally:
+            os.close(fd)
+    flushes.sort()
+    return (
+        f"a Python loop of 1,000,000 additions took {loop * 1000:.0f} ms; "
+        f"fdatasync of a 4 KiB rewrite, p50 {flushes[len(flushes) // 2] * 1e6:.0f} µs"
+    )

@@ -150,6 +150,7 @@ def render(series: dict[str, dict[str, float]], meta: dict[str, Any], extra: dic
         f"Machine: {meta['machine']}. Load average before/after: {meta['load_before']} / "
         f"{meta['load_after']}. Versions: {meta['versions']}.",
         "",
+        *([f"Balance: {meta['balance']}.", ""] if meta.get("balance") else []),
         "Every ratio is of p50s measured in the same run, with the two sides interleaved in small "
         "alternating blocks so that machine noise hits both. Times are wall clock per call "
         "(`time.perf_counter_ns`), after a warm-up.",

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import DBOS_ROUNDS, Config, PhaseResult
+from _common import DBOS_ROUNDS, Config, PhaseResult, balance
 from _report import render, write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,8 +159,10 @@ def _notes(info: dict[str, Any], cfg: Config, series: dict[str, Any]) -> list[st
         "before the step, which is why a crash mid-step re-runs it): against the raw floor of two "
         f"commits, 0.3x of a DBOS step leaves the guard and the store {_budget(series)} here. A DBOS "
         "step is mostly Python and a guarded call mostly I/O, so the ratio moves with the "
-        "machine's CPU speed against its disk's: on this VM, runs hours apart measured the "
-        "Postgres ratio anywhere from 0.26x to 0.35x. DBOS runs nine background threads once launched "
+        "machine's CPU speed against its disk's (the *Balance* line above). Runs on one VM, hours "
+        "apart, measured 0.26x to 0.35x on Postgres and 0.32x to 0.36x on SQLite (a DBOS step "
+        "on SQLite about 0.85 ms); on another, where that step took about 2.5 ms and a flush "
+        "about 175 µs, 0.19x to 0.23x and 0.25x to 0.29x. DBOS runs nine background threads once launched "
         "(queue polling, notification listener, scheduler, ...), which weigh on whatever else the "
         "process runs, and no user of either runs the other beside it: so the judged rows measure "
         f"each alone, in {DBOS_ROUNDS} rounds that alternate a block of guarded calls (DBOS not "
@@ -298,6 +300,7 @@ def _measure(
         "command": _command(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": _machine(),
+        "balance": balance(),
         "load_before": _load(),
         "versions": _versions(),
         "failures": {},
