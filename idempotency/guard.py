@@ -59,6 +59,7 @@ from idempotency.options import (
     check_run_options,
     check_sync_reconciler,
     fingerprint_selector,
+    seconds,
 )
 from idempotency.records import ClaimResult
 from idempotency.store import AsyncWrites, IdempotencyStore, WriteCancelled
@@ -178,6 +179,10 @@ class Guard:
         offload: whether async calls run store I/O in a worker thread, so the event loop never
             blocks on a commit. None (default): the store's ``offload_async`` attribute decides
             (SQL: yes; Redis and memory: no, one round trip costs less than two thread hops).
+
+    Raises:
+        ConfigurationError: ``lease``, ``retention`` or ``wait`` is not a finite number of seconds
+            (> 0; ``wait`` may be 0), naming the option.
     """
 
     def __init__(
@@ -192,13 +197,11 @@ class Guard:
         async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         offload: bool | None = None,
     ) -> None:
-        if lease <= 0 or retention <= 0 or wait < 0:
-            raise ConfigurationError("lease and retention must be > 0 and wait >= 0")
         self.store = store
         self.namespace = namespace
-        self.lease = lease
-        self.retention = retention
-        self.wait = wait
+        self.lease = seconds("lease", lease)
+        self.retention = seconds("retention", retention)
+        self.wait = seconds("wait", wait, zero_ok=True)
         self._sleep = sleep
         self._async_sleep = async_sleep
         # By default the store says: a commit that waits on fsync (SQL) goes to a thread; a
