@@ -10,11 +10,18 @@ Every error derives from one root, so callers can catch the whole package at onc
     ├── KeyConflict               same key, other arguments (Stripe: 400, IETF draft: 422)
     ├── AlreadyInProgress         a live duplicate holds the claim past the wait bound (IETF: 409)
     ├── OutcomeUnknown            a crash left the effect in doubt and policy forbids a re-run
+    │   └── OutcomeNotRecorded    the effect ran, then the store failed while recording its outcome
     ├── LostOwnership             a fenced write carried a stale token: another worker took over
     ├── RecordNotFound            an operator named a key that the store does not hold (also a LookupError)
     ├── ReplayedFailure           replay of a recorded failure whose type is not registered
-    └── StoreError                the backend failed
+    └── StoreError                the backend failed before the effect ran: it was not run
         └── StoreUnavailable      the backend cannot be reached; transient, the effect was not run
+
+Which side of the effect an error stands on: a ``StoreError`` (or ``StoreUnavailable``) from a
+guarded call means the effect was **not** run (the claim, or the take-over of a dead holder's claim,
+failed; no body was called). A store that fails *after* the body ran, while recording what it did,
+raises :class:`OutcomeNotRecorded` instead, chained ``from`` the store's error: the effect ran (or
+may have), its outcome is in doubt, as after a crash.
 
 Errors carry their data as attributes (``key``, ``record``), never only in the message.
 """
@@ -35,6 +42,7 @@ __all__ = [
     "LostOwnership",
     "NoScope",
     "NotApplied",
+    "OutcomeNotRecorded",
     "OutcomeUnknown",
     "RecordNotFound",
     "ReplayedFailure",
@@ -124,6 +132,37 @@ class OutcomeUnknown(IdempotencyError):
         self.key = record.key
 
 
+class OutcomeNotRecorded(OutcomeUnknown):
+    """The effect's body ran, then the store failed while recording its outcome.
+
+    The effect may have changed the world (the body returned, or raised after sending): tell the
+    user "in doubt", never "not run". The record stays as the store last held it (IN_PROGRESS under
+    this call's token, or IN_DOUBT) until its lease runs out; the next attempt then takes it over in
+    doubt and resolves it (reconciler, provider key, policy), as after a crash. The store's error
+    (a :class:`StoreError`, often :class:`StoreUnavailable`) is chained as ``__cause__``.
+
+    Attributes:
+        record: the record as this call held it.
+        has_result: whether the body returned (``result`` is then what it returned, None included).
+        result: the body's return value (or the reconciler's answer), when ``has_result``.
+        error: the exception the body raised, when it raised; None otherwise.
+    """
+
+    def __init__(
+        self,
+        record: Record,
+        reason: str = "",
+        *,
+        has_result: bool = False,
+        result: object = None,
+        error: BaseException | None = None,
+    ) -> None:
+        super().__init__(record, reason or "the store failed while recording its outcome")
+        self.has_result = has_result
+        self.result = result
+        self.error = error
+
+
 class LostOwnership(IdempotencyError):
     """A fenced write was refused: the caller's token is stale or the record changed state.
 
@@ -160,7 +199,11 @@ class ReplayedFailure(IdempotencyError):
 
 
 class StoreError(IdempotencyError):
-    """The backing store failed. ``transient`` says whether retrying may help."""
+    """The backing store failed. ``transient`` says whether retrying may help.
+
+    Raised by a guarded call only before its body ran (the effect was not run); a failure while
+    recording after the body ran is :class:`OutcomeNotRecorded`.
+    """
 
     transient: bool = False
 

@@ -31,8 +31,10 @@ from idempotency.errors import (
     AlreadyInProgress,
     CodecError,
     KeyConflict,
+    OutcomeNotRecorded,
     OutcomeUnknown,
     ReplayedFailure,
+    StoreError,
 )
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
@@ -364,14 +366,16 @@ class Flow(Generic[T]):
             except CodecError as codec_error:
                 # The effect happened but its result cannot be stored: leave the record in doubt
                 # (a reconciler or an operator settles it) rather than lose the fact that it ran.
-                yield Fail(token, Disposition.AMBIGUOUS, encode_error(codec_error))
+                yield from self.record_after(
+                    record, Fail(token, Disposition.AMBIGUOUS, encode_error(codec_error)), ran
+                )
                 self.outcome = Outcome.IN_DOUBT
                 raise
-            yield Complete(token, text)
+            yield from self.record_after(record, Complete(token, text), ran)
             return ran.value  # type: ignore[no-any-return]
         exc = ran.error
         disposition = self.spec.disposition(exc)
-        yield Fail(token, disposition, encode_error(exc))
+        yield from self.record_after(record, Fail(token, disposition, encode_error(exc)), ran)
         if disposition is Disposition.AMBIGUOUS:
             self.outcome = Outcome.IN_DOUBT
             if not isinstance(exc, Exception):
@@ -381,6 +385,36 @@ class Flow(Generic[T]):
         self.outcome = Outcome.FAILED
         raise exc
 
+    def record_after(
+        self, record: Record, write: Complete | Fail, ran: Ran | None
+    ) -> Generator[Op, Any, Any]:
+        """Ask for ``write``, a record of what happened after the body ran (or after a take-over);
+        returns its answer.
+
+        Raises:
+            OutcomeNotRecorded: the store failed (:class:`StoreError`): the effect ran, or may have,
+                and what it did is not recorded. Never the store's error itself, which from a
+                guarded call means "not run". An interrupt or cancellation the body raised goes on
+                as itself (the store's error as its context).
+        """
+        try:
+            return (yield write)
+        except StoreError as exc:
+            raise self.not_recorded(record, exc, ran) from exc
+
+    def not_recorded(self, record: Record, exc: StoreError, ran: Ran | None) -> BaseException:
+        """The error for a store that failed while recording after the body ran (see
+        :meth:`record_after`); a driver that wrote the record itself raises it ``from exc``."""
+        self.outcome = Outcome.IN_DOUBT
+        reason = f"the effect ran, but the store failed while recording its outcome: {exc}"
+        if ran is None:
+            return OutcomeNotRecorded(record, reason)
+        if ran.error is None:
+            return OutcomeNotRecorded(record, reason, has_result=True, result=ran.value)
+        if not isinstance(ran.error, Exception):
+            return ran.error
+        return OutcomeNotRecorded(record, reason, error=ran.error)
+
     def _resolve(self, record: Record) -> Generator[Op, Any, T]:
         spec = self.spec
         reason = "the previous attempt's outcome is unknown"
@@ -388,14 +422,16 @@ class Flow(Generic[T]):
             request = ReconcileRequest(self.identity, self.identity.provider_key, self.arguments, record)
             resolution: Resolution[Any] = yield Reconcile(request)
             if isinstance(resolution, Applied):
+                found = Ran(resolution.result)  # the world says it happened: this is its result
                 try:
                     text = spec.codec.encode(resolution.result)
                 except CodecError:
                     # Still in doubt: release the lease so the next call resolves again at once.
-                    yield Fail(record.token, Disposition.AMBIGUOUS, record.error or _CRASH_NOTE)
+                    release = Fail(record.token, Disposition.AMBIGUOUS, record.error or _CRASH_NOTE)
+                    yield from self.record_after(record, release, None)
                     self.outcome = Outcome.IN_DOUBT
                     raise
-                yield Complete(record.token, text)
+                yield from self.record_after(record, Complete(record.token, text), found)
                 self.outcome = Outcome.RECONCILED
                 return resolution.result  # type: ignore[no-any-return]
             if isinstance(resolution, NotAppliedResolution):
@@ -409,6 +445,8 @@ class Flow(Generic[T]):
         if spec.provider_idempotent:
             reason += "; the provider's deduplication window has passed, so it is not re-sent"
         # Release the lease and leave the record IN_DOUBT, for an operator or a later reconciler.
-        yield Fail(record.token, Disposition.AMBIGUOUS, record.error or _CRASH_NOTE)
+        yield from self.record_after(
+            record, Fail(record.token, Disposition.AMBIGUOUS, record.error or _CRASH_NOTE), None
+        )
         self.outcome = Outcome.IN_DOUBT
         raise OutcomeUnknown(record, reason)

@@ -30,7 +30,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
 from idempotency.driving import Retrier, reconciled, settled
 from idempotency.effect import Classifier, Policy, ReconcileRequest, Retry, RunningEffect, _current_effect
-from idempotency.errors import CodecError, ConfigurationError
+from idempotency.errors import CodecError, ConfigurationError, StoreError
 from idempotency.flow import (
     Action,
     Claim,
@@ -481,7 +481,10 @@ class Guard:
             except CodecError:
                 pass  # the flow records it in doubt (and encodes again, to raise the same error)
             else:
-                store.complete(identity.key, record.token, text, spec.retention)
+                try:
+                    store.complete(identity.key, record.token, text, spec.retention)
+                except StoreError as exc:  # the body ran: not "not run", but in doubt
+                    raise flow.not_recorded(record, exc, ran) from exc
                 return ran.value
         return self._loop(flow, flow.finish(record, ran), call)
 
@@ -545,13 +548,16 @@ class Guard:
             except CodecError:
                 pass  # the flow records it in doubt (and encodes again, to raise the same error)
             else:
-                if not self._offload:
-                    store.complete(identity.key, record.token, text, spec.retention)
-                elif (
-                    native is None
-                    or await native.acomplete(identity.key, record.token, text, spec.retention) is None
-                ):
-                    await self._store_op_in_thread(flow, Complete(record.token, text))
+                try:
+                    if not self._offload:
+                        store.complete(identity.key, record.token, text, spec.retention)
+                    elif (
+                        native is None
+                        or await native.acomplete(identity.key, record.token, text, spec.retention) is None
+                    ):
+                        await self._store_op_in_thread(flow, Complete(record.token, text))
+                except StoreError as exc:  # the body ran: not "not run", but in doubt
+                    raise flow.not_recorded(record, exc, ran) from exc
                 return ran.value
         return await self._loop_async(flow, flow.finish(record, ran), call)
 

@@ -22,8 +22,11 @@ from idempotency.errors import (
     CodecError,
     KeyConflict,
     NotApplied,
+    OutcomeNotRecorded,
     OutcomeUnknown,
     ReplayedFailure,
+    StoreError,
+    StoreUnavailable,
 )
 from idempotency.flow import (
     Action,
@@ -591,3 +594,47 @@ def test_flow_with_zero_wait_still_takes_over_a_dead_holder() -> None:
     d.start()
     d.send(ClaimResult(ClaimOutcome.EXISTING, record(holder=DEAD)))
     assert d.send(True) == TakeOver(1)
+
+
+# ------------------------------------------------------------------- a store lost after the body ran
+
+
+def test_flow_store_failing_to_record_a_success_is_outcome_not_recorded() -> None:
+    d = Driver(flow())
+    d.start()
+    d.send(ClaimResult(ClaimOutcome.CLAIMED, record()))
+    assert d.send(Ran(7)) == Complete(1, "7")
+    down = StoreUnavailable("gone")
+    with pytest.raises(OutcomeNotRecorded) as info:
+        d.gen.throw(down)
+    assert info.value.__cause__ is down
+    assert (info.value.has_result, info.value.result, info.value.error) == (True, 7, None)
+    assert d.flow.outcome is Outcome.IN_DOUBT
+
+
+def test_flow_store_failing_to_record_a_failure_is_outcome_not_recorded() -> None:
+    d = Driver(flow())
+    d.start()
+    d.send(ClaimResult(ClaimOutcome.CLAIMED, record()))
+    err = TimeoutError("no answer")
+    assert isinstance(d.send(Ran(error=err)), Fail)
+    with pytest.raises(OutcomeNotRecorded) as info:
+        d.gen.throw(StoreError("disk full"))
+    assert (info.value.has_result, info.value.error) == (False, err)
+
+
+def test_flow_store_failing_to_record_a_reconciled_result_is_outcome_not_recorded() -> None:
+    d = Driver(flow(reconciler=lambda request: Applied(9)))
+    d.start()
+    d.send(ClaimResult(ClaimOutcome.TOOK_OVER, record(State.IN_DOUBT, token=2)))
+    assert d.send(Applied(9)) == Complete(2, "9")
+    with pytest.raises(OutcomeNotRecorded) as info:
+        d.gen.throw(StoreUnavailable("gone"))
+    assert (info.value.has_result, info.value.result) == (True, 9)
+
+
+def test_flow_store_failing_to_claim_stays_store_unavailable() -> None:
+    d = Driver(flow())
+    d.start()
+    with pytest.raises(StoreUnavailable):
+        d.gen.throw(StoreUnavailable("gone"))

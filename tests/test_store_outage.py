@@ -1,0 +1,242 @@
+"""Two sides of an effect, two errors: a store that fails before the body ran raises
+``StoreUnavailable`` ("not run"); one that fails while recording after the body ran raises
+``OutcomeNotRecorded`` ("ran, outcome in doubt"), sync and async, against real servers.
+
+Redis: a redis-server of the test's own on a free port, SIGKILLed inside the effect body. Postgres:
+the store's own sessions (tagged with an application name) killed with ``pg_terminate_backend`` from
+another connection inside the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from conftest import FakeClock, closed_port, require_postgres
+
+from idempotency import Guard, OutcomeNotRecorded, OutcomeUnknown, StoreUnavailable, scope
+from idempotency.records import State
+from idempotency.store import IdempotencyStore
+
+
+class Outage:
+    """A store and a way to take its server away from it."""
+
+    def __init__(self, store: IdempotencyStore, stop: Callable[[], None], *, stays_down: bool) -> None:
+        self.store = store
+        self.stop = stop
+        self.stays_down = stays_down
+        """Whether the server stays unreachable after :attr:`stop` (Redis killed), or the store can
+        connect again (Postgres: only its sessions were killed)."""
+
+
+@pytest.fixture
+def redis_outage() -> Iterator[Outage]:
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    port = closed_port()
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    import redis
+
+    from idempotency.stores.redis import RedisStore
+
+    client = redis.Redis(port=port)
+    for _ in range(500):  # until it answers (bounded), not a timing assertion
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.01)
+    client.close()
+
+    def stop() -> None:
+        proc.kill()
+        proc.wait()
+
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", prefix="sg-outage")
+    try:
+        yield Outage(store, stop, stays_down=True)
+    finally:
+        stop()
+        store.close()
+
+
+def kill_sessions(url: str, app: str) -> None:
+    """Terminate every session tagged ``app`` from another connection (the server stays up)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE pid <> pg_backend_pid() AND datname = current_database() AND application_name = %s",
+            (app,),
+        ).fetchall()
+    assert killed, "the store had no session to kill"
+
+
+@pytest.fixture
+def postgres_outage() -> Iterator[Outage]:
+    import psycopg
+
+    from idempotency.stores.sql import SqlStore
+
+    url = require_postgres()
+    app = f"sg-outage-{uuid.uuid4().hex[:8]}"
+    table = f"sg_outage_{uuid.uuid4().hex[:8]}"
+    store = SqlStore(f"{url}{'&' if '?' in url else '?'}application_name={app}", table_name=table)
+
+    def stop() -> None:
+        kill_sessions(url, app)
+
+    try:
+        yield Outage(store, stop, stays_down=False)
+    finally:
+        store.close()
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f'DROP TABLE IF EXISTS "{table}"')
+
+
+@pytest.fixture(params=["postgres", "redis"])
+def outage(request: pytest.FixtureRequest) -> Outage:
+    return request.getfixturevalue(f"{request.param}_outage")  # type: ignore[no-any-return]
+
+
+def check_not_recorded(info: pytest.ExceptionInfo[OutcomeNotRecorded]) -> OutcomeNotRecorded:
+    err = info.value
+    assert isinstance(err, OutcomeUnknown)
+    assert not isinstance(err, StoreUnavailable)  # never "not run"
+    assert isinstance(err.__cause__, StoreUnavailable)
+    assert "ran" in str(err)
+    return err
+
+
+def test_store_lost_while_recording_a_success_is_not_recorded_not_unavailable(outage: Outage) -> None:
+    guard = Guard(outage.store)
+    runs: list[int] = []
+
+    @guard.effect("pay.charge")
+    def charge(amount: int) -> dict[str, int]:
+        runs.append(amount)
+        outage.stop()  # the provider has charged; the store goes away before the record
+        return {"charged": amount}
+
+    try:
+        with scope("order-1"), pytest.raises(OutcomeNotRecorded) as info:
+            charge(500)
+        err = check_not_recorded(info)
+        assert (err.has_result, err.result, err.error) == (True, {"charged": 500}, None)
+        assert err.record.state is State.IN_PROGRESS and err.record.token > 0
+        assert runs == [500]
+        if outage.stays_down:  # a new call is refused before its body: that one was not run
+            with scope("order-2"), pytest.raises(StoreUnavailable):
+                charge(700)
+            assert runs == [500]
+    finally:
+        guard.close()
+
+
+def test_store_lost_while_recording_a_failure_is_not_recorded(outage: Outage) -> None:
+    guard = Guard(outage.store)
+
+    @guard.effect("pay.charge")
+    def charge(amount: int) -> int:
+        outage.stop()
+        raise TimeoutError("the provider did not answer")  # ambiguous: may have been applied
+
+    try:
+        with scope("order-1"), pytest.raises(OutcomeNotRecorded) as info:
+            charge(500)
+        err = check_not_recorded(info)
+        assert (err.has_result, err.result) == (False, None)
+        assert isinstance(err.error, TimeoutError)
+    finally:
+        guard.close()
+
+
+@pytest.mark.parametrize("offload", [None, True, False])
+def test_async_store_lost_while_recording_a_success_is_not_recorded(outage: Outage, offload: Any) -> None:
+    guard = Guard(outage.store, offload=offload)
+    runs: list[int] = []
+
+    @guard.effect("pay.charge")
+    async def charge(amount: int) -> int:
+        runs.append(amount)
+        outage.stop()
+        return amount * 2
+
+    async def main() -> None:
+        with scope("order-1"), pytest.raises(OutcomeNotRecorded) as info:
+            await charge(500)
+        err = check_not_recorded(info)
+        assert (err.has_result, err.result) == (True, 1000)
+        if outage.stays_down:
+            with scope("order-2"), pytest.raises(StoreUnavailable):
+                await charge(700)
+
+    try:
+        asyncio.run(main())
+    finally:
+        guard.close()
+    assert runs == [500]
+
+
+def test_the_claim_left_by_a_lost_store_is_taken_over_in_doubt_later(clock: FakeClock) -> None:
+    """Postgres itself stayed up (only the store's sessions were killed): the record is still the
+    claim, and once its lease has run out the next attempt takes it over in doubt and, with no
+    reconciler, parks it (OutcomeUnknown): it never runs the charge again blindly."""
+    from idempotency.stores.sql import SqlStore
+
+    url = require_postgres()
+    app, table = f"sg-outage-{uuid.uuid4().hex[:8]}", f"sg_outage_{uuid.uuid4().hex[:8]}"
+    first = SqlStore(
+        f"{url}{'&' if '?' in url else '?'}application_name={app}", table_name=table, clock=clock
+    )
+    second = SqlStore(url, table_name=table, clock=clock)
+    runs: list[int] = []
+
+    def build(store: IdempotencyStore) -> tuple[Guard, Callable[[int], int]]:
+        guard = Guard(store)
+
+        @guard.effect("pay.charge")
+        def charge(amount: int) -> int:
+            runs.append(amount)
+            if len(runs) == 1:
+                kill_sessions(url, app)
+            return amount
+
+        return guard, charge
+
+    guard_a, charge_a = build(first)
+    guard_b, charge_b = build(second)
+    try:
+        with scope("order-1"), pytest.raises(OutcomeNotRecorded) as info:
+            charge_a(5)
+        held = info.value.record
+        left = second.get(held.key)
+        assert left is not None and (left.state, left.token) == (State.IN_PROGRESS, held.token)
+        clock.advance(held.lease_until - clock.now + 1)  # the claim's lease runs out
+        with scope("order-1"), pytest.raises(OutcomeUnknown) as again:
+            charge_b(5)
+        assert not isinstance(again.value, OutcomeNotRecorded)
+        assert runs == [5]
+        parked = second.get(held.key)
+        assert parked is not None and (parked.state, parked.token) == (State.IN_DOUBT, held.token + 1)
+    finally:
+        guard_a.close()
+        guard_b.close()
+        first.close()
+        second.close()
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f'DROP TABLE IF EXISTS "{table}"')
