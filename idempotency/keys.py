@@ -88,35 +88,44 @@ def derive_key(namespace: str, scope: str, name: str, ordinal: int) -> str:
     """The effect key for an identity: ``sg1_`` followed by 64 hex digits (68 characters).
 
     Raises:
-        ConfigurationError: a part is empty where it must not be, too long, holds a NUL character
-            or a lone surrogate (CodecError), or the ordinal is not an int >= 0.
+        ConfigurationError: a part is empty where it must not be, not a str, too long, holds a NUL
+            character or a lone surrogate (CodecError), or the ordinal is not an int >= 0.
     """
-    if not name:
-        raise ConfigurationError("an effect needs a non-empty name")
-    if type(ordinal) is not int:
-        raise ConfigurationError(f"ordinal must be an int, got {type(ordinal).__name__}")
-    if not (type(namespace) is str and type(scope) is str and type(name) is str):
-        raise ConfigurationError("namespace, scope and name must be str")
-    if ordinal < 0:
-        raise ConfigurationError(f"ordinal must be >= 0, got {ordinal}")
-    for label, part in (("namespace", namespace), ("scope", scope), ("name", name)):
-        _check_part(label, part)
-    digest = hashlib.sha256(_encode_parts("sagaguard.key", KEY_VERSION, namespace, scope, name, ordinal))
-    return f"sg{KEY_VERSION}_{digest.hexdigest()}"
+    return key_deriver(namespace, name)(scope, ordinal)
 
 
 def key_deriver(namespace: str, name: str) -> Callable[[str, int], str]:
     """:func:`derive_key` with the namespace and the name fixed: ``key_deriver(ns, name)(scope, n)``
-    equals ``derive_key(ns, scope, name, n)``.
+    is ``derive_key(ns, scope, name, n)``, the one derivation of every key.
+
+    The hash input is the length-prefixed encoding of ("sagaguard.key", version, namespace, scope,
+    name, ordinal); an encoding of parts is the concatenation of each part's, so the parts fixed
+    here are encoded once.
 
     Raises:
         ConfigurationError: as :func:`derive_key`, for the namespace and name now, for a scope or an
             ordinal when the returned function is called.
     """
-    derive_key(namespace, "", name, 0)  # the namespace and the name refused now, not at a call
+    if not name:
+        raise ConfigurationError("an effect needs a non-empty name")
+    if type(namespace) is not str or type(name) is not str:
+        raise ConfigurationError("namespace, scope and name must be str")
+    _check_part("namespace", namespace)
+    _check_part("name", name)
+    head = _encode_parts("sagaguard.key", KEY_VERSION, namespace)
+    tail = _encode_parts(name)
+    prefix = f"sg{KEY_VERSION}_"
 
     def derive(scope: str, ordinal: int) -> str:
-        return derive_key(namespace, scope, name, ordinal)
+        if type(ordinal) is not int:
+            raise ConfigurationError(f"ordinal must be an int, got {type(ordinal).__name__}")
+        if ordinal < 0:
+            raise ConfigurationError(f"ordinal must be >= 0, got {ordinal}")
+        if type(scope) is not str:
+            raise ConfigurationError("namespace, scope and name must be str")
+        _check_part("scope", scope)
+        digest = hashlib.sha256(head + _encode_parts(scope) + tail + _encode_parts(ordinal))
+        return prefix + digest.hexdigest()
 
     return derive
 
