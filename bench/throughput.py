@@ -67,11 +67,16 @@ def _yes(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
-def _guard_table(backend: str, rows: dict[str, dict[str, dict[str, float]]], them: str) -> list[str]:
+def _guard_table(
+    backend: str,
+    rows: dict[str, dict[str, dict[str, float]]],
+    them: str,
+    units: tuple[str, str] = ("calls", "calls"),
+) -> list[str]:
     lines = [
         f"**{NAMES[backend]}**",
         "",
-        f"| concurrency | floor calls/s | {them} calls/s | ratio | >= {RATE_TARGET}x | floor p99 | "
+        f"| concurrency | floor {units[0]}/s | {them} {units[1]}/s | ratio | >= {RATE_TARGET}x | floor p99 | "
         f"{them} p99 | p99 ratio | <= {P99_TARGET:.0f}x |",
         "|---|---:|---:|---:|---|---:|---:|---:|---|",
     ]
@@ -191,13 +196,14 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
         "",
         f"A saga of {SAGA_STEPS} no-op steps (`SagaRunner.run` on a `SqlJournal`, a fresh saga id per "
         f"run) against {SAGA_STEPS} one-row commits by the same client; rates per step and per "
-        "commit (one step = one commit).",
+        "commit (one step = one commit), p99 per saga run and per run of commits. The verdict "
+        "columns apply the guarded call's targets, for comparison.",
         "",
     ]
     for backend in ("postgres", "sqlite"):
         found = results.get(backend)
         if found and "saga" in found["rows"]:
-            out += _guard_table(backend, found["rows"]["saga"], "saga")
+            out += _guard_table(backend, found["rows"]["saga"], "saga", ("commits", "steps"))
             out.append("")
     out += ["Notes:", ""]
     out += [f"- {note}" for note in NOTES]
@@ -215,6 +221,10 @@ NOTES = [
     "connections in all. Async floors: psycopg's `AsyncConnection` (15 of them) on Postgres, "
     "redis-py's asyncio client on Redis, and on SQLite the two commits in `asyncio.to_thread` "
     "(sqlite3 has no async interface).",
+    "Redis: the store's client and the floor's get a pool of 512 connections. With redis-py 8's "
+    "default pool (100), as a store opened from a URL gets it, 128 threads fail with "
+    "`StoreUnavailable('redis is unavailable: Too many connections')`: the store takes one "
+    "connection of the pool per call in flight.",
     "Each level is a closed loop: every client calls again as soon as its call returns, with a "
     "fresh key each time; calls/s is the calls completed over the window's wall time.",
     "Postgres commits per call: the difference of two sessions' `xact_commit` counts (the "

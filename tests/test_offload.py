@@ -1,8 +1,9 @@
 """The worker threads that async code hands blocking store calls to (:mod:`idempotency.offload`).
 
 What ``asyncio.to_thread`` promises, kept: the outcome (value or exception) reaches the awaiting
-task, the call sees the caller's contextvars, a cancelled caller does not stop the call; a closing
-loop waits for a call still running, and a forked child gets threads of its own.
+task, the call sees the caller's contextvars, a cancelled caller does not stop the call; and what a
+shared pool must add: the workers survive a loop that closed under them, stay bounded, and a forked
+child gets its own.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def test_the_value_comes_back_from_a_worker_thread() -> None:
 
     total, thread = asyncio.run(offload.in_thread(work, 2, 3))
     assert total == 5
-    assert thread != threading.current_thread().name
+    assert thread.startswith("sagaguard-io-")
 
 
 def test_the_exception_is_raised_in_the_awaiting_task() -> None:
@@ -85,9 +86,7 @@ def test_a_cancelled_caller_does_not_stop_the_call() -> None:
     assert asyncio.run(offload.in_thread(lambda: 2)) == 2  # the worker serves on
 
 
-def test_a_loop_closing_waits_for_a_call_still_running() -> None:
-    # A store write handed to a thread by a call whose loop then closes is not cut off:
-    # asyncio.run shuts the default executor down, which waits for it.
+def test_a_loop_closed_while_its_call_ran_does_not_kill_the_worker() -> None:
     started, proceed, done = threading.Event(), threading.Event(), threading.Event()
 
     def work() -> None:
@@ -96,27 +95,37 @@ def test_a_loop_closing_waits_for_a_call_still_running() -> None:
         done.set()
 
     async def main() -> None:
-        offload.submit(work)  # never awaited
+        offload.submit(work)  # never awaited: the loop closes while it runs
         await offload.in_thread(started.wait, 10)
-        proceed.set()
 
     asyncio.run(main())
-    assert done.is_set()
-    assert asyncio.run(offload.in_thread(lambda: 7)) == 7  # the next loop's calls run
+    proceed.set()
+    assert done.wait(10)
+    for _ in range(3 * offload._MAX_WORKERS):  # every worker still serves
+        assert asyncio.run(offload.in_thread(lambda: 7)) == 7
 
 
-def test_many_calls_at_once_all_run() -> None:
-    calls = 100  # more than the default executor's threads: the rest wait their turn
+def test_workers_are_bounded_and_every_call_runs() -> None:
+    calls = 3 * offload._MAX_WORKERS
+    gate = threading.Barrier(offload._MAX_WORKERS, timeout=10)
+
+    def work(i: int) -> int:
+        if i < offload._MAX_WORKERS:
+            gate.wait()  # the first ones run at the same time: one worker each
+        return i
 
     async def main() -> list[int]:
-        return list(await asyncio.gather(*(offload.in_thread(lambda i=i: i) for i in range(calls))))
+        return list(await asyncio.gather(*(offload.in_thread(work, i) for i in range(calls))))
 
     assert asyncio.run(main()) == list(range(calls))
+    workers = [t for t in threading.enumerate() if t.name.startswith("sagaguard-io-")]
+    assert len(workers) <= offload._MAX_WORKERS
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
 def test_a_forked_child_starts_its_own_workers() -> None:
-    """The child has none of the parent's threads: its own loop's executor starts its own."""
+    """The child has none of the parent's threads; with the parent's idle count it would queue its
+    call for a worker that does not exist there, and wait for ever."""
     assert asyncio.run(offload.in_thread(lambda: 1)) == 1  # the parent has a worker, idle
     pid = os.fork()
     if pid == 0:  # the child: the alarm turns a hang into a failure
