@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import typing
-from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from pydantic import (
@@ -24,7 +23,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
 )
-from pydantic_core import PydanticSerializationError, SchemaSerializer, SchemaValidator
+from pydantic_core import PydanticSerializationError
 
 from idempotency.errors import CodecError
 
@@ -42,15 +41,12 @@ class Codec(Generic[T]):
         CodecError: at construction, when ``tp`` cannot round-trip through JSON.
     """
 
-    __slots__ = ("_adapter", "_name", "_plain", "_to_json", "_validate_json")
+    __slots__ = ("_adapter", "_name")
 
     def __init__(self, tp: Any) -> None:
         self._name = getattr(tp, "__name__", repr(tp))
         if tp is None or tp is type(None):
             tp = type(None)
-        # Value types whose JSON always reads back as the same value of the declared type, so
-        # encode() writes them directly and skips the round-trip check (see _write_plain).
-        self._plain: frozenset[type] = _PLAIN if tp is Any else _PLAIN & {tp}
         try:
             self._adapter: TypeAdapter[T] = TypeAdapter(tp)
             # Pydantic validates some types it cannot write as JSON (callables, ...); asking for the
@@ -67,15 +63,6 @@ class Codec(Generic[T]):
                 f"results of type {self._name} cannot be stored as JSON: {exc}. "
                 "Return a dataclass, a pydantic model or plain JSON types."
             ) from exc
-        # The adapter's methods are Python wrappers that pass every option on to its core validator
-        # and serializer; calling those directly (once built) spares a frame on every call.
-        adapter = self._adapter
-        validator, serializer = adapter.validator, adapter.serializer
-        built = isinstance(serializer, SchemaSerializer) and isinstance(validator, _VALIDATORS)
-        self._validate_json: Callable[[str | bytes], T] = (
-            validator.validate_json if built else adapter.validate_json
-        )
-        self._to_json: Callable[..., bytes] = serializer.to_json if built else adapter.dump_json
 
     @classmethod
     def for_return_of(cls, hints: dict[str, Any]) -> Codec[Any]:
@@ -88,15 +75,13 @@ class Codec(Generic[T]):
         Raises:
             CodecError: the value does not fit the declared type or contains something unstorable.
         """
-        if type(value) in self._plain:
-            return _write_plain(value)
         adapter = self._adapter
         try:
-            raw = self._to_json(value, warnings="error")
+            raw = adapter.dump_json(value, warnings="error")
             try:
                 # What is stored must read back, or the record of an effect that happened is lost:
                 # check the round trip now, while the caller can still be told.
-                self._validate_json(raw)
+                adapter.validate_json(raw)
             except ValidationError:
                 if b"null" not in raw:
                     raise
@@ -115,42 +100,9 @@ class Codec(Generic[T]):
                 result was recorded, or the record was edited by hand).
         """
         try:
-            return self._validate_json(text)
+            return self._adapter.validate_json(text)
         except ValidationError as exc:
             raise CodecError(f"recorded result does not read back as {self._name}: {exc}") from exc
-
-
-try:  # what a validator is when pydantic plugins are installed (a private module: may move)
-    from pydantic.plugin._schema_validator import PluggableSchemaValidator
-
-    _VALIDATORS: tuple[type, ...] = (SchemaValidator, PluggableSchemaValidator)
-except ImportError:  # pragma: no cover
-    _VALIDATORS = (SchemaValidator,)
-_PLAIN: frozenset[type] = frozenset({int, str, bool, type(None)})
-_BIG = 10**4000
-
-
-def _write_plain(value: Any) -> str:
-    """The JSON of an exact int, str, bool or None: what pydantic writes for it, and what reads back
-    as the same value, so no round trip needs checking.
-
-    Raises:
-        CodecError: a str with no UTF-8 form (a lone surrogate), an int too long to write.
-    """
-    tp = type(value)
-    if tp is int:
-        if -_BIG < value < _BIG:
-            return int.__repr__(value)
-        raise CodecError(f"cannot store a result: an int of {value.bit_length()} bits is too long")
-    if tp is str:
-        try:
-            value.encode()
-        except UnicodeEncodeError as exc:
-            raise CodecError(f"cannot store a result: the text is not valid unicode: {exc.reason}") from exc
-        return _JSON.encode(value)
-    if tp is bool:
-        return "true" if value else "false"
-    return "null"
 
 
 class ErrorInfo(typing.NamedTuple):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import Any, cast
+from typing import Any
 
 import tenacity
 
@@ -20,30 +20,49 @@ _NEVER_RETRIED = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.Cancelle
 
 
 class Retrier:
-    """In-claim retries: tenacity's stop and wait strategies, consulted only after a failure."""
+    """In-claim retries decided by tenacity's :class:`~tenacity.Retrying`, slept by the caller.
 
-    __slots__ = ("_spec", "_state", "attempt")
+    The guard runs each try itself (inside the claim, under its heartbeat) and sleeps in its own
+    way, synchronously or on the event loop; so tenacity is driven through its public attempt
+    iterator: a failure is handed to the current attempt, and the iterator's next step says
+    whether to try again (after the pause tenacity hands to its ``sleep``, noted here) or to stop
+    (``RetryError``). Built on the first failure, so a call that succeeds never builds one.
+    """
+
+    __slots__ = ("_attempts", "_current", "_pause", "_spec", "attempt")
 
     def __init__(self, spec: EffectSpec[Any]) -> None:
         self._spec = spec
-        self._state: tenacity.RetryCallState | None = None
+        self._pause = 0.0
+        retrying = tenacity.Retrying(
+            stop=spec.retry.stop,
+            wait=spec.retry.wait,
+            retry=tenacity.retry_if_exception(spec.retries),
+            sleep=self._note,
+        )
+        self._attempts = iter(retrying)
+        self._current: tenacity.AttemptManager | None = next(self._attempts)
         self.attempt = 1
+        """The number of the try about to run (1 for the first)."""
+
+    def _note(self, seconds: float) -> None:
+        self._pause = float(seconds)
 
     def next_pause(self, exc: BaseException) -> float | None:
         """Seconds to wait before the next try, or None to stop and report ``exc``."""
-        spec = self._spec
-        if isinstance(exc, _NEVER_RETRIED) or spec.retry is NO_RETRY or not spec.retries(exc):
+        spec, current = self._spec, self._current
+        if current is None or isinstance(exc, _NEVER_RETRIED) or spec.retry is NO_RETRY:
             return None
-        if self._state is None:
-            self._state = tenacity.RetryCallState(cast(Any, None), None, (), {})
-        state = self._state
-        state.attempt_number = self.attempt
-        state.set_exception((type(exc), exc, exc.__traceback__))
-        if spec.retry.stop(state):
+        if not spec.retries(exc):
+            return None  # decided here: tenacity would re-raise ``exc`` and add to its traceback
+        current.__exit__(type(exc), exc, exc.__traceback__)  # the try failed with ``exc``
+        try:
+            self._current = next(self._attempts)
+        except tenacity.RetryError:  # a stop strategy said so
+            self._current = None
             return None
-        pause = float(spec.retry.wait(state))
-        self.attempt += 1
-        return pause
+        self.attempt = self._current.retry_state.attempt_number
+        return self._pause
 
 
 def reconciled(flow: Flow[Any], request: ReconcileRequest) -> Any:

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,85 +42,90 @@ _MAX_PART = 4096
 
 
 def _encode_parts(*parts: str | int) -> bytes:
-    """Length-prefix every part, so ("a:b", "c") and ("a", "b:c") encode differently."""
+    """Length-prefix every part, so ("a:b", "c") and ("a", "b:c") encode differently.
+
+    Raises:
+        CodecError: a part has no UTF-8 form (a lone surrogate).
+    """
     out: list[bytes] = []
-    append = out.append
     for part in parts:
         try:
-            raw = (part if type(part) is str else str(part)).encode("utf-8")
+            raw = str(part).encode("utf-8")
         except UnicodeEncodeError as exc:
             # A lone surrogate (e.g. from json.loads('"\\ud800"')) has no UTF-8 form.
             raise CodecError(f"a key part or argument is not valid unicode: {exc.reason}") from exc
-        append(len(raw).to_bytes(4, "big"))
-        append(raw)
+        out.append(len(raw).to_bytes(4, "big"))
+        out.append(raw)
     return b"".join(out)
 
 
-# The constant leading parts of each hash input, encoded once (the encoding is a concatenation, so
-# head + rest is byte for byte the encoding of all the parts).
-_KEY_HEAD = _encode_parts("sagaguard.key", KEY_VERSION)
-_PROVIDER_HEAD = _encode_parts("sagaguard.provider", KEY_VERSION)
-_FINGERPRINT_HEAD = _encode_parts("sagaguard.fingerprint", KEY_VERSION)
-_FINGERPRINT_PREFIX = f"f{KEY_VERSION}_"
+def _check_part(label: str, part: object) -> None:
+    """Refuse a part of an identity that some backend cannot store as the text it is.
+
+    The readable parts are stored beside the key; Postgres text cannot hold a NUL character
+    (psycopg cuts the string there, so the stored name would differ from the caller's and every
+    replay would conflict) and no backend can store a lone surrogate (no UTF-8 form). Checked
+    here, when the identity is made, so every backend refuses the same names before anything is
+    written.
+
+    Raises:
+        ConfigurationError: not a str, too long, or holding a NUL character.
+        CodecError: a lone surrogate (a ConfigurationError too).
+    """
+    if not isinstance(part, str):
+        raise ConfigurationError(f"{label} must be str, got {type(part).__name__}")
+    if len(part) > _MAX_PART:
+        raise ConfigurationError(f"{label} is longer than {_MAX_PART} characters")
+    if "\x00" in part:
+        raise ConfigurationError(f"{label} contains a NUL character, which Postgres cannot store")
+    try:
+        part.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CodecError(f"{label} is not valid unicode: {exc.reason}") from exc
 
 
 def derive_key(namespace: str, scope: str, name: str, ordinal: int) -> str:
     """The effect key for an identity: ``sg1_`` followed by 64 hex digits (68 characters).
 
     Raises:
-        ConfigurationError: a part is empty where it must not be, too long, or the ordinal is negative.
+        ConfigurationError: a part is empty where it must not be, not a str, too long, holds a NUL
+            character or a lone surrogate (CodecError), or the ordinal is not an int >= 0.
     """
-    if not name:
-        raise ConfigurationError("an effect needs a non-empty name")
-    if type(ordinal) is not int:
-        raise ConfigurationError(f"ordinal must be an int, got {type(ordinal).__name__}")
-    if not (type(namespace) is str and type(scope) is str and type(name) is str):
-        raise ConfigurationError("namespace, scope and name must be str")
-    if ordinal < 0:
-        raise ConfigurationError(f"ordinal must be >= 0, got {ordinal}")
-    for label, part in (("namespace", namespace), ("scope", scope), ("name", name)):
-        if len(part) > _MAX_PART:
-            raise ConfigurationError(f"{label} is longer than {_MAX_PART} characters")
-    digest = hashlib.sha256(_KEY_HEAD + _encode_parts(namespace, scope, name, ordinal))
-    return f"sg{KEY_VERSION}_{digest.hexdigest()}"
-
-
-_TAILS_KEPT = 64
-"""Ordinals for which a key deriver keeps the encoded end of the hash input (name and ordinal)."""
+    return key_deriver(namespace, name)(scope, ordinal)
 
 
 def key_deriver(namespace: str, name: str) -> Callable[[str, int], str]:
     """:func:`derive_key` with the namespace and the name fixed: ``key_deriver(ns, name)(scope, n)``
-    equals ``derive_key(ns, scope, name, n)``.
+    is ``derive_key(ns, scope, name, n)``, the one derivation of every key.
 
-    A guarded function derives a key on every call with the same namespace and name, so those are
-    checked and encoded once, here, and each call encodes only its scope and ordinal.
+    The hash input is the length-prefixed encoding of ("sagaguard.key", version, namespace, scope,
+    name, ordinal); an encoding of parts is the concatenation of each part's, so the parts fixed
+    here are encoded once.
 
     Raises:
         ConfigurationError: as :func:`derive_key`, for the namespace and name now, for a scope or an
-            ordinal when the returned function is called (CodecError for a scope with no UTF-8 form).
+            ordinal when the returned function is called.
     """
-    derive_key(namespace, "", name, 0)  # the same checks and errors as a full derivation
-    head = _KEY_HEAD + _encode_parts(namespace)
+    if not name:
+        raise ConfigurationError("an effect needs a non-empty name")
+    if type(namespace) is not str or type(name) is not str:
+        raise ConfigurationError("namespace, scope and name must be str")
+    _check_part("namespace", namespace)
+    _check_part("name", name)
+    head = _encode_parts("sagaguard.key", KEY_VERSION, namespace)
     tail = _encode_parts(name)
-    # The encoded name and ordinal that end the hash input, for the first ordinals (most effects are
-    # called a few times per scope): each call then encodes only its scope.
-    tails = [tail + _encode_parts(n) for n in range(_TAILS_KEPT)]
-    sha256, prefix = hashlib.sha256, f"sg{KEY_VERSION}_"
+    prefix = f"sg{KEY_VERSION}_"
 
     def derive(scope: str, ordinal: int) -> str:
-        if type(scope) is not str or type(ordinal) is not int or ordinal < 0 or len(scope) > _MAX_PART:
-            return derive_key(namespace, scope, name, ordinal)  # raises the error it would have
-        try:
-            raw = scope.encode()
-        except UnicodeEncodeError:
-            return derive_key(namespace, scope, name, ordinal)  # raises CodecError
-        if ordinal < _TAILS_KEPT:
-            rest = tails[ordinal]
-        else:
-            count = str(ordinal).encode()
-            rest = tail + len(count).to_bytes(4, "big") + count
-        return prefix + sha256(head + len(raw).to_bytes(4, "big") + raw + rest).hexdigest()
+        if type(ordinal) is not int:
+            raise ConfigurationError(f"ordinal must be an int, got {type(ordinal).__name__}")
+        if ordinal < 0:
+            raise ConfigurationError(f"ordinal must be >= 0, got {ordinal}")
+        if type(scope) is not str:
+            raise ConfigurationError("namespace, scope and name must be str")
+        _check_part("scope", scope)
+        digest = hashlib.sha256(head + _encode_parts(scope) + tail + _encode_parts(ordinal))
+        return prefix + digest.hexdigest()
 
     return derive
 
@@ -130,13 +135,13 @@ def derive_explicit_key(namespace: str, key: str, name: str) -> str:
     one order id used as the key of ``pay.charge`` and of ``mail.receipt`` names two effects.
 
     Raises:
-        ConfigurationError: ``key`` or ``name`` is empty or too long.
+        ConfigurationError: ``key`` or ``name`` is empty; a part is too long or holds a NUL
+            character or a lone surrogate (CodecError).
     """
     if not key or not name:
         raise ConfigurationError("an explicit key and its effect name must not be empty")
     for label, part in (("namespace", namespace), ("key", key), ("name", name)):
-        if len(part) > _MAX_PART:
-            raise ConfigurationError(f"{label} is longer than {_MAX_PART} characters")
+        _check_part(label, part)
     digest = hashlib.sha256(_encode_parts("sagaguard.explicit", KEY_VERSION, namespace, key, name))
     return f"sg{KEY_VERSION}_{digest.hexdigest()}"
 
@@ -147,58 +152,16 @@ def provider_key(key: str) -> str:
     Derived from the effect key (not equal to it, so a leaked provider key reveals nothing of the
     store), stable across processes: a re-send after an in-doubt crash is absorbed by the provider.
     """
-    digest = hashlib.sha256(_PROVIDER_HEAD + _encode_parts(key))
+    digest = hashlib.sha256(_encode_parts("sagaguard.provider", KEY_VERSION, key))
     return f"sg{KEY_VERSION}p_{digest.hexdigest()[:48]}"
 
 
 _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-"""The canonical encoder, built once: what ``json.dumps`` with these options builds on every call."""
+"""The canonical encoder."""
 
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-"""Exact types that :func:`to_jsonable_python` returns unchanged, so a flat mapping of them needs no
-conversion (subclasses such as enums and named ints still go through it)."""
-
-
-_BIG = 10**4000
-_quote = json.encoder.encode_basestring  # what the canonical encoder (ensure_ascii=False) writes
-_int_repr, _float_repr = int.__repr__, float.__repr__
-_sha256 = hashlib.sha256
-
-
-def _flat_text(data: Mapping[str, Any]) -> str | None:
-    """The canonical JSON of a flat mapping of plain values, as :data:`_JSON` writes it, or None.
-
-    The common arguments (a few strings and numbers) skip the general encoder's per-call set-up:
-    keys sorted, ``"key":value`` joined by commas, strings quoted by the encoder's own function,
-    numbers by ``repr`` as the encoder writes them. None for anything else (a non-str key, a nested
-    or non-plain value, a NaN or an infinity), which the general path handles or refuses.
-    """
-    parts: list[str] = []
-    keys: Iterable[Any] = data  # one key needs no sorting (the common case: one argument)
-    if len(data) > 1:
-        try:
-            keys = sorted(data)
-        except TypeError:  # keys of types that do not compare
-            return None
-    for k in keys:
-        if type(k) is not str:
-            return None
-        v = data[k]
-        t = type(v)
-        if t is str:
-            text = _quote(v)
-        elif t is int and -_BIG < v < _BIG:  # past 4300 digits repr refuses: the general path says so
-            text = _int_repr(v)
-        elif t is bool:
-            text = "true" if v else "false"
-        elif v is None:
-            text = "null"
-        elif t is float and v - v == 0.0:  # finite: NaN - NaN and inf - inf are NaN
-            text = _float_repr(v)
-        else:
-            return None
-        parts.append(f"{_quote(k)}:{text}")
-    return "{" + ",".join(parts) + "}"
+"""Exact types that :func:`to_jsonable_python` returns unchanged: a flat mapping of them is encoded
+as it is (converting it would also turn a NaN into null, which the encoder refuses instead)."""
 
 
 def _ordered(value: Any) -> Any:
@@ -240,22 +203,15 @@ def fingerprint(arguments: Mapping[str, Any]) -> str:
     Raises:
         CodecError: an argument cannot be converted to JSON.
     """
-    text = _flat_text(arguments)
-    if text is None:
-        data = dict(arguments)
-        plain = _PLAIN
-        if not all(type(k) is str and type(v) in plain for k, v in data.items()):
-            data = _canonical(data)
-        try:
-            text = _JSON.encode(data)
-        except (TypeError, ValueError) as exc:
-            raise CodecError(f"cannot fingerprint arguments: {exc}") from exc
+    data = dict(arguments)
+    if not all(type(k) is str and type(v) in _PLAIN for k, v in data.items()):
+        data = _canonical(data)
     try:
-        raw = text.encode()
-    except UnicodeEncodeError:
-        _encode_parts(text)  # raises the CodecError every part with no UTF-8 form gets
-        raise
-    return _FINGERPRINT_PREFIX + _sha256(_FINGERPRINT_HEAD + len(raw).to_bytes(4, "big") + raw).hexdigest()
+        text = _JSON.encode(data)
+    except (TypeError, ValueError) as exc:
+        raise CodecError(f"cannot fingerprint arguments: {exc}") from exc
+    digest = hashlib.sha256(_encode_parts("sagaguard.fingerprint", KEY_VERSION, text))
+    return f"f{KEY_VERSION}_{digest.hexdigest()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,29 +247,8 @@ class EffectIdentity:
 
     @staticmethod
     def from_fields(namespace: str, scope: str, name: str, ordinal: int, key: str) -> EffectIdentity:
-        """Exactly ``EffectIdentity(...)`` with the same arguments, built about three times faster.
-
-        For the guard, which builds one on every call. Like :meth:`Record.from_fields
-        <idempotency.records.Record.from_fields>`: the result is a plain frozen identity.
-        """
-        # The frozen dataclass's __init__ sets each field through object.__setattr__; an unfrozen
-        # twin with the same slots takes plain assignments, then becomes the identity by __class__
-        # assignment, which Python allows between two classes of one layout.
-        identity: Any = _new(_IdentityFields)
-        identity.namespace = namespace
-        identity.scope = scope
-        identity.name = name
-        identity.ordinal = ordinal
-        identity.key = key
-        identity.__class__ = EffectIdentity
-        built: EffectIdentity = identity  # typed without a call to cast(), which costs ~0.1 us
-        return built
-
-
-_new = object.__new__
-_IdentityFields = type("_IdentityFields", (), {"__slots__": EffectIdentity.__slots__, "__module__": __name__})
-"""EffectIdentity's slots without its frozen ``__setattr__``: what :meth:`EffectIdentity.from_fields`
-fills."""
+        """``EffectIdentity(...)`` with the same arguments (no check: the key is already derived)."""
+        return EffectIdentity(namespace, scope, name, ordinal, key)
 
 
 @dataclass(slots=True)

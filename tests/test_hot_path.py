@@ -1,7 +1,7 @@
 """The guard's fast paths say and do exactly what the general paths do.
 
-Each shortcut taken on every call (the flat canonical fingerprint, the key deriver fixed per effect,
-the codec writing plain results directly, the Redis store reading its replies off the socket, the
+Each shortcut taken on every call (the key deriver fixed per effect, the codec writing plain
+results directly, the Redis store reading its replies off the socket, the
 operation built once for :meth:`Guard.run`, skipping no-op spans) is checked here against the path
 it short-cuts, or against the behaviour it must keep.
 """
@@ -22,35 +22,10 @@ from hypothesis import strategies as st
 
 from idempotency import CodecError, ConfigurationError, Guard, LostOwnership, MemoryStore, scope
 from idempotency.codec import Codec
-from idempotency.keys import _JSON, _flat_text, derive_key, fingerprint, key_deriver
+from idempotency.keys import derive_key, fingerprint, key_deriver
 from idempotency.stores.redis import _reply
 
 # ------------------------------------------------------------------------------ fingerprints
-
-flat_values = (
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
-)
-
-
-@given(st.dictionaries(st.text(), flat_values, max_size=6))
-def test_flat_text_is_the_canonical_encoders_text(data: dict[str, Any]) -> None:
-    assert _flat_text(data) == _JSON.encode(data)
-
-
-@pytest.mark.parametrize(
-    "data",
-    [
-        {"a": float("nan")},
-        {"a": float("inf")},
-        {"a": [1, 2]},
-        {"a": {"b": 1}},
-        {1: 2},
-        {"a": 1, 2: 3},
-    ],
-)
-def test_flat_text_leaves_the_rest_to_the_general_path(data: dict[Any, Any]) -> None:
-    assert _flat_text(data) is None
-
 
 def test_fingerprint_of_an_int_subclass_and_a_nan_are_unchanged() -> None:
     class Level(int):
