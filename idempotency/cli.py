@@ -36,6 +36,7 @@ from idempotency.errors import ConfigurationError, IdempotencyError, LostOwnersh
 from idempotency.records import Disposition, Record, State
 from idempotency.store import IdempotencyStore
 from idempotency.stores import DEFAULT_URL, open_store
+from idempotency.stores.urls import masked
 
 __all__ = ["main"]
 
@@ -335,7 +336,7 @@ def _open(url: str) -> IdempotencyStore:
     except ModuleNotFoundError as exc:
         extra = {"redis": "redis", "psycopg": "postgres"}.get((exc.name or "").split(".")[0])
         hint = f": pip install 'sagaguard[{extra}]'" if extra else ""
-        raise CliError(f"the store {url!r} needs the {exc.name!r} package{hint}", EXIT_USAGE) from exc
+        raise CliError(f"the store {masked(url)!r} needs the {exc.name!r} package{hint}", EXIT_USAGE) from exc
 
 
 def _find(store: IdempotencyStore, key: str) -> Record:

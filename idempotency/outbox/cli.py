@@ -156,11 +156,12 @@ def _url(args: argparse.Namespace) -> str:
 
 
 def _engine(url: str, action: str) -> sa.Engine:
-    if url.startswith(("memory:", "redis")):
-        raise ConfigurationError(
-            f"the outbox lives in SQLite or Postgres, not {url.split(':', maxsplit=1)[0]}: pass --db"
-        )
     from idempotency.stores.sql import make_engine
+    from idempotency.stores.urls import check_url
+
+    scheme = check_url(url, what="outbox database")
+    if scheme not in ("sqlite", "postgresql"):
+        raise ConfigurationError(f"the outbox lives in SQLite or Postgres, not {scheme}: pass --db")
 
     engine = make_engine(url)
     database = engine.url.database

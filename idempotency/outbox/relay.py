@@ -110,7 +110,8 @@ class Relay:
             test backoff and lease expiry without sleeping. Default: the database's clock.
 
     Raises:
-        ConfigurationError: bad settings or database.
+        ConfigurationError: bad settings or database (a URL is checked as
+            :func:`~idempotency.stores.urls.check_url` does).
     """
 
     def __init__(
@@ -133,10 +134,13 @@ class Relay:
         if isinstance(engine, OutboxDb):
             self.db = engine
         else:
-            if isinstance(engine, str):
+            if not isinstance(engine, sa.Engine):
                 from idempotency.stores.sql import make_engine
+                from idempotency.stores.urls import check_url
 
-                engine = self._owned_engine = make_engine(engine)
+                if check_url(engine, what="outbox database") not in ("sqlite", "postgresql"):
+                    raise ConfigurationError("the outbox lives in SQLite or Postgres, not this URL's backend")
+                engine = self._owned_engine = make_engine(str(engine))
             self.db = OutboxDb(
                 engine,
                 table,
