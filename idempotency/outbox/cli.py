@@ -140,6 +140,14 @@ def _print_status(status: OutboxStatus, out: TextIO) -> None:
     ]
     for name, value in rows:
         print(f"{name.ljust(14)}  {value}", file=out)
+    if status.blocked:
+        # Not in the depth: no relay delivers them until the dead letter is replayed or discarded.
+        print(f"blocked behind a dead letter: {status.blocked:,}", file=out)
+        for agg in status.blocked_aggregates:
+            print(f"  {agg.aggregatetype}/{agg.aggregateid}: {agg.blocked:,}", file=out)
+        if sum(a.blocked for a in status.blocked_aggregates) < status.blocked:
+            print("  ...", file=out)
+        print("  (sagaguard outbox dead lists them; replay or discard to let the rest go)", file=out)
 
 
 # ----------------------------------------------------------------------------------- commands
