@@ -29,10 +29,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from connectors.telemetry import usage_of
+from idempotency.cliutil import open_existing_store
 from idempotency.errors import ConfigurationError, IdempotencyError
 from idempotency.records import Record, State
 from idempotency.store import IdempotencyStore
-from idempotency.stores import DEFAULT_URL, open_store
+from idempotency.stores import DEFAULT_URL
 
 __all__ = ["Savings", "add_commands", "main", "run", "savings"]
 
@@ -147,7 +148,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return EXIT_USAGE
     store: IdempotencyStore | None = None
     try:
-        store = open_store(getattr(args, "store", None) or os.environ.get(ENV_STORE) or DEFAULT_URL)
+        # A read command: it never creates a SQLite file or a table (a typo must not look fine).
+        store = open_existing_store(getattr(args, "store", None) or os.environ.get(ENV_STORE) or DEFAULT_URL)
         return command(store, args, out or sys.stdout)
     except ConfigurationError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

@@ -57,12 +57,20 @@ from pydantic import BaseModel
 
 from connectors.telemetry import record_llm_call
 from idempotency.effect import NO_RETRY, Policy
-from idempotency.errors import ConfigurationError, NoScope
+from idempotency.errors import CodecError, ConfigurationError, NoScope
 from idempotency.guard import Guard
 from idempotency.keys import current_scope, fingerprint, scope
 from idempotency.records import Disposition
 
-__all__ = ["CrewGuard", "dump_answer", "kickoff_id", "load_answer", "task_scope_id"]
+__all__ = [
+    "ANSWER_TYPES",
+    "CrewGuard",
+    "UnknownAnswerType",
+    "dump_answer",
+    "kickoff_id",
+    "load_answer",
+    "task_scope_id",
+]
 
 _KICKOFF = "crew_kickoff_started"
 _TASK_STARTED = "task_started"
@@ -164,19 +172,54 @@ def _default(value: Any) -> Any:
     return str(value)
 
 
-def _model_type(model: BaseModel) -> str:
-    return f"{type(model).__module__}:{type(model).__qualname__}"
+class UnknownAnswerType(CodecError):
+    """A journaled model answer names a type the adapter was not given: it is never imported.
+
+    Whoever can write to the ledger would otherwise choose what gets imported (the same class of
+    hole as unpickling). Pass the type to ``CrewGuard(models=...)`` if it is yours.
+    """
 
 
-def _load_model(spec: Mapping[str, Any]) -> BaseModel:
-    module, _, qualname = str(spec["type"]).partition(":")
-    found: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        found = getattr(found, part)
-    # Only pydantic models are rebuilt, and only through their own validation.
-    if not (isinstance(found, type) and issubclass(found, BaseModel)):
-        raise ConfigurationError(f"a journaled model answer names {spec['type']!r}, not a pydantic model")
-    return found.model_validate(spec["data"])
+ANSWER_TYPES: tuple[tuple[str, str], ...] = (
+    ("openai.types.chat", "ChatCompletionMessageFunctionToolCall"),
+    ("openai.types.chat", "ChatCompletionMessageCustomToolCall"),
+    ("openai.types.chat", "ChatCompletionMessageToolCall"),
+    ("litellm.types.utils", "ChatCompletionMessageToolCall"),
+    ("anthropic.types", "ToolUseBlock"),
+)
+"""The model clients' tool-call types a journaled answer may hold besides the crew's own models,
+as (module, name) fixed here, never read from stored data. Those installed are registered."""
+
+
+def _model_type(model: BaseModel | type[BaseModel]) -> str:
+    cls = model if isinstance(model, type) else type(model)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _known_answer_types() -> dict[str, type[BaseModel]]:
+    """The installed types of :data:`ANSWER_TYPES`, by the name a journaled answer gives them."""
+    found: dict[str, type[BaseModel]] = {}
+    for module_name, name in ANSWER_TYPES:
+        try:
+            module = importlib.import_module(module_name)  # a name from this file, not from data
+        except ImportError:
+            continue
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseModel):
+            found[_model_type(cls)] = cls
+    return found
+
+
+def _load_model(spec: Mapping[str, Any], models: Mapping[str, type[BaseModel]]) -> BaseModel:
+    name = str(spec.get("type"))
+    cls = models.get(name)
+    if cls is None:
+        raise UnknownAnswerType(
+            f"a journaled model answer names {name!r}, which this CrewGuard was not given "
+            "(the crew's output models, a call's response_model, models=...): it is not imported"
+        )
+    # Rebuilt only through the model's own validation.
+    return cls.model_validate(spec["data"])
 
 
 def dump_answer(answer: Any) -> dict[str, Any]:
@@ -195,12 +238,23 @@ def dump_answer(answer: Any) -> dict[str, Any]:
         raise ConfigurationError(f"a {type(answer).__name__} model answer cannot be journaled") from exc
 
 
-def load_answer(data: Mapping[str, Any]) -> Any:
-    """The inverse of :func:`dump_answer`."""
+def load_answer(data: Mapping[str, Any], models: Mapping[str, type[BaseModel]] | None = None) -> Any:
+    """The inverse of :func:`dump_answer`.
+
+    Args:
+        data: what :func:`dump_answer` stored.
+        models: the pydantic types an answer may be rebuilt as, by ``"module:qualname"`` (a
+            :class:`CrewGuard` passes its registry). A stored answer naming any other type is refused;
+            nothing named by stored data is ever imported.
+
+    Raises:
+        UnknownAnswerType: the answer names a type not in ``models``.
+    """
+    known = models or {}
     if "model" in data:
-        return _load_model(data["model"])
+        return _load_model(data["model"], known)
     if "models" in data:
-        return [_load_model(spec) for spec in data["models"]]
+        return [_load_model(spec, known) for spec in data["models"]]
     return data["json"]
 
 
@@ -226,6 +280,11 @@ class CrewGuard:
         tool_prefix: prepended to a tool's name to make its effect's name.
         llm_effect: the effect name of the model calls.
         exclude: names of tools that are not guarded (read-only tools).
+        models: pydantic types a journaled model answer may be rebuilt as, besides those the
+            adapter finds itself: the tasks' ``output_pydantic`` / ``output_json`` (registered by
+            :meth:`protect`), a call's ``response_model``, the model clients' tool-call types
+            (:data:`ANSWER_TYPES`) and the types of answers this guard journaled. A journaled answer
+            naming any other type raises :class:`UnknownAnswerType`; it is never imported.
         options: any other :meth:`Guard.run` option for the tool runs (``reconciler=``, ``lease=``).
     """
 
@@ -238,9 +297,14 @@ class CrewGuard:
         tool_prefix: str = "crewai.tool.",
         llm_effect: str = "crewai.llm",
         exclude: Collection[str] = (),
+        models: Iterable[type[BaseModel]] = (),
         **options: Any,
     ) -> None:
         self.guard = guard
+        self._models: dict[str, type[BaseModel]] = _known_answer_types()
+        self._models_lock = threading.Lock()
+        for model in models:
+            self.register(model)
         self.journal_llm = journal_llm
         self.tool_prefix = tool_prefix
         self.llm_effect = llm_effect
@@ -249,6 +313,21 @@ class CrewGuard:
         self._counts = _Counts()
 
     # -- wiring ----------------------------------------------------------------------------------
+
+    def register(self, model: Any) -> None:
+        """Allow journaled answers to be rebuilt as ``model`` (a pydantic model class).
+
+        Raises:
+            ConfigurationError: ``model`` is not a pydantic model class.
+        """
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise ConfigurationError(f"a CrewGuard rebuilds pydantic model classes only, not {model!r}")
+        with self._models_lock:
+            self._models[_model_type(model)] = model
+
+    def _register_declared(self, model: Any) -> None:
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            self.register(model)
 
     def protect(self, crew: Crew) -> Crew:
         """Guard the tools and journal the models of every agent and task of ``crew``, in place
@@ -270,6 +349,8 @@ class CrewGuard:
             self.protect_agent(agent)
         for task in crew.tasks or []:
             self.protect_tools(task.tools or [])
+            for declared in (getattr(task, "output_pydantic", None), getattr(task, "output_json", None)):
+                self._register_declared(declared)
         if self.journal_llm:
             for llm in (crew.manager_llm, crew.function_calling_llm, crew.planning_llm):
                 if isinstance(llm, BaseLLM):
@@ -340,7 +421,9 @@ class CrewGuard:
             def ask() -> dict[str, Any]:
                 nonlocal paid
                 paid = True
-                return dump_answer(call(messages, tools, *args, **kwargs))
+                return self._dump(call(messages, tools, *args, **kwargs))
+
+            self._register_declared(kwargs.get("response_model"))
 
             data = self.guard.run(self.llm_effect, ask, **self._llm_options(unit, arguments, n))
             return self._answer(unit, n, data, paid)
@@ -353,7 +436,9 @@ class CrewGuard:
             async def ask() -> dict[str, Any]:
                 nonlocal paid
                 paid = True
-                return dump_answer(await acall(messages, tools, *args, **kwargs))
+                return self._dump(await acall(messages, tools, *args, **kwargs))
+
+            self._register_declared(kwargs.get("response_model"))
 
             data = await self.guard.arun(self.llm_effect, ask, **self._llm_options(unit, arguments, n))
             return self._answer(unit, n, data, paid)
@@ -395,7 +480,16 @@ class CrewGuard:
         # The count advances only when a call returns: a failed one is asked again under its key.
         self._counts.advance(unit, self.llm_effect, n)
         record_llm_call(self.llm_effect, paid=paid, input_tokens=0, output_tokens=0)
-        return load_answer(data)
+        with self._models_lock:
+            models = dict(self._models)
+        return load_answer(data, models)
+
+    def _dump(self, answer: Any) -> dict[str, Any]:
+        """:func:`dump_answer`, registering the types of the answer the live model gave."""
+        for model in answer if isinstance(answer, list) else [answer]:
+            if isinstance(model, BaseModel):
+                self._register_declared(type(model))
+        return dump_answer(answer)
 
 
 def _tool_names(tools: Any) -> list[str]:

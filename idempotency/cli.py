@@ -27,15 +27,14 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import unquote, urlsplit
 
-from idempotency.cliutil import duration, positive
+from idempotency.cliutil import duration, open_existing_store, positive
 from idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
 from idempotency.records import Disposition, Record, State
 from idempotency.store import IdempotencyStore
-from idempotency.stores import DEFAULT_URL, open_store
+from idempotency.stores import DEFAULT_URL
+from idempotency.stores.urls import masked
 
 __all__ = ["main"]
 
@@ -312,30 +311,20 @@ def _show(record: Record, now: float, out: TextIO) -> None:
 # ---------------------------------------------------------------------------------- commands
 
 
-def _sqlite_file(url: str) -> Path | None:
-    """The file a ``sqlite:///path`` URL names; None for in-memory SQLite or another scheme."""
-    parts = urlsplit(url)
-    if not parts.scheme.lower().startswith("sqlite"):
-        return None
-    path = unquote(parts.path)
-    if path.startswith("/"):
-        path = path[1:]  # sqlite:///rel.db -> rel.db, sqlite:////abs.db -> /abs.db
-    if not path or path == ":memory:" or path.startswith("file:"):
-        return None
-    return Path(path)
-
-
 def _open(url: str) -> IdempotencyStore:
-    """Open the store, refusing to create a SQLite file that does not exist (a typo would list nothing)."""
-    file = _sqlite_file(url)
-    if file is not None and not file.exists():
-        raise CliError(f"no SQLite store at {file} (the file does not exist); check --store or ${ENV_STORE}")
+    """Open the store without creating anything: no SQLite file, no table (a typo would list nothing).
+
+    Raises:
+        SchemaMissing: the SQLite file or the effects table does not exist (the URL named, password
+            masked).
+        CliError: the backend's driver is not installed.
+    """
     try:
-        return open_store(url)
+        return open_existing_store(url)
     except ModuleNotFoundError as exc:
         extra = {"redis": "redis", "psycopg": "postgres"}.get((exc.name or "").split(".")[0])
         hint = f": pip install 'sagaguard[{extra}]'" if extra else ""
-        raise CliError(f"the store {url!r} needs the {exc.name!r} package{hint}", EXIT_USAGE) from exc
+        raise CliError(f"the store {masked(url)!r} needs the {exc.name!r} package{hint}", EXIT_USAGE) from exc
 
 
 def _find(store: IdempotencyStore, key: str) -> Record:

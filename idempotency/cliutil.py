@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
-__all__ = ["duration", "positive"]
+from idempotency.errors import IdempotencyError, StoreUnavailable
+from idempotency.store import IdempotencyStore
+from idempotency.stores.urls import check_url, masked
+
+__all__ = [
+    "SchemaMissing",
+    "duration",
+    "open_existing_store",
+    "positive",
+    "require_schema",
+    "sqlite_file",
+]
 
 
 def duration(seconds: float) -> str:
@@ -34,3 +47,81 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
         return value
 
     return parse
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a ``sqlite:///path`` URL names; None for in-memory SQLite or another scheme."""
+    parts = urlsplit(url)
+    if not parts.scheme.lower().startswith("sqlite"):
+        return None
+    path = unquote(parts.path)
+    if path.startswith("/"):
+        path = path[1:]  # sqlite:///rel.db -> rel.db, sqlite:////abs.db -> /abs.db
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    return Path(path)
+
+
+class SchemaMissing(IdempotencyError, LookupError):
+    """An operator's command found no database, or no sagaguard table, at the URL it was given."""
+
+
+def require_schema(url: str, tables: Sequence[str], *, what: str, option: str = "--store") -> None:
+    """Check that the SQL database at ``url`` holds ``tables``, creating nothing.
+
+    A SQLite file that does not exist is reported, not opened (opening would create it), and the
+    tables are looked up, never created. Operators' commands call it before opening a store or
+    journal with ``create=False``, so a typo in a URL fails naming the URL (password masked) instead
+    of creating an empty database that lists nothing.
+
+    Args:
+        url: a ``sqlite://`` or ``postgresql://`` URL.
+        tables: the tables that must exist.
+        what: what they hold ("effect records", "sagas"), for the message.
+        option: the option that names the URL, for the message.
+
+    Raises:
+        SchemaMissing: the SQLite file or a table does not exist.
+        ConfigurationError: the URL cannot be used.
+        StoreUnavailable: the database cannot be reached.
+    """
+    import sqlalchemy as sa
+
+    from idempotency.stores.sql import make_engine
+
+    file = sqlite_file(url)
+    if file is not None and not file.exists():
+        raise SchemaMissing(
+            f"no SQLite database at {file} (the file does not exist): check {option} or $SAGAGUARD_STORE"
+        )
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = set(sa.inspect(conn).get_table_names())
+    except sa.exc.OperationalError as exc:
+        raise StoreUnavailable(f"cannot reach {masked(url)}: {type(exc.orig or exc).__name__}") from exc
+    finally:
+        engine.dispose()
+    absent = [t for t in tables if t not in found]
+    if absent:
+        raise SchemaMissing(
+            f"no {what} at {masked(url)} (no table {', '.join(absent)}): check {option} or "
+            "$SAGAGUARD_STORE; the application creates the schema when it first runs"
+        )
+
+
+def open_existing_store(url: str) -> IdempotencyStore:
+    """The effect store at ``url``, opened without creating a file or a table.
+
+    Raises:
+        SchemaMissing: a SQL URL names no database file or no effects table.
+        ConfigurationError: the URL cannot be used.
+        StoreUnavailable: the store cannot be reached.
+    """
+    from idempotency.stores import open_store
+    from idempotency.stores.sql import DEFAULT_TABLE, SqlStore
+
+    if check_url(url, what="store") not in ("sqlite", "postgresql"):
+        return open_store(url)
+    require_schema(url, [DEFAULT_TABLE], what="effect records")
+    return SqlStore(url, create=False)

@@ -10,10 +10,14 @@
     sagaguard sagas resolve SAGA_ID STEP [--note TEXT]
     sagaguard sagas worker --app MODULE:ATTR [--guard MODULE:ATTR] [--interval S] [--once] ...
 
-The journal is ``--journal``, else ``$SAGAGUARD_JOURNAL``, else ``$SAGAGUARD_STORE``, else
-``sqlite:///sagaguard.db``. The worker imports the saga definitions it may run from ``--app``
-(a :class:`~saga.registry.SagaRegistry`, one saga, a list of sagas, or a function returning one) and
-uses the module's ``guard`` (or ``--guard``, or a guard on ``--store``) for compensations.
+The store is the one every ``sagaguard`` command uses: ``--store`` (before ``sagas`` or after its
+action), else ``$SAGAGUARD_STORE``, else ``sqlite:///sagaguard.db``; it holds the saga journal and
+the worker's guard. ``--journal`` and ``$SAGAGUARD_JOURNAL`` are deprecated aliases (a warning on
+stderr). Every command but ``worker`` opens it without creating anything: a SQLite file or saga
+table that does not exist is an error naming the URL, never an empty database. The worker imports
+the saga definitions it may run from ``--app`` (a :class:`~saga.registry.SagaRegistry`, one saga, a
+list of sagas, or a function returning one) and uses the module's ``guard`` (or ``--guard``, or a
+guard on ``--store``) for compensations.
 
 :func:`add_commands` adds ``sagas`` to another CLI's sub-parsers (the ``sagaguard`` command); the
 parsed namespace carries ``saga_command``, which :func:`run` dispatches. :func:`main` runs the
@@ -34,11 +38,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from idempotency.cliutil import duration, positive
+from idempotency.cliutil import duration, positive, require_schema
 from idempotency.errors import ConfigurationError, IdempotencyError
 from idempotency.guard import Guard
-from idempotency.stores import DEFAULT_URL as STORE_URL
 from idempotency.stores import open_store
+from idempotency.stores.urls import check_url, masked
 from saga.control import cancel, resolve, retry, signal
 from saga.definition import Saga
 from saga.errors import SagaError, SagaNotFound
@@ -78,10 +82,13 @@ def add_commands(subparsers: Any) -> None:
     """
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument(
-        "--journal",
+        "--store",
         metavar="URL",
         default=argparse.SUPPRESS,
-        help=f"the saga journal (default: ${ENV_JOURNAL}, else ${ENV_STORE}, else {DEFAULT_URL})",
+        help=f"the store holding the sagas (default: ${ENV_STORE}, else {DEFAULT_URL})",
+    )
+    where.add_argument(
+        "--journal", metavar="URL", default=argparse.SUPPRESS, help="deprecated alias of --store"
     )
     sagas = subparsers.add_parser("sagas", help="list, inspect, signal, cancel and recover sagas")
     sagas.set_defaults(saga_command=None, saga_parser=sagas)
@@ -160,9 +167,6 @@ def add_commands(subparsers: Any) -> None:
     )
     worker.add_argument("--app", required=True, metavar="MODULE:ATTR", help="the saga definitions")
     worker.add_argument("--guard", metavar="MODULE:ATTR", help="the effect guard (default: the app's)")
-    worker.add_argument(
-        "--store", metavar="URL", default=argparse.SUPPRESS, help=f"guard store (${ENV_STORE}, {STORE_URL})"
-    )
     worker.add_argument(
         "--interval", type=positive(float), default=5.0, metavar="S", help="seconds between sweeps (5)"
     )
@@ -270,12 +274,44 @@ def _show(snapshot: SagaSnapshot, now: float, out: TextIO) -> None:
 # ---------------------------------------------------------------------------------- commands
 
 
+def store_url(args: argparse.Namespace) -> str:
+    """The one store URL: ``--store``, else ``$SAGAGUARD_STORE``, else the default; the deprecated
+    ``--journal`` / ``$SAGAGUARD_JOURNAL`` only when neither of the first two is given.
+
+    Raises:
+        CliError: ``--store`` and ``--journal`` name different URLs.
+    """
+    flag, alias = getattr(args, "store", None), getattr(args, "journal", None)
+    if alias is not None:
+        print(f"{PROG}: --journal is deprecated: use --store", file=sys.stderr)
+        if flag is not None and flag != alias:
+            raise CliError("--store and the deprecated --journal name different URLs", EXIT_USAGE)
+    if flag or alias:
+        return str(flag or alias)
+    if os.environ.get(ENV_STORE):
+        return os.environ[ENV_STORE]
+    if os.environ.get(ENV_JOURNAL):
+        print(f"{PROG}: ${ENV_JOURNAL} is deprecated: use ${ENV_STORE}", file=sys.stderr)
+        return os.environ[ENV_JOURNAL]
+    return DEFAULT_URL
+
+
 def _journal(args: argparse.Namespace) -> SagaJournal:
-    url = getattr(args, "journal", None) or os.environ.get(ENV_JOURNAL) or os.environ.get(ENV_STORE)
+    """The journal on the store URL. Only the worker may create its tables; every other command
+    opens it as it is, so a mistyped URL is an error naming it rather than an empty journal."""
+    url = store_url(args)
     try:
-        return open_journal(url or DEFAULT_URL)
+        scheme = check_url(url, what="store")
+        if scheme not in ("sqlite", "postgresql") or getattr(args, "saga_command", None) is cmd_worker:
+            return open_journal(url)
+        from saga.journals.sql import SqlJournal
+        from saga.journals.sql_schema import DEFAULT_PREFIX, journal_models
+
+        tables = [str(model.__tablename__) for model in journal_models(DEFAULT_PREFIX)]
+        require_schema(url, tables, what="sagas")
+        return SqlJournal(url, create=False)
     except ModuleNotFoundError as exc:
-        raise CliError(f"the journal needs the {exc.name!r} package", EXIT_USAGE) from exc
+        raise CliError(f"the store {masked(url)!r} needs the {exc.name!r} package", EXIT_USAGE) from exc
 
 
 def cmd_list(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int:
@@ -385,8 +421,7 @@ def _guard(args: argparse.Namespace) -> Guard:
         return found
     if args.guard:
         raise CliError(f"{args.guard!r} is not a Guard", EXIT_USAGE)
-    url = getattr(args, "store", None) or os.environ.get(ENV_STORE) or STORE_URL
-    return Guard(open_store(url))
+    return Guard(open_store(store_url(args)))
 
 
 def _print_report(report: RecoveryReport, out: TextIO) -> None:

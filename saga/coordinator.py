@@ -21,6 +21,7 @@ from saga.decisions import (
     Compensate,
     Done,
     Next,
+    RetryAction,
     RunStep,
     SetState,
     StartAction,
@@ -29,12 +30,15 @@ from saga.decisions import (
     apply,
     check,
     compensation_failure_state,
+    compensation_retry,
+    compensation_retry_base,
     decide,
     decide_start,
     failure_state,
     merge_steps,
     needs_compensation,
     pivot_started,
+    recovery_allowance,
     step_deadline,
     wake_at,
 )
@@ -102,10 +106,10 @@ class _Retrier:
 
     __slots__ = ("_retry", "_state", "attempt")
 
-    def __init__(self, retry: Retry) -> None:
+    def __init__(self, retry: Retry, first: int = 1) -> None:
         self._retry = retry
         self._state: tenacity.RetryCallState | None = None  # built on the first failure only
-        self.attempt = 1
+        self.attempt = first
 
     def next_pause(self, exc: BaseException) -> float | None:
         """Seconds to wait before the next try, or None to give up."""
@@ -160,6 +164,9 @@ class SagaFlow:
             None for no cap.
         registry: where the definition of another version of this saga is found, so an instance
             started on that version finishes on it.
+        compensation_inline: seconds the flow may sleep between attempts of one failing
+            compensation before it parks the saga for the recovery worker (see
+            :func:`~saga.decisions.compensation_retry`).
     """
 
     def __init__(
@@ -174,6 +181,7 @@ class SagaFlow:
         wait: float,
         max_recoveries: int | None = None,
         registry: SagaRegistry | None = None,
+        compensation_inline: float = 2.0,
     ) -> None:
         self.saga = saga
         self.saga_id = saga_id
@@ -184,7 +192,10 @@ class SagaFlow:
         self.wait = wait
         self.max_recoveries = max_recoveries
         self.registry = registry
+        self.compensation_inline = compensation_inline
         self.token = 0
+        self._parked = False
+        """Set when a failing compensation parked the saga for a later retry: the run ends there."""
         self.results: dict[str, Any] = {}
         self.signals: dict[str, str] = {}
         self._fresh: int | None = None
@@ -204,6 +215,7 @@ class SagaFlow:
         *,
         lease: float,
         max_recoveries: int | None = None,
+        compensation_inline: float = 2.0,
     ) -> SagaFlow:
         """A flow for a saga already taken over with ``journal.claim``; drive :meth:`resume`.
 
@@ -214,7 +226,7 @@ class SagaFlow:
         value = saga.input_codec.decode(record.input)
         flow = cls(
             saga, record.saga_id, value, record.input, record.fingerprint,
-            lease=lease, wait=0.0, max_recoveries=max_recoveries,
+            lease=lease, wait=0.0, max_recoveries=max_recoveries, compensation_inline=compensation_inline,
         )  # fmt: skip
         return flow
 
@@ -232,6 +244,7 @@ class SagaFlow:
             self.signals = dict(snapshot.signals)
             self.results = self._decoded_results(snapshot)
             self._fresh = None
+            self._parked = False
             check(self.saga, snapshot)  # the journal's rows, once per take-over
             snapshot = yield from self._cap_recoveries(snapshot)
             snapshot = yield from self._drive(snapshot)
@@ -249,7 +262,9 @@ class SagaFlow:
     def _cap_recoveries(self, snapshot: SagaSnapshot) -> Generator[Op, Any, SagaSnapshot]:
         record = snapshot.saga
         limit = self.max_recoveries
-        if limit is None or record.recoveries <= limit or record.state not in LIVE_STATES:
+        if limit is None or record.state not in LIVE_STATES:
+            return snapshot
+        if record.recoveries <= limit + recovery_allowance(snapshot):  # parked retries do not count
             return snapshot
         error = encode_error(RecoveryExhausted(self.saga_id, record.recoveries, limit))
         return (yield from self._write(snapshot, Phase(state=SagaState.NEEDS_ATTENTION, error=error)))
@@ -269,6 +284,8 @@ class SagaFlow:
                 self._fresh = move.index
             elif isinstance(move, Compensate):
                 snapshot = yield from self._compensate(snapshot, move.index)
+                if self._parked:
+                    return snapshot  # the recovery worker retries it when its lease runs out
             elif isinstance(move, Abandon):
                 snapshot = yield from self._abandon(snapshot, move.cause)
             else:
@@ -318,9 +335,11 @@ class SagaFlow:
         self.input = other.input_codec.decode(record.input)
         self.input_text = record.input
 
-    def _write(self, snapshot: SagaSnapshot, phase: Phase) -> Generator[Op, Any, SagaSnapshot]:
-        """Commit ``phase`` (see :meth:`_commit`; its lease is the flow's to set)."""
-        return (yield from self._commit(snapshot, phase.steps, phase.state, phase.error, phase))
+    def _write(
+        self, snapshot: SagaSnapshot, phase: Phase, lease: float | None = None
+    ) -> Generator[Op, Any, SagaSnapshot]:
+        """Commit ``phase`` (see :meth:`_commit`; its lease is the flow's, or ``lease``)."""
+        return (yield from self._commit(snapshot, phase.steps, phase.state, phase.error, phase, lease=lease))
 
     def _commit(
         self,
@@ -329,10 +348,13 @@ class SagaFlow:
         state: SagaState | None = None,
         error: str | None = None,
         wait: Phase = _NO_WAIT,
+        *,
+        lease: float | None = None,
     ) -> Generator[Op, Any, SagaSnapshot]:
         """Commit the phase of ``steps``, ``state`` and ``error`` (with the wait fields of
         ``wait``), folding in the next move when it is only a journal write, so that "step i
-        succeeded + step i+1 started" (or "+ saga completed") is one commit."""
+        succeeded + step i+1 started" (or "+ saga completed") is one commit. A live saga's lease
+        is the flow's, or ``lease`` seconds when given."""
         after = applied(snapshot, steps, state, error)
         move = decide(self.saga, after, checked=True)
         given = steps
@@ -350,7 +372,7 @@ class SagaFlow:
             steps=steps,
             state=state,
             error=error,
-            lease=self.lease if live else 0.0,
+            lease=(self.lease if lease is None else lease) if live else 0.0,
             waiting_for=wait.waiting_for,
             wait_until=wait.wait_until,
             wake_at=wait.wake_at,
@@ -518,12 +540,14 @@ class SagaFlow:
         result = None
         if row.state is StepState.SUCCEEDED and row.result is not None:
             result = step.codec.decode(row.result)
-        retrier = _Retrier(step.compensation_retry)
+        retrier = _Retrier(step.compensation_retry, first=1 + compensation_retry_base(row))
         cause = snapshot.saga.error or encode_error(RuntimeError("compensating"))
+        tries, slept = 0, 0.0
         while True:
             ctx = self.context(index, retrier.attempt, error=cause, snapshot=snapshot)
             ran: Ran = yield Undo(ctx, result, self.token, row.trace)
-            attempts = row.compensation_attempts + retrier.attempt
+            tries += 1
+            attempts = row.compensation_attempts + tries
             if ran.error is None:
                 done = row.evolve(state=StepState.COMPENSATED, compensation_attempts=attempts)
                 return (yield from self._write(snapshot, Phase(steps=(done,))))
@@ -531,9 +555,17 @@ class SagaFlow:
             if not isinstance(error, Exception):
                 raise error
             pause = retrier.next_pause(error)
-            if pause is None:
+            action = compensation_retry(pause, slept, self.compensation_inline)
+            if action is RetryAction.GIVE_UP or pause is None:
                 break
+            if action is RetryAction.RETRY_LATER:
+                # Parked COMPENSATING, its lease ending when the next attempt is due: the caller
+                # returns now and the recovery worker takes the saga over then.
+                pending = row.evolve(compensation_error=encode_error(error), compensation_attempts=attempts)
+                self._parked = True
+                return (yield from self._write(snapshot, Phase(steps=(pending,)), lease=max(pause, 1e-3)))
             yield Sleep(pause, self.token)
+            slept += pause
         text = encode_error(error)
         failed = row.evolve(
             state=StepState.COMPENSATION_FAILED, compensation_error=text, compensation_attempts=attempts

@@ -4,8 +4,10 @@
 :func:`decide` maps a saga's journal snapshot to its next move; :func:`failure_state` says where a
 failed step leaves the saga, :func:`compensation_failure_state` where a failed compensation does;
 :func:`abandon_cause`, :func:`step_deadline` and :func:`wake_at` say when cancellation and deadlines
-stop the saga going forward. :mod:`saga.coordinator` strings them together; nothing here reads a
-clock: "now" is the journal time of the snapshot's latest write (``saga.updated_at``).
+stop the saga going forward; :func:`compensation_retry` says whether a failed compensation is
+retried in-line, parked for the recovery worker, or given up. :mod:`saga.coordinator` strings them
+together; nothing here reads a clock: "now" is the journal time of the snapshot's latest write
+(``saga.updated_at``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = [
     "Compensate",
     "Done",
     "Next",
+    "RetryAction",
     "RunStep",
     "SetState",
     "StartAction",
@@ -53,12 +56,15 @@ __all__ = [
     "check",
     "compensation_failure_state",
     "compensation_failures",
+    "compensation_retry",
+    "compensation_retry_base",
     "decide",
     "decide_start",
     "failure_state",
     "merge_steps",
     "needs_compensation",
     "pivot_started",
+    "recovery_allowance",
     "step_deadline",
     "wake_at",
 ]
@@ -202,6 +208,52 @@ def compensation_failures(snapshot: SagaSnapshot) -> str | None:
                 message = row.compensation_error
         failures[row.name] = message
     return encode_error(CompensationsFailed(snapshot.saga.saga_id, failures))
+
+
+class RetryAction(enum.Enum):
+    """What the flow does after a compensation attempt failed (see :func:`compensation_retry`)."""
+
+    RETRY_INLINE = "retry_inline"
+    """Sleep the pause, then try again in this run: the caller waits."""
+    RETRY_LATER = "retry_later"
+    """Park the saga COMPENSATING with its lease running out at the next attempt's time and return:
+    the recovery worker takes it then. The caller does not wait."""
+    GIVE_UP = "give_up"
+    """The retry policy is spent: the compensation failed for good."""
+
+
+def compensation_retry(pause: float | None, slept: float, inline: float) -> RetryAction:
+    """What to do after a failed compensation attempt. Pure.
+
+    Args:
+        pause: the retry policy's wait before the next attempt, or None when it says stop.
+        slept: seconds this run has already slept between attempts of this compensation.
+        inline: seconds a run may sleep in-line between attempts of one compensation; a pause that
+            would take it past that parks the saga for the recovery worker instead.
+    """
+    if pause is None:
+        return RetryAction.GIVE_UP
+    if slept + pause <= inline:
+        return RetryAction.RETRY_INLINE
+    return RetryAction.RETRY_LATER
+
+
+def compensation_retry_base(row: StepRecord) -> int:
+    """The attempts of ``row``'s compensation that count against its retry policy when it is
+    tried again: those already recorded once one has failed (a parked retry, or an operator's retry
+    of a spent one), so the policy's stop and backoff go on across runs instead of restarting. Pure.
+    """
+    return row.compensation_attempts if row.compensation_error is not None else 0
+
+
+def recovery_allowance(snapshot: SagaSnapshot) -> int:
+    """Take-overs of the saga not counted against ``max_recoveries``. Pure.
+
+    A compensation parked for a later retry is taken over by the recovery worker when it is due,
+    which the journal counts as a recovery. Each parking follows at least one recorded attempt, so
+    the recorded compensation attempts bound the parkings: the cap allows that many more.
+    """
+    return sum(row.compensation_attempts for row in snapshot.steps)
 
 
 def needs_compensation(row: StepRecord) -> bool:

@@ -93,6 +93,10 @@ class SagaRunner:
             as NEEDS_ATTENTION (:class:`~saga.errors.RecoveryExhausted`); None for no cap.
         renewer: renews leases during long calls: True (default) for one of its own, with a daemon
             thread started on first use; False for none (each commit still renews the lease).
+        compensation_inline: seconds a run may sleep between attempts of one failing compensation.
+            A longer pause parks the saga COMPENSATING, its lease ending when the next attempt is
+            due, and :meth:`run` returns: the recovery worker (:mod:`saga.recovery`) retries it then,
+            with the compensation's retry policy going on from the attempts already made.
     """
 
     def __init__(
@@ -107,9 +111,13 @@ class SagaRunner:
         registry: SagaRegistry | None = None,
         max_recoveries: int | None = DEFAULT_MAX_RECOVERIES,
         renewer: LeaseRenewer | bool = True,
+        compensation_inline: float = 2.0,
     ) -> None:
         if lease <= 0 or wait < 0:
             raise ConfigurationError("lease must be > 0 and wait >= 0")
+        if not 0 <= compensation_inline < float("inf"):
+            raise ConfigurationError("compensation_inline must be a finite number of seconds >= 0")
+        self.compensation_inline = compensation_inline
         if max_recoveries is not None and max_recoveries < 0:
             raise ConfigurationError("max_recoveries must be >= 0 or None")
         self.journal = journal
@@ -142,11 +150,15 @@ class SagaRunner:
         return SagaFlow(
             saga, saga_id, value, text, printed,
             lease=self.lease, wait=self.wait, max_recoveries=self.max_recoveries, registry=self.registry,
+            compensation_inline=self.compensation_inline,
         )  # fmt: skip
 
     def _claimed_flow(self, saga: Saga[Any], snapshot: SagaSnapshot) -> SagaFlow:
         saga.freeze()
-        return SagaFlow.claimed(saga, snapshot, lease=self.lease, max_recoveries=self.max_recoveries)
+        return SagaFlow.claimed(
+            saga, snapshot, lease=self.lease, max_recoveries=self.max_recoveries,
+            compensation_inline=self.compensation_inline,
+        )  # fmt: skip
 
     def _journal_op(self, flow: SagaFlow, op: Begin | Claim | Write) -> Any:
         if isinstance(op, Begin):
@@ -198,7 +210,9 @@ class SagaRunner:
 
         Returns:
             The outcome: COMPLETED, COMPENSATED, FAILED or NEEDS_ATTENTION, with step results; or
-            WAITING (``waiting_for`` names the signal) when a step waits: nothing is held then.
+            WAITING (``waiting_for`` names the signal) when a step waits: nothing is held then; or
+            COMPENSATING when a compensation keeps failing past ``compensation_inline``: the saga
+            is parked for the recovery worker, which retries it when the next attempt is due.
 
         Raises:
             SagaConflict: the id was started with another input.

@@ -340,11 +340,11 @@ def test_public_names() -> None:
     assert sorted(idempotency.outbox.__all__) == sorted(
         [
             "DEFAULT_MAX_ATTEMPTS", "DEFAULT_RETENTION", "DEFAULT_TABLE", "MAX_PAYLOAD_BYTES", "METADATA",
-            "SCHEMA_VERSION", "DeadLetter", "DeferredEffect", "Message", "MessageNotFound",
-            "MessageStatus", "NotDead", "Outbox", "OutboxControl", "OutboxDb", "OutboxError", "OutboxRow",
-            "OutboxStatus", "Relay", "RelaySettings", "RelayStats", "aenqueue", "check_schema",
-            "create_tables", "current_message", "default_backoff", "encode_payload", "enqueue", "migrate",
-            "outbox_model", "schema_version", "uuid7",
+            "SCHEMA_VERSION", "BlockedAggregate", "DeadLetter", "DeferredEffect", "Message",
+            "MessageNotFound", "MessageStatus", "NotDead", "Outbox", "OutboxControl", "OutboxDb",
+            "OutboxError", "OutboxRow", "OutboxStatus", "Relay", "RelaySettings", "RelayStats",
+            "aenqueue", "check_schema", "create_tables", "current_message", "default_backoff",
+            "encode_payload", "enqueue", "migrate", "outbox_model", "schema_version", "uuid7",
         ]
     )  # fmt: skip
     for name in idempotency.outbox.__all__:

@@ -131,6 +131,9 @@ def test_add_commands_plugs_into_another_parser(app: tuple[ModuleType, str]) -> 
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("effects")
     add_commands(commands)
+    from saga.journals import open_journal
+
+    open_journal(os.environ["SAGAGUARD_JOURNAL"]).close()  # the app's schema: the CLI creates none
     args = parser.parse_args(["sagas", "list", "--limit", "5"])
     assert args.command == "sagas" and args.limit == 5 and callable(args.saga_command)
     assert run(args) == 0

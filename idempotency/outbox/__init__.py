@@ -46,7 +46,7 @@ from idempotency.outbox.model import (
     uuid7,
 )
 from idempotency.outbox.policy import RelaySettings, RelayStats, default_backoff
-from idempotency.outbox.records import DeadLetter, Message, OutboxStatus, current_message
+from idempotency.outbox.records import BlockedAggregate, DeadLetter, Message, OutboxStatus, current_message
 from idempotency.outbox.relay import Relay
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "MAX_PAYLOAD_BYTES",
     "METADATA",
     "SCHEMA_VERSION",
+    "BlockedAggregate",
     "DeadLetter",
     "DeferredEffect",
     "Message",

@@ -140,6 +140,14 @@ def _print_status(status: OutboxStatus, out: TextIO) -> None:
     ]
     for name, value in rows:
         print(f"{name.ljust(14)}  {value}", file=out)
+    if status.blocked:
+        # Not in the depth: no relay delivers them until the dead letter is replayed or discarded.
+        print(f"blocked behind a dead letter: {status.blocked:,}", file=out)
+        for agg in status.blocked_aggregates:
+            print(f"  {agg.aggregatetype}/{agg.aggregateid}: {agg.blocked:,}", file=out)
+        if sum(a.blocked for a in status.blocked_aggregates) < status.blocked:
+            print("  ...", file=out)
+        print("  (sagaguard outbox dead lists them; replay or discard to let the rest go)", file=out)
 
 
 # ----------------------------------------------------------------------------------- commands
@@ -156,11 +164,12 @@ def _url(args: argparse.Namespace) -> str:
 
 
 def _engine(url: str, action: str) -> sa.Engine:
-    if url.startswith(("memory:", "redis")):
-        raise ConfigurationError(
-            f"the outbox lives in SQLite or Postgres, not {url.split(':', maxsplit=1)[0]}: pass --db"
-        )
     from idempotency.stores.sql import make_engine
+    from idempotency.stores.urls import check_url
+
+    scheme = check_url(url, what="outbox database")
+    if scheme not in ("sqlite", "postgresql"):
+        raise ConfigurationError(f"the outbox lives in SQLite or Postgres, not {scheme}: pass --db")
 
     engine = make_engine(url)
     database = engine.url.database

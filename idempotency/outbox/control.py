@@ -26,7 +26,7 @@ from idempotency.errors import ConfigurationError
 from idempotency.outbox.claims import OutboxDb, _uuid_text
 from idempotency.outbox.errors import MessageNotFound, NotDead
 from idempotency.outbox.model import DEFAULT_TABLE, uuid7_floor
-from idempotency.outbox.records import DeadLetter, OutboxStatus
+from idempotency.outbox.records import BlockedAggregate, DeadLetter, OutboxStatus
 
 __all__ = ["DEFAULT_RETENTION", "MessageInfo", "OutboxControl"]
 
@@ -44,6 +44,10 @@ _ALL_COLUMNS = (
     "dedup_key, status, attempts, max_attempts, available_at, lease_until, worker_id, last_error, "
     "created_at, updated_at, delivered_at"
 )
+
+
+_BLOCKED_SHOWN = 20
+"""Aggregates :meth:`OutboxControl.status` names with their blocked messages, most first."""
 
 
 class OutboxControl:
@@ -66,10 +70,23 @@ class OutboxControl:
         t = self.db.quoted
         skip = " FOR UPDATE SKIP LOCKED" if self.db.postgres else ""
         settled = "status IN ('delivered', 'discarded') AND delivered_at <= :cutoff"
+        blocked = (
+            f"EXISTS (SELECT 1 FROM {t} AS d WHERE d.status = 'dead' AND d.aggregatetype = p.aggregatetype "
+            "AND d.aggregateid = p.aggregateid AND d.id < p.id)"
+            if self.db.poison_blocks_aggregate
+            else "(1 = 0)"
+        )
         text = {
-            "counts": f"SELECT count(*) FILTER (WHERE worker_id IS NULL), "
-            f"count(*) FILTER (WHERE worker_id IS NOT NULL), min(created_at), "
-            f"(SELECT count(*) FROM {t} WHERE status = 'dead') FROM {t} WHERE status = 'pending'",
+            # A pending message is blocked when a dead letter of its aggregate is older than it
+            # (and dead letters block their aggregate): no relay delivers it until an operator acts.
+            "counts": f"SELECT count(*) FILTER (WHERE worker_id IS NULL AND NOT blocked), "
+            f"count(*) FILTER (WHERE worker_id IS NOT NULL), min(created_at) FILTER (WHERE NOT blocked), "
+            f"(SELECT count(*) FROM {t} WHERE status = 'dead'), count(*) FILTER (WHERE blocked) "
+            f"FROM (SELECT p.worker_id, p.created_at, {blocked} AS blocked FROM {t} AS p "
+            "WHERE p.status = 'pending') AS q",
+            "blocked": f"SELECT p.aggregatetype, p.aggregateid, count(*) FROM {t} AS p "
+            f"WHERE p.status = 'pending' AND p.worker_id IS NULL AND {blocked} "
+            "GROUP BY p.aggregatetype, p.aggregateid ORDER BY count(*) DESC, 1, 2 LIMIT :limit",
             "dead": f"SELECT {_DEAD_COLUMNS} FROM {t} WHERE status = 'dead' AND id > :after "
             "ORDER BY id LIMIT :limit",
             "dead_first": f"SELECT {_DEAD_COLUMNS} FROM {t} WHERE status = 'dead' ORDER BY id LIMIT :limit",
@@ -113,7 +130,9 @@ class OutboxControl:
             return self._now(cursor)
 
     def status(self) -> OutboxStatus:
-        """Depth (pending + in flight), dead letters and the oldest pending message's age.
+        """Depth (pending + in flight), dead letters, the oldest pending message's age, and the
+        messages blocked behind a dead letter of their aggregate, counted apart (with the
+        aggregates holding most of them), so the depth is what relays can still drain.
 
         Raises:
             StoreUnavailable, StoreError: the database cannot be reached or failed.
@@ -121,13 +140,19 @@ class OutboxControl:
         with self.db.cursor() as cursor:
             now = self._now(cursor)
             rows = self.db.run(cursor, self._sql["counts"], {})
-        pending, in_flight, oldest, dead = rows[0]
+            pending, in_flight, oldest, dead, blocked = rows[0]
+            aggregates: tuple[BlockedAggregate, ...] = ()
+            if blocked:
+                found = self.db.run(cursor, self._sql["blocked"], {"limit": _BLOCKED_SHOWN})
+                aggregates = tuple(BlockedAggregate(str(r[0]), str(r[1]), int(r[2])) for r in found)
         return OutboxStatus(
             pending=int(pending or 0),
             in_flight=int(in_flight or 0),
             dead=int(dead or 0),
             oldest_pending_age=None if oldest is None else max(0.0, now - float(oldest)),
             now=now,
+            blocked=int(blocked or 0),
+            blocked_aggregates=aggregates,
         )
 
     def dead_letters(self, *, limit: int = 100, after: str | None = None) -> list[DeadLetter]:

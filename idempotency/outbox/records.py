@@ -60,22 +60,40 @@ class DeadLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockedAggregate:
+    """An aggregate whose pending messages wait behind one of its dead letters."""
+
+    aggregatetype: str
+    aggregateid: str
+    blocked: int
+    """Its pending messages younger than its oldest dead letter: none is delivered until an operator
+    replays or discards that dead letter."""
+
+
+@dataclass(frozen=True, slots=True)
 class OutboxStatus:
     """How the outbox stands, for an operator or a metrics scrape."""
 
     pending: int
-    """Waiting for a relay (includes messages backing off after a failure)."""
+    """Waiting for a relay (includes messages backing off after a failure), not counting those
+    blocked behind a dead letter."""
     in_flight: int
     """Claimed by a relay (includes claims whose lease ran out, not yet taken over). Stored as
     pending rows with a ``worker_id``."""
     dead: int
     oldest_pending_age: float | None
-    """Seconds since the oldest pending or in-flight message was enqueued; None when there is none."""
+    """Seconds since the oldest pending (not blocked) or in-flight message was enqueued; None when
+    there is none."""
     now: float
+    blocked: int = 0
+    """Pending messages that wait behind a dead letter of their aggregate (while dead letters block
+    their aggregate, the default): they drain only once an operator replays or discards it."""
+    blocked_aggregates: tuple[BlockedAggregate, ...] = ()
+    """The aggregates holding the most blocked messages (at most 20), most first."""
 
     @property
     def depth(self) -> int:
-        """Messages not yet delivered nor given up on: pending + in flight."""
+        """Messages a relay can still deliver: pending + in flight (blocked ones apart)."""
         return self.pending + self.in_flight
 
 

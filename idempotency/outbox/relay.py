@@ -55,6 +55,7 @@ from idempotency.outbox.policy import (
     released,
 )
 from idempotency.outbox.records import Message, _current
+from idempotency.outbox.renewal import ClaimRenewer
 from idempotency.outbox.telemetry import (
     dead_counter,
     delivered_counter,
@@ -110,7 +111,8 @@ class Relay:
             test backoff and lease expiry without sleeping. Default: the database's clock.
 
     Raises:
-        ConfigurationError: bad settings or database.
+        ConfigurationError: bad settings or database (a URL is checked as
+            :func:`~idempotency.stores.urls.check_url` does).
     """
 
     def __init__(
@@ -133,10 +135,13 @@ class Relay:
         if isinstance(engine, OutboxDb):
             self.db = engine
         else:
-            if isinstance(engine, str):
+            if not isinstance(engine, sa.Engine):
                 from idempotency.stores.sql import make_engine
+                from idempotency.stores.urls import check_url
 
-                engine = self._owned_engine = make_engine(engine)
+                if check_url(engine, what="outbox database") not in ("sqlite", "postgresql"):
+                    raise ConfigurationError("the outbox lives in SQLite or Postgres, not this URL's backend")
+                engine = self._owned_engine = make_engine(str(engine))
             self.db = OutboxDb(
                 engine,
                 table,
@@ -146,6 +151,7 @@ class Relay:
             )
         self.control = OutboxControl(self.db)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        self._renewer = ClaimRenewer(f"sagaguard-relay-renew-{self.worker_id}")
         self._clock = clock
         self._stop = threading.Event()
         self._waker = Waker(self.db.engine, self.db.table_name, listen=self.settings.listen)
@@ -258,6 +264,7 @@ class Relay:
     def close(self) -> None:
         """Stop and release threads (and the engine's connections if the relay made the engine)."""
         self.stop()
+        self._renewer.close()
         self._waker.close()
         self._loop.close()
         if self._pool is not None:
@@ -294,18 +301,25 @@ class Relay:
             with lock:
                 outcomes[settle.ref] = settle
 
+        renewing = threading.Lock()
+
         def renew() -> None:
+            # Called by the renewer thread while a handler runs, and between messages (which is
+            # what an injected clock sees); one renewal at a time, the other caller skips.
             nonlocal claimed_at
-            if self._mark() - claimed_at < renew_after:
+            if self._mark() - claimed_at < renew_after or not renewing.acquire(blocking=False):
                 return
-            with lock:
-                still = list(held.values())
-            gone = self.db.extend(batch[0].token, still, self.settings.lease)
-            with lock:
-                lost.update(gone)
-                for ref in gone:
-                    held.pop(ref, None)
-            claimed_at = self._mark()
+            try:
+                with lock:
+                    still = list(held.values())
+                gone = self.db.extend(batch[0].token, still, self.settings.lease)
+                with lock:
+                    lost.update(gone)
+                    for ref in gone:
+                        held.pop(ref, None)
+                claimed_at = self._mark()
+            finally:
+                renewing.release()
 
         def run_group(group: list[Claimed]) -> None:
             for index, claimed in enumerate(group):
@@ -323,38 +337,38 @@ class Relay:
                         record(released(rest))
                     return
 
+        # One renewer on every path: the claims are renewed while a handler runs, not only between
+        # messages, so a handler slower than the lease keeps its message (docs/outbox.md).
+        every = renew_after / 2
         if self.settings.concurrency == 1 or len(groups) <= 1:
             # The common case, kept lean: the batch in id order (so each aggregate's messages in
-            # their order), one at a time, no locks taken per message.
+            # their order), one at a time in this thread, no locks taken per message.
             blocked: set[tuple[str, str]] = set()
-            for claimed in batch:
-                key = (claimed.aggregatetype, claimed.aggregateid)
-                if claimed.ref in lost:
-                    blocked.add(key)
-                    continue
-                if key in blocked or self._stop.is_set():
-                    blocked.add(key)
-                    outcomes[claimed.ref] = released(claimed)
-                    continue
-                started.add(claimed.ref)
-                settle = outcomes[claimed.ref] = self._deliver(claimed, tracing)
-                if settle.status != MessageStatus.DELIVERED:
-                    blocked.add(key)
-                if self._mark() - claimed_at >= renew_after:
-                    with contextlib.suppress(StoreError):
-                        renew()
+            with self._renewer.renewing(renew, every):
+                for claimed in batch:
+                    key = (claimed.aggregatetype, claimed.aggregateid)
+                    if claimed.ref in lost:
+                        blocked.add(key)
+                        continue
+                    if key in blocked or self._stop.is_set():
+                        blocked.add(key)
+                        outcomes[claimed.ref] = released(claimed)
+                        continue
+                    started.add(claimed.ref)
+                    settle = outcomes[claimed.ref] = self._deliver(claimed, tracing)
+                    if settle.status != MessageStatus.DELIVERED:
+                        blocked.add(key)
+                    if self._mark() - claimed_at >= renew_after:
+                        with contextlib.suppress(StoreError):
+                            renew()
             return
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self.settings.concurrency, thread_name_prefix="sagaguard-relay"
             )
-        futures = [self._pool.submit(run_group, group) for group in groups.values()]
-        pending = set(futures)
-        while pending:
-            _, pending = concurrent.futures.wait(pending, timeout=renew_after / 2)
-            if pending:
-                with contextlib.suppress(StoreError):
-                    renew()
+        with self._renewer.renewing(renew, every):
+            futures = [self._pool.submit(run_group, group) for group in groups.values()]
+            concurrent.futures.wait(futures)
         for future in futures:
             future.result()  # a BaseException from a handler surfaces here
 

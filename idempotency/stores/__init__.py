@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from idempotency.errors import ConfigurationError
 from idempotency.store import IdempotencyStore
 from idempotency.stores.memory import MemoryStore
+from idempotency.stores.urls import check_url
 
 __all__ = ["DEFAULT_URL", "MemoryStore", "open_store"]
 
@@ -31,13 +31,14 @@ def open_store(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = No
         clock: inject a clock (tests); by default the store uses its server's own time.
 
     Raises:
-        ConfigurationError: the scheme is unknown.
+        ConfigurationError: ``url`` is not a string, is malformed, has an unknown scheme, or leaves
+            the host or database to a driver default (see :func:`~idempotency.stores.urls.check_url`).
         StoreUnavailable: the backend cannot be reached.
     """
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    scheme = check_url(url, what="store")
     if scheme == "memory":
         return MemoryStore(clock=clock)
-    if scheme.startswith(("sqlite", "postgres")):
+    if scheme in ("sqlite", "postgresql"):
         from idempotency.stores.sql import SqlStore
 
         return SqlStore(url, clock=clock)
@@ -45,7 +46,4 @@ def open_store(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = No
         from idempotency.stores.redis import RedisStore
 
         return RedisStore(url, clock=clock)
-    raise ConfigurationError(
-        f"unknown store URL scheme {scheme or url!r}: use memory://, sqlite:///file.db, "
-        "postgresql://... or redis://..."
-    )
+    raise AssertionError(f"check_url returned an unknown scheme {scheme!r}")  # pragma: no cover

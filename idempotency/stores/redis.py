@@ -46,6 +46,7 @@ from idempotency.errors import (
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from idempotency.store import first_token
+from idempotency.stores.redis_persistence import check_persistence
 
 __all__ = ["RedisStore"]
 
@@ -444,6 +445,7 @@ class RedisStore:
             if self._owned:
                 client.close()
             raise _store_error(exc) from exc
+        check_persistence(client, "effect store")  # warns when a restart would lose records
 
     def _name(self, key: str) -> str:
         return self._kp + key + "}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from idempotency.errors import ConfigurationError
+from idempotency.stores.urls import check_url
 from saga.journal import SagaJournal
 from saga.journals.memory import MemoryJournal
 
@@ -26,13 +26,14 @@ def open_journal(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = 
     - ``redis://host:port/db``, ``rediss://``, ``unix://``: :class:`~saga.journals.redis.RedisJournal`.
 
     Raises:
-        ConfigurationError: the scheme is unknown.
+        ConfigurationError: ``url`` is not a string, is malformed, has an unknown scheme, or leaves
+            the host or database to a driver default (see :func:`~idempotency.stores.urls.check_url`).
         JournalUnavailable: the backend cannot be reached.
     """
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    scheme = check_url(url, what="journal")
     if scheme == "memory":
         return MemoryJournal(clock=clock)
-    if scheme.startswith(("sqlite", "postgres")):
+    if scheme in ("sqlite", "postgresql"):
         from saga.journals.sql import SqlJournal
 
         return SqlJournal(url, clock=clock)
@@ -40,7 +41,4 @@ def open_journal(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = 
         from saga.journals.redis import RedisJournal
 
         return RedisJournal(url, clock=clock)
-    raise ConfigurationError(
-        f"unknown journal URL scheme {scheme or url!r}: use memory://, sqlite:///file.db, "
-        "postgresql://... or redis://..."
-    )
+    raise AssertionError(f"check_url returned an unknown scheme {scheme!r}")  # pragma: no cover

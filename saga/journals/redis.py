@@ -37,6 +37,7 @@ from redis.exceptions import NoScriptError
 
 from idempotency.errors import ConfigurationError
 from idempotency.stores.redis import connect
+from idempotency.stores.redis_persistence import check_persistence
 from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
 from saga.journals.redis_scripts import (
     CANCEL,
@@ -209,6 +210,7 @@ class RedisJournal:
             if self._owned:
                 client.close()
             raise _error(exc) from exc
+        check_persistence(client, "saga journal")  # warns when a restart would lose records
 
     # -- keys and calls -------------------------------------------------------------------------
 

@@ -1,0 +1,101 @@
+"""Checks on a backend URL, run before anything connects or writes.
+
+Every entry point that takes a URL (:func:`~idempotency.stores.open_store`,
+:func:`saga.journals.open_journal`, the outbox relay, the CLI) calls :func:`check_url` first, so a
+URL that is not a string, cannot be parsed, or leaves the database to a driver's default is a
+:class:`~idempotency.errors.ConfigurationError` that names the problem, never a ``TypeError`` from
+deep inside a driver or a silent write to libpq's default database. Messages show the URL with its
+password masked.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qs, urlsplit
+
+from idempotency.errors import ConfigurationError
+
+__all__ = ["check_url", "masked"]
+
+_EXAMPLES = "memory://, sqlite:///file.db, postgresql://user@host/db or redis://host:6379/0"
+# user:password@ in the authority, up to its last "@" (the URL may be unparseable).
+_PASSWORD = re.compile(r"(://[^/@:]*:)[^/]*@")
+
+
+def masked(url: str) -> str:
+    """``url`` with any password replaced by ``***``, also when the URL cannot be parsed."""
+    return _PASSWORD.sub(r"\1***@", url)
+
+
+def check_url(url: object, *, what: str = "store") -> str:
+    """Check a backend URL and return its scheme (lower case).
+
+    Args:
+        url: the URL as the caller gave it.
+        what: what the URL is for ("store", "journal", "outbox database"), named in errors.
+
+    Returns:
+        The scheme: ``memory``, ``sqlite``, ``postgresql`` (any ``postgres`` spelling or driver),
+        ``redis``, ``rediss`` or ``unix``.
+
+    Raises:
+        ConfigurationError: ``url`` is not a string; its scheme is unknown; it cannot be parsed; a
+            Postgres URL names no host or no database; a Redis URL has a bad port or database number.
+    """
+    if not isinstance(url, str):
+        raise ConfigurationError(
+            f"the {what} URL must be a string such as 'sqlite:///sagaguard.db', not {type(url).__name__}"
+        )
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "memory":
+        return scheme
+    if scheme.startswith("sqlite"):
+        _parse(url, what)
+        return "sqlite"
+    if scheme.startswith("postgres"):
+        _check_postgres(url, what)
+        return "postgresql"
+    if scheme in ("redis", "rediss", "unix"):
+        _check_redis(url, scheme, what)
+        return scheme
+    raise ConfigurationError(f"unknown {what} URL scheme {scheme or masked(url)!r}: use {_EXAMPLES}")
+
+
+def _parse(url: str, what: str) -> tuple[str | None, str | None, dict[str, list[str]]]:
+    """Host, path and query of ``url``; a URL the standard parser refuses is a ConfigurationError."""
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port  # .port raises on a port that is not a number
+    except ValueError as exc:
+        # The parser's message never holds the URL; ours masks the password.
+        raise ConfigurationError(f"malformed {what} URL {masked(url)!r}: {exc}") from exc
+    return host, parts.path, parse_qs(parts.query)
+
+
+def _check_postgres(url: str, what: str) -> None:
+    host, path, query = _parse(url, what)
+    # Without a host or a database, libpq falls back to $PGHOST / the local socket and to a database
+    # named after the user: records would land somewhere nobody chose.
+    if not host and not query.get("host"):
+        raise ConfigurationError(
+            f"the {what} URL {masked(url)!r} names no host: use postgresql://user@host/db "
+            "(or ?host=/path/to/socket for a Unix socket)"
+        )
+    if not (path or "").lstrip("/") and not query.get("dbname"):
+        raise ConfigurationError(
+            f"the {what} URL {masked(url)!r} names no database: use postgresql://user@host/db"
+        )
+
+
+def _check_redis(url: str, scheme: str, what: str) -> None:
+    host, path, query = _parse(url, what)
+    if scheme == "unix":
+        if not path:
+            raise ConfigurationError(f"the {what} URL {masked(url)!r} names no socket: use unix:///path/redis.sock")
+        db = query.get("db", ["0"])[0]
+    else:
+        if not host:
+            raise ConfigurationError(f"the {what} URL {masked(url)!r} names no host: use redis://host:6379/0")
+        db = (path or "/").lstrip("/") or query.get("db", ["0"])[0]
+    if not db.isdigit():
+        raise ConfigurationError(f"the {what} URL {masked(url)!r}: the database must be a number, not {db!r}")

@@ -1,0 +1,79 @@
+"""Bad backend URLs are ConfigurationErrors that name the problem, at every entry point.
+
+Before: ``open_store(None)`` and ``open_store(42)`` raised TypeError, ``postgresql://u:p@[::1/x`` a
+bare ValueError, and ``postgresql://`` silently wrote to libpq's default database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from idempotency.errors import ConfigurationError
+from idempotency.outbox.relay import Relay
+from idempotency.stores import open_store
+from idempotency.stores.urls import check_url, masked
+from saga.journals import open_journal
+
+
+def _relay(url: Any) -> Any:
+    return Relay({}, url)
+
+
+OPENERS: dict[str, Callable[[Any], Any]] = {
+    "open_store": open_store,
+    "open_journal": open_journal,
+    "relay": _relay,
+}
+
+BAD = [
+    pytest.param(None, "must be a string", id="none"),
+    pytest.param(42, "not int", id="int"),
+    pytest.param("postgresql://u:secret@[::1/x", "malformed", id="bad-ipv6"),
+    pytest.param("postgresql://", "names no host", id="pg-empty"),
+    pytest.param("postgresql://u:secret@db.example", "names no database", id="pg-no-db"),
+    pytest.param("postgresql:///shop", "names no host", id="pg-no-host"),
+    pytest.param("postgresql://u:secret@db.example:notaport/shop", "malformed", id="pg-bad-port"),
+    pytest.param("redis://127.0.0.1:6379/zero", "must be a number", id="redis-bad-db"),
+    pytest.param("mysql://u:secret@h/db", "unknown", id="unknown-scheme"),
+    pytest.param("shop.db", "unknown", id="no-scheme"),
+]
+
+
+@pytest.mark.parametrize("opener", list(OPENERS), ids=list(OPENERS))
+@pytest.mark.parametrize(("url", "says"), BAD)
+def test_bad_url_is_a_configuration_error_naming_the_problem(opener: str, url: Any, says: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        OPENERS[opener](url)
+    message = str(info.value)
+    assert says in message
+    assert "secret" not in message  # a password is never echoed
+
+
+def test_postgres_url_may_name_its_host_and_database_in_the_query() -> None:
+    assert check_url("postgresql://u@/shop?host=/var/run/postgresql") == "postgresql"
+    assert check_url("postgresql+psycopg://u@h/?dbname=shop") == "postgresql"
+    assert check_url("postgres://u@h:5432/shop") == "postgresql"
+
+
+@pytest.mark.parametrize(
+    ("url", "scheme"),
+    [
+        ("memory://", "memory"),
+        ("sqlite://", "sqlite"),
+        ("sqlite:///rel.db", "sqlite"),
+        ("redis://h:6379/2", "redis"),
+        ("rediss://h", "rediss"),
+        ("unix:///tmp/redis.sock?db=1", "unix"),
+    ],
+)
+def test_good_urls_pass(url: str, scheme: str) -> None:
+    assert check_url(url) == scheme
+
+
+def test_masked_hides_a_password_even_in_an_unparseable_url() -> None:
+    assert masked("postgresql://u:p@ss@[::1/x") == "postgresql://u:***@[::1/x"
+    assert masked("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
+    assert masked("sqlite:///a.db") == "sqlite:///a.db"
