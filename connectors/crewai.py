@@ -245,7 +245,7 @@ class CrewGuard:
         self.tool_prefix = tool_prefix
         self.llm_effect = llm_effect
         self.exclude = frozenset(exclude)
-        self._options: dict[str, Any] = {"policy": policy, **options}
+        self._options: dict[str, Any] = {"policy": policy, **options, "tool": True}  # tool calls
         self._counts = _Counts()
 
     # -- wiring ----------------------------------------------------------------------------------

@@ -315,7 +315,7 @@ class ToolGuard:
         self.prefix = prefix
         self.exclude = frozenset(exclude)
         self.strict = strict
-        self._options: dict[str, Any] = {"policy": policy, **options}
+        self._options: dict[str, Any] = {"policy": policy, **options, "tool": True}  # tool calls
 
     def _identity(self, request: ToolCallRequest) -> tuple[str, str, str, Mapping[str, Any]] | None:
         call = request.tool_call
