@@ -150,7 +150,7 @@ def _notes(info: dict[str, Any], cfg: Config, series: dict[str, Any]) -> list[st
         "(sqlite3 with the same pragmas; psycopg in autocommit, one round trip per commit) is shown "
         "for context.",
         "DBOS: `@DBOS.workflow` calling one no-op `@DBOS.step`; *a DBOS step* is the step call timed "
-        "inside the workflow (what REFERENCES.md quotes per step), the whole one-step workflow is "
+        "inside the workflow (the per-step figure DBOS is usually quoted by), the whole one-step workflow is "
         "shown for context. SQLite: DBOS's file is switched to WAL first (synchronous=FULL is the "
         "default), the store's own settings; DBOS as it comes (rollback journal) is measured "
         "separately after, with fewer calls. Postgres: DBOS's system database is the run's fresh "

@@ -1,9 +1,9 @@
 """sagaguard: calls that change the world happen once; failed multi-step jobs are undone.
 
 The public API in one import (``from sagaguard import Guard, Saga, SagaRunner, open_store, scope``).
-The code lives in three packages, importable on their own: :mod:`idempotency` (the effect ledger:
-the guard, stores, the transactional outbox), :mod:`saga` (sagas on top of the guard) and
-:mod:`connectors` (Stripe, email, HTTP, model calls, framework adapters). Only the core is
+The code lives in three packages, importable on their own: ``idempotency`` (the effect ledger: the
+guard, stores, the transactional outbox), ``saga`` (sagas on top of the guard) and ``connectors``
+(Stripe, email, HTTP, model calls, framework adapters). Only the core is
 re-exported here: nothing that needs an extra (``connectors``, the Redis and Postgres stores, the
 OpenTelemetry SDK), so ``import sagaguard`` works on a plain ``pip install sagaguard``.
 

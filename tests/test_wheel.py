@@ -1,6 +1,7 @@
 """The package as a user gets it: this checkout's wheel and sdist, the wheel in a fresh virtualenv.
 
-``python -m build`` builds both (in its isolated build environment, as a release would); a new
+``python -m build`` builds the sdist from a copy of the checkout, then the wheel from the sdist (in its
+isolated build environment, as a release would; nothing is written into the checkout); a new
 virtualenv gets the wheel and its core dependencies from the package index (pip's cache), nothing
 from this checkout. From a directory outside the checkout, so nothing here is importable, the
 README's example runs twice (the second run replays), ``sagaguard --version`` prints the
@@ -10,6 +11,7 @@ distribution's version, and ``sagaguard demo`` without the ``demo`` extra says w
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -34,8 +36,12 @@ def _run(*args: str | Path, cwd: Path | None = None, check: bool = True) -> subp
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    _run(sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", out, ROOT)
+    out, source = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("source") / "sagaguard"
+    skip = shutil.ignore_patterns(
+        ".git", ".venv*", "build", "site", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "*.db"
+    )
+    shutil.copytree(ROOT, source, ignore=skip)
+    _run(sys.executable, "-m", "build", "--outdir", out, source)  # the sdist, then the wheel from it
     return out
 
 
