@@ -11,6 +11,7 @@ OpenTelemetry SDK), so ``import sagaguard`` works on a plain ``pip install sagag
 """
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from idempotency import (
     NOT_APPLIED,
@@ -51,21 +52,6 @@ from idempotency import (
     fingerprint,
     open_store,
     scope,
-)
-from idempotency.outbox import (
-    DeadLetter,
-    Message,
-    MessageStatus,
-    Outbox,
-    OutboxControl,
-    OutboxError,
-    OutboxStatus,
-    Relay,
-    RelaySettings,
-    aenqueue,
-    create_tables,
-    current_message,
-    enqueue,
 )
 from saga import (
     FORWARD_RETRY,
@@ -134,6 +120,43 @@ from saga import (
     timeline,
 )
 from saga.journals import open_journal
+
+if TYPE_CHECKING:
+    from idempotency.outbox import (
+        DeadLetter,
+        Message,
+        MessageStatus,
+        Outbox,
+        OutboxControl,
+        OutboxError,
+        OutboxStatus,
+        Relay,
+        RelaySettings,
+        aenqueue,
+        create_tables,
+        current_message,
+        enqueue,
+    )
+
+_OUTBOX = frozenset(
+    {
+        "DeadLetter", "Message", "MessageStatus", "Outbox", "OutboxControl", "OutboxError", "OutboxStatus",
+        "Relay", "RelaySettings", "aenqueue", "create_tables", "current_message", "enqueue",
+    }
+)  # fmt: skip
+"""Re-exported from ``idempotency.outbox`` on first use: it loads SQLAlchemy, which ``import
+sagaguard`` alone (a guard on Redis, say) should not pay for."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OUTBOX:
+        import idempotency.outbox
+
+        value = getattr(idempotency.outbox, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sagaguard' has no attribute {name!r}")
+
 
 try:
     __version__ = version("sagaguard")
