@@ -38,8 +38,8 @@ sweep: $(STAMP)
 	$(PY) -m pytest -q -m sweep
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check idempotency saga connectors tests bench
-	$(VENV)/bin/mypy --strict idempotency saga connectors
+	$(VENV)/bin/ruff check sagaguard idempotency saga connectors tests bench
+	$(VENV)/bin/mypy --strict sagaguard idempotency saga connectors
 
 typecheck: lint
 

@@ -1,4 +1,4 @@
-"""Connectors to the outside world: the effects users wrap first (DESIGN.md section 2).
+"""Connectors to the outside world: the effects users wrap first (docs/connectors.md).
 
 Each connector lives in its own module and imports its SDK there only, so ``import connectors``
 needs none of them:

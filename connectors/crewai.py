@@ -11,8 +11,8 @@
     crew = crew_guard.protect(Crew.from_checkpoint(CheckpointConfig(restore_from=path)))
     crew.kickoff()
 
-A restored crew re-runs the task it was in from the task's first step (REFERENCES.md, "Agent
-frameworks"). What survives the restore is the kickoff's event id (the ``crew_kickoff_started``
+A restored crew re-runs the task it was in from the task's first step (measured:
+docs/frameworks/crewai.md). What survives the restore is the kickoff's event id (the ``crew_kickoff_started``
 event, restored as the crew's event scope) and the task's id (``crewai.context.get_current_task_id``).
 So, in a task of a kickoff:
 
@@ -309,7 +309,7 @@ class CrewGuard:
         self.tool_prefix = tool_prefix
         self.llm_effect = llm_effect
         self.exclude = frozenset(exclude)
-        self._options: dict[str, Any] = {"policy": policy, **options}
+        self._options: dict[str, Any] = {"policy": policy, **options, "tool": True}  # tool calls
         self._counts = _Counts()
 
     # -- wiring ----------------------------------------------------------------------------------

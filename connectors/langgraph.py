@@ -1,7 +1,7 @@
 """LangGraph adapter: tool calls, node effects and model calls keyed on the graph's own identity.
 
 LangGraph re-runs an interrupted task from its first line; a finished sibling task is not re-run
-(REFERENCES.md, "Agent frameworks"). So an effect's key is the task's durable identity,
+(measured: docs/frameworks/langgraph.md). So an effect's key is the task's durable identity,
 ``thread_id`` + ``checkpoint_ns`` (which holds the task id), plus the call's position in the task:
 the ``tool_call_id`` for tool calls (a ToolNode re-runs all of its calls, in a thread pool), a
 per-task counter for sequential code. ``node_attempt`` stays out of the key: a retry is the same call.
@@ -315,7 +315,7 @@ class ToolGuard:
         self.prefix = prefix
         self.exclude = frozenset(exclude)
         self.strict = strict
-        self._options: dict[str, Any] = {"policy": policy, **options}
+        self._options: dict[str, Any] = {"policy": policy, **options, "tool": True}  # tool calls
 
     def _identity(self, request: ToolCallRequest) -> tuple[str, str, str, Mapping[str, Any]] | None:
         call = request.tool_call

@@ -440,7 +440,7 @@ class AgentRun:
             try:
                 return await guard.arun(
                     name, lambda: original(ctx, arguments), arguments={"arguments": _parsed(arguments)},
-                    key=tool_call_key(run_key, call_id), **options,
+                    key=tool_call_key(run_key, call_id), tool=True, **options,
                 )  # fmt: skip
             finally:
                 TOOL_CALL_ID.reset(reset)

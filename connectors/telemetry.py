@@ -34,7 +34,7 @@ llm_tokens = _meter.create_counter(
 def record_llm_call(name: str, *, paid: bool, input_tokens: int, output_tokens: int) -> None:
     """Count one model call of the effect ``name`` and its tokens."""
     source = "provider" if paid else "journal"
-    attrs = {"sagaguard.llm.source": source, "gen_ai.tool.name": name}
+    attrs = {"sagaguard.llm.source": source, "sagaguard.effect.name": name}
     llm_calls.add(1, attrs)
     if input_tokens:
         llm_tokens.add(input_tokens, {**attrs, "gen_ai.token.type": "input"})

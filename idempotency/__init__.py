@@ -1,6 +1,6 @@
 """sagaguard's effect ledger: calls that change the world happen once.
 
-See DESIGN.md sections 3-4. The public API is re-exported here; backends live in
+See docs/concepts.md. The public API is re-exported here; backends live in
 ``idempotency.stores``.
 """
 

@@ -26,7 +26,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, TextIO
 
 from idempotency.cliutil import duration, open_existing_store, positive
@@ -108,6 +108,7 @@ def _build(
         parents=[store_option],
         epilog="Exit status: 0 done, 1 the store refused or failed, 2 bad usage or configuration.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     effects = commands.add_parser("effects", help="list, show, resolve and purge effect records")
@@ -470,6 +471,14 @@ def cmd_purge(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) ->
 
 
 _EFFECT_COMMANDS = {"list": cmd_list, "show": cmd_show, "resolve": cmd_resolve, "purge": cmd_purge}
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml is its one source)."""
+    try:
+        return version("sagaguard")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
 
 
 DEMO_GROUP = "sagaguard.demo"

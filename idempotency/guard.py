@@ -63,7 +63,7 @@ from idempotency.options import (
 )
 from idempotency.records import ClaimResult
 from idempotency.store import AsyncWrites, IdempotencyStore, WriteCancelled
-from idempotency.telemetry import EffectSpan, counter_attributes, effect_counter, tracing
+from idempotency.telemetry import EffectSpan, counter_attributes, effect_counter, effect_naming, tracing
 
 __all__ = ["FingerprintSpec", "Guard", "Operation"]
 
@@ -89,16 +89,17 @@ _OPERATIONS_KEPT = 256
 
 
 class _Plan:
-    """One effect, prepared once for every call: its spec, its key deriver, its counter attributes."""
+    """One effect, prepared once for every call: its spec, its key deriver, its telemetry."""
 
-    __slots__ = ("counted", "derive", "name", "namespace", "spec")
+    __slots__ = ("counted", "derive", "name", "namespace", "naming", "spec")
 
-    def __init__(self, spec: EffectSpec[Any], namespace: str) -> None:
+    def __init__(self, spec: EffectSpec[Any], namespace: str, tool: bool = False) -> None:
         self.spec = spec
         self.name = spec.name
         self.namespace = namespace
         self.derive = key_deriver(namespace, spec.name)
         self.counted = counter_attributes(spec.name)
+        self.naming = effect_naming(spec.name, tool=tool)
 
 
 class EffectDecorator:
@@ -236,6 +237,7 @@ class Guard:
         lease: float | None = None,
         retention: float | None = None,
         wait: float | None = None,
+        tool: bool = False,
     ) -> EffectDecorator:
         """Declare a guarded effect.
 
@@ -257,6 +259,8 @@ class Guard:
             fingerprint: which arguments must match on replay (see ``FingerprintSpec``).
             key: derive an explicit key from the call's arguments instead of scope + ordinal.
             lease, retention, wait: override the guard's defaults for this effect.
+            tool: the effect is an agent's tool call (the framework adapters set it): its span
+                is ``execute_tool {name}`` (GenAI conventions) instead of ``sagaguard.effect {name}``.
 
         Raises:
             CodecError: the result type cannot be stored as JSON (raised when decorating).
@@ -269,7 +273,10 @@ class Guard:
 
     def _plan(self, name: str, result_type: Any, options: Mapping[str, Any]) -> _Plan:
         defaults = {"lease": self.lease, "retention": self.retention, "wait": self.wait}
-        return _Plan(build_spec(name, result_type, options, **defaults), self.namespace)
+        tool = options.get("tool", False)
+        if not isinstance(tool, bool):
+            raise ConfigurationError(f"tool= takes True or False, got {tool!r}")
+        return _Plan(build_spec(name, result_type, options, **defaults), self.namespace, tool)
 
     def _wrap(self, fn: Callable[P, Any], name: str | None, options: Mapping[str, Any]) -> Callable[P, Any]:
         effect_name = name or f"{fn.__module__}.{fn.__qualname__}"
@@ -456,7 +463,7 @@ class Guard:
 
     def _drive(self, plan: _Plan, flow: Flow[Any], call: Callable[[], Any]) -> Any:
         if tracing():
-            with EffectSpan(plan.name, plan.counted, flow):
+            with EffectSpan(plan.naming, plan.counted, flow):
                 return self._settle(flow, call)
         # No tracer provider: every span would be a no-op, so only the outcome is counted.
         try:
@@ -513,7 +520,7 @@ class Guard:
 
     async def _drive_async(self, plan: _Plan, flow: Flow[Any], call: Callable[[], Awaitable[Any]]) -> Any:
         if tracing():
-            with EffectSpan(plan.name, plan.counted, flow):
+            with EffectSpan(plan.naming, plan.counted, flow):
                 return await self._settle_async(flow, call)
         try:
             return await self._settle_async(flow, call)

@@ -184,6 +184,7 @@ RUN_OPTIONS = frozenset(
         "lease",
         "retention",
         "wait",
+        "tool",
     }
 )
 """The options of :meth:`Guard.effect` that :meth:`Guard.run` takes (its ``arguments`` are the

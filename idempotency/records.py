@@ -10,7 +10,7 @@ __all__ = ["ClaimOutcome", "ClaimResult", "Disposition", "Record", "State"]
 
 
 class State(enum.StrEnum):
-    """Where an effect stands. See DESIGN.md section 4 for the transitions."""
+    """Where an effect stands. See docs/concepts.md for the transitions."""
 
     IN_PROGRESS = "in_progress"
     """Claimed by a worker holding a live lease; the effect may be running."""

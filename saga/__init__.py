@@ -1,4 +1,4 @@
-"""Sagas on top of the idempotency guard (DESIGN.md section 5).
+"""Sagas on top of the idempotency guard (docs/sagas.md).
 
 Declare a saga with :class:`Saga`, run it with :class:`SagaRunner` over a :class:`SagaJournal`
 (:class:`MemoryJournal`; ``from saga.journals.sql import SqlJournal`` for SQLite and Postgres;

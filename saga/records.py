@@ -1,6 +1,6 @@
 """What a saga journal holds: the saga row, its step rows and one atomic commit. Plain data, no I/O.
 
-State machine of a saga (DESIGN.md section 5)::
+State machine of a saga (docs/sagas.md tells the story)::
 
     RUNNING --a step fails, something to undo--> COMPENSATING --all undone--> COMPENSATED
     RUNNING --a step fails, nothing to undo--> FAILED

@@ -1,4 +1,4 @@
-"""OpenTelemetry for sagas (DESIGN.md section 8): spans for a run, its steps and compensations; counters.
+"""OpenTelemetry for sagas: spans for a run, its steps and compensations; counters.
 
 Depends on ``opentelemetry-api`` only: without an SDK configured every call here is a no-op.
 
@@ -11,8 +11,10 @@ Depends on ``opentelemetry-api`` only: without an SDK configured every call here
   compensates, with a *link* to the step span it undoes, read from the journal, so the link holds
   when the compensation runs in another process after a crash.
 
-No saga ids, inputs, results or error messages go on spans: names, kinds, attempts, states and error
-*types* only. Metrics: ``sagaguard.sagas`` (saga runs by outcome state) and
+No inputs, results or error messages go on spans: names, kinds, attempts, states and error *types*
+(``error.type``, fully qualified, on every ERROR span) only. Saga ids and a business key go on them
+only when opted in (:func:`idempotency.telemetry.expose_identifiers`): ``sagaguard.saga.id``,
+``sagaguard.business_key``. Metrics: ``sagaguard.sagas`` (saga runs by outcome state) and
 ``sagaguard.compensations`` (compensation attempts by result: ``succeeded``, ``failed``).
 """
 
@@ -26,7 +28,9 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from idempotency.telemetry import tracing
+from idempotency.codec import decode_error
+from idempotency.errors import CodecError
+from idempotency.telemetry import error_type, error_type_name, identifier_attributes, tracing
 from saga.records import SagaOutcome, StepRecord, StepState
 
 if TYPE_CHECKING:
@@ -67,6 +71,16 @@ def link(text: str | None) -> list[Link]:
     return [Link(context)] if context.is_valid else []
 
 
+def _recorded_type(text: str | None) -> str:
+    """``error.type`` of a failure recorded in the journal (its type name, never its message)."""
+    if text is None:
+        return "_OTHER"  # the conventions' value when the type is not known
+    try:
+        return error_type_name(decode_error(text).type_name)
+    except CodecError:
+        return "_OTHER"
+
+
 class RunTrace:
     """The spans of one saga run, kept by the runner while it drives a :class:`SagaFlow`.
 
@@ -88,7 +102,11 @@ class RunTrace:
         self.span = tracer.start_span(
             f"saga {flow.saga.name}",
             kind=SpanKind.INTERNAL,
-            attributes={"sagaguard.saga.name": flow.saga.name, "sagaguard.saga.version": flow.saga.version},
+            attributes={
+                "sagaguard.saga.name": flow.saga.name,
+                "sagaguard.saga.version": flow.saga.version,
+                **identifier_attributes(flow.saga_id),
+            },
         )
         flow.trace_step = self.start_step
         flow.untrace_step = self.discard_step
@@ -100,6 +118,7 @@ class RunTrace:
             "sagaguard.step.name": step.name,
             "sagaguard.step.index": index,
             "sagaguard.step.kind": step.kind.value,
+            **identifier_attributes(self.flow.saga_id),
         }
 
     def start_step(self, index: int) -> str | None:
@@ -153,6 +172,7 @@ class RunTrace:
             span.set_attribute("sagaguard.step.attempts", row.attempts)
             if row.state is StepState.FAILED:
                 span.set_attribute("sagaguard.step.not_applied", row.not_applied)
+                span.set_attribute("error.type", _recorded_type(row.error))
                 span.set_status(Status(StatusCode.ERROR))
             span.end()
 
@@ -178,7 +198,7 @@ class RunTrace:
         result = "succeeded" if error is None else "failed"
         span.set_attribute("sagaguard.compensation.result", result)
         if error is not None:
-            span.set_attribute("error.type", type(error).__qualname__)
+            span.set_attribute("error.type", error_type(error))
             span.set_status(Status(StatusCode.ERROR))
         compensation_counter.add(
             1, {"sagaguard.saga.name": self.flow.saga.name, "sagaguard.compensation.result": result}
@@ -194,7 +214,7 @@ class RunTrace:
             with trace.use_span(self.span, end_on_exit=False, **_QUIET):
                 yield
         except BaseException as exc:
-            self.span.set_attribute("error.type", type(exc).__qualname__)
+            self.span.set_attribute("error.type", error_type(exc))
             self.span.set_status(Status(StatusCode.ERROR))
             raise
         finally:

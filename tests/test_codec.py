@@ -1,4 +1,4 @@
-"""The result codec (DESIGN.md section 4): JSON only, checked against the declared type."""
+"""The result codec (docs/concepts.md): JSON only, checked against the declared type."""
 
 from __future__ import annotations
 

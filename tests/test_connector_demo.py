@@ -63,9 +63,9 @@ def test_trace_writes_saga_step_compensation_and_tool_spans(tmp_path: Path) -> N
     names = [span["name"] for span in spans]
     assert "saga book_trip" in names
     assert "saga.step charge_card" in names
-    assert "execute_tool stripe.charge" in names
-    assert "execute_tool llm.plan" in names
-    assert "execute_tool stripe.refund" in names
+    assert "sagaguard.effect stripe.charge" in names
+    assert "sagaguard.effect llm.plan" in names
+    assert "sagaguard.effect stripe.refund" in names
     assert len({span["pid"] for span in spans}) >= 2  # the workers' spans are there too
     by_id: dict[str, dict[str, Any]] = {span["span_id"]: span for span in spans}
     compensations = [span for span in spans if span["name"] == "saga.compensate charge_card"]

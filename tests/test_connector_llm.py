@@ -260,7 +260,7 @@ def test_metrics_count_paid_and_saved_tokens(
                     attrs = dict(point.attributes or {})
                     if (
                         not metric.name.startswith("sagaguard.llm.")
-                        or attrs.get("gen_ai.tool.name") != "llm.metered"
+                        or attrs.get("sagaguard.effect.name") != "llm.metered"
                     ):
                         continue
                     label = (

@@ -1,7 +1,7 @@
 """The guard's pure decisions (idempotency/flow.py), table-tested without a store.
 
 ``decide()`` is checked over every ClaimOutcome x State x fingerprint match against a table written
-out by hand from DESIGN.md section 4; ``EffectSpec`` over every classification path; and the ``Flow``
+out by hand from docs/concepts.md; ``EffectSpec`` over every classification path; and the ``Flow``
 generator is driven by hand, answering its I/O requests, so the wait schedule and the order of writes
 are visible without any backend.
 """

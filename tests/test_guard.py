@@ -67,7 +67,7 @@ from idempotency import (
 from idempotency.heartbeat import Heartbeater
 from idempotency.keys import provider_key
 from idempotency.store import IdempotencyStore
-from idempotency.telemetry import TOOL_CALL_ID
+from idempotency.telemetry import TOOL_CALL_ID, error_type
 
 WAIT = 2.0
 ONE_TRY = Retry(stop=tenacity.stop_after_attempt(1), wait=tenacity.wait_none())
@@ -1406,6 +1406,7 @@ def test_spans_report_outcomes_without_secrets(guard: Guard, store: IdempotencyS
                 with pytest.raises(Exception) as info:
                     call()
                 assert type(info.value).__qualname__ == error
+                error = error_type(info.value)  # error.type: the fully-qualified name
         expected.append((name, outcome, error))
 
     step("pay.charge", "executed", None, lambda: charge(secret_customer, secret_amount))
@@ -1413,7 +1414,7 @@ def test_spans_report_outcomes_without_secrets(guard: Guard, store: IdempotencyS
     step("pay.charge", "conflict", "KeyConflict", lambda: charge(secret_customer, 1))
     step("pay.flaky", "in_doubt", "OutcomeUnknown", lambda: flaky(secret_customer))
     step("pay.flaky", "reconciled", None, lambda: flaky(secret_customer))
-    expected.append(("pay.charge", "failed", "Declined"))
+    expected.append(("pay.charge", "failed", error_type(Declined)))
     with scope("declines"), pytest.raises(Declined):
         charge(secret_customer, 13)
 
@@ -1423,10 +1424,10 @@ def test_spans_report_outcomes_without_secrets(guard: Guard, store: IdempotencyS
 
     for span, (name, outcome, error) in zip(finished, expected, strict=True):
         attrs = dict(span.attributes)
-        assert span.name == f"execute_tool {name}"
+        assert span.name == f"sagaguard.effect {name}"  # not an agent's tool call: no GenAI names
         assert span.kind is SpanKind.INTERNAL
-        assert attrs["gen_ai.operation.name"] == "execute_tool"
-        assert attrs["gen_ai.tool.name"] == name
+        assert attrs["sagaguard.effect.name"] == name
+        assert not [a for a in attrs if a.startswith("gen_ai.")]
         assert attrs["sagaguard.effect.outcome"] == outcome, span.name
         assert attrs.get("error.type") == error
         assert (span.status.status_code is StatusCode.ERROR) == (error is not None)
@@ -1448,19 +1449,37 @@ def test_spans_report_outcomes_without_secrets(guard: Guard, store: IdempotencyS
 
 
 def test_span_carries_the_tool_call_id(guard: Guard, spans: Any) -> None:
-    @guard.effect("tool.search")
-    def search(q: str) -> str:
+    """A tool call is an ``execute_tool`` span; an effect its body runs is not, and carries no id."""
+
+    @guard.effect("stripe.refund")
+    def refund(q: str) -> str:
         return q
+
+    @guard.effect("tool.search", tool=True)
+    def search(q: str) -> str:
+        return refund(q)
 
     token = TOOL_CALL_ID.set("call_abc123")
     try:
         with scope("s"):
             search("x")
+            guard.run("tool.lookup", lambda: 1, tool=True)
     finally:
         TOOL_CALL_ID.reset(token)
-    (span,) = spans.get_finished_spans()
-    assert span.attributes["gen_ai.tool.call.id"] == "call_abc123"
-    assert span.attributes["sagaguard.effect.outcome"] == "executed"
+    inner, outer, run = spans.get_finished_spans()
+    assert (outer.name, run.name) == ("execute_tool tool.search", "execute_tool tool.lookup")
+    for span in (outer, run):
+        assert span.attributes["gen_ai.operation.name"] == "execute_tool"
+        assert span.attributes["gen_ai.tool.name"] == span.attributes["sagaguard.effect.name"]
+        assert span.attributes["gen_ai.tool.call.id"] == "call_abc123"
+        assert span.attributes["sagaguard.effect.outcome"] == "executed"
+    assert inner.name == "sagaguard.effect stripe.refund"
+    assert dict(inner.attributes) == {
+        "sagaguard.effect.name": "stripe.refund",
+        "sagaguard.effect.outcome": "executed",
+    }
+    with pytest.raises(ConfigurationError):
+        guard.run("tool.lookup", lambda: 1, tool="yes")
 
 
 def test_busy_span(guard: Guard, holder: IdempotencyStore, spans: Any) -> None:
@@ -1472,5 +1491,5 @@ def test_busy_span(guard: Guard, holder: IdempotencyStore, spans: Any) -> None:
     with scope("s"), pytest.raises(AlreadyInProgress):
         charge(1)
     (span,) = spans.get_finished_spans()
-    assert span.attributes["error.type"] == "AlreadyInProgress"
+    assert span.attributes["error.type"] == "idempotency.errors.AlreadyInProgress"
     assert span.attributes["sagaguard.effect.outcome"] == "busy"

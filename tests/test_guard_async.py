@@ -789,9 +789,9 @@ def test_async_spans(guard: Guard) -> None:
         for s in exporter.get_finished_spans()
     ]
     assert outcomes == [
-        ("execute_tool pay.charge", "executed", None),
-        ("execute_tool pay.charge", "replayed", None),
-        ("execute_tool pay.charge", "in_doubt", "OutcomeUnknown"),
+        ("sagaguard.effect pay.charge", "executed", None),
+        ("sagaguard.effect pay.charge", "replayed", None),
+        ("sagaguard.effect pay.charge", "in_doubt", "idempotency.errors.OutcomeUnknown"),
     ]
 
 

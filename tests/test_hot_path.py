@@ -216,7 +216,7 @@ trace.set_tracer_provider(provider)  # set late: the next call is traced all the
 with trace.use_span(parent), scope("s2"):
     peek()
 (span,) = exporter.get_finished_spans()
-assert span.name == "execute_tool peek", span.name
+assert span.name == "sagaguard.effect peek", span.name
 assert span.attributes["sagaguard.effect.outcome"] == "executed"
 assert span.parent.span_id == 2
 assert seen[-1].get_span_context().span_id == span.get_span_context().span_id

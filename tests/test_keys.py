@@ -1,4 +1,4 @@
-"""Effect identity (DESIGN.md section 3): keys, fingerprints, explicit keys, scopes and ordinals."""
+"""Effect identity (docs/concepts.md): keys, fingerprints, explicit keys, scopes and ordinals."""
 
 from __future__ import annotations
 

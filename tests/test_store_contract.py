@@ -1,4 +1,4 @@
-"""The store contract (idempotency/store.py, DESIGN.md section 4), run against every backend.
+"""The store contract (idempotency/store.py, docs/backends.md), run against every backend.
 
 Every test takes the ``store`` (or ``store_factory``) fixture, so it runs four times: memory, SQLite,
 Postgres and Redis (see conftest.py). Time is the injected ``clock``; nothing sleeps.

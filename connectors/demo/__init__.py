@@ -23,6 +23,7 @@ OpenTelemetry spans of every process as JSON lines. Also ``python -m connectors.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -44,6 +45,8 @@ KILL = "store.complete#2:before"
 """The saga kill point of trip 1: the second guarded effect (the Stripe charge) ran, its record is
 not written yet."""
 _WORKER = "worker"
+_NEEDS = ("aiosmtpd", "httpx", "openai", "stripe")
+"""What the demo's services and workers import (the ``demo`` extra; ``--trace`` also needs its SDK)."""
 _TRIPS = {
     1: {"traveller": "Ana", "email": "ana@example.com", "destination": "Lisbon", "hotel": "casa-azul",
         "nights": 3, "amount": 42000},
@@ -277,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
         from connectors.demo._worker import run_worker
 
         return run_worker(json.loads(args_list[1]))
+    missing = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
+    if missing:  # one line naming the extra, not a traceback from a worker process
+        print(f"sagaguard demo needs the 'demo' extra (missing: {', '.join(missing)}): "
+              "pip install 'sagaguard[demo]' (or run the small demo: sagaguard demo --small)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     parser = argparse.ArgumentParser(
         prog="sagaguard demo",
         description="Book trips as sagas, SIGKILL the worker, recover; compare with a naive retry loop.",

@@ -18,7 +18,7 @@
 
     outbox.relay(engine).run()                             # or: sagaguard relay --app app:outbox
 
-See ``docs/outbox.md`` for the guarantees, and DESIGN.md section 6.
+See ``docs/outbox.md`` for the guarantees.
 """
 
 from idempotency.outbox.claims import OutboxDb

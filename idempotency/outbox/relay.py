@@ -401,7 +401,7 @@ class Relay:
                 _current.reset(token)
         except Exception as exc:
             if span is not None:
-                span.failed(type(exc).__qualname__)
+                span.failed(exc)
             return failure_outcome(claimed, exc, self.settings)
         finally:
             if span is not None:

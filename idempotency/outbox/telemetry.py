@@ -1,6 +1,6 @@
 """OpenTelemetry for the outbox: a ``create`` span per enqueue, a ``send`` span per delivery, metrics.
 
-Follows the messaging conventions (see REFERENCES.md): the ``create`` span (kind PRODUCER) is
+Follows the OpenTelemetry messaging semantic conventions: the ``create`` span (kind PRODUCER) is
 started where the message is written; its W3C context (``traceparent``/``tracestate``) is stored on
 the row, and the relay's ``send`` span (kind PRODUCER: the relay sends the message on to its
 handler) *links* to it, so a trace shows which request's transaction a delivery came from even when
@@ -9,7 +9,10 @@ the relay runs hours later in another process. Attributes: ``messaging.system`` 
 ``messaging.message.id``, ``messaging.message.conversation_id`` (the aggregate id), on ``send``
 ``sagaguard.outbox.attempt``, and on a ``create`` that found its message already enqueued under its
 dedup key ``sagaguard.outbox.deduplicated`` (its message id is then that message's: nothing new
-was written). Payloads, headers, provider keys and dedup keys never go on spans.
+was written). A failed span carries ``error.type`` (the exception's fully-qualified type name). With
+the business key opted in (:func:`idempotency.telemetry.expose_identifiers`), a ``create`` span started
+inside :func:`idempotency.telemetry.business_key` carries ``sagaguard.business_key``. Payloads,
+headers, provider keys and dedup keys never go on spans.
 
 Metrics: ``sagaguard.outbox.delivered``, ``.failed`` (an attempt failed and will be retried) and
 ``.dead`` counters; ``sagaguard.outbox.depth`` and ``sagaguard.outbox.oldest_age`` gauges, fed by
@@ -28,6 +31,8 @@ from typing import Any
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
+
+from idempotency.telemetry import error_type, identifier_attributes
 
 __all__ = [
     "SYSTEM",
@@ -124,11 +129,9 @@ class CreateSpan:
         self.tracestate: str | None = None
         if not tracing_enabled():
             return
-        span = tracer.start_span(
-            f"create {destination}",
-            kind=trace.SpanKind.PRODUCER,
-            attributes=_attributes("create", destination, message_id, aggregate_id),
-        )
+        attributes = _attributes("create", destination, message_id, aggregate_id)
+        attributes.update(identifier_attributes())
+        span = tracer.start_span(f"create {destination}", kind=trace.SpanKind.PRODUCER, attributes=attributes)
         self._span = span
         context = span.get_span_context()
         if context.is_valid:
@@ -148,7 +151,7 @@ class CreateSpan:
     def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if self._span is not None:
             if exc is not None:
-                self._span.set_attribute("error.type", type(exc).__qualname__)
+                self._span.set_attribute("error.type", error_type(exc))
                 self._span.set_status(trace.StatusCode.ERROR)
             self._span.end()
 
@@ -174,8 +177,8 @@ class send_span:
     """The ``send {type}`` span around one delivery, linked to the message's ``create`` span.
 
     ``trace_context`` is anything with ``traceparent`` and ``tracestate`` attributes (a claimed row).
-    Call :meth:`failed` with the exception type when the handler failed
-    (only the type goes on the span: messages may quote arguments), then :meth:`end`.
+    Call :meth:`failed` with the exception when the handler failed (only its type goes on the span:
+    messages may quote arguments), then :meth:`end`.
     """
 
     __slots__ = ("_span",)
@@ -205,10 +208,10 @@ class send_span:
         """The span, to make current while the handler runs (``trace.use_span``)."""
         return self._span
 
-    def failed(self, error_type: str) -> None:
-        """Mark the span as failed with ``error.type``."""
+    def failed(self, error: BaseException) -> None:
+        """Mark the span as failed, with ``error.type`` the fully-qualified type name of ``error``."""
         if self._span.is_recording():
-            self._span.set_attribute("error.type", error_type)
+            self._span.set_attribute("error.type", error_type(error))
             self._span.set_status(trace.Status(trace.StatusCode.ERROR))
 
     def end(self) -> None:
