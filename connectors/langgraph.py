@@ -21,6 +21,11 @@ per-task counter for sequential code. ``node_attempt`` stays out of the key: a r
 
     graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}}, durability="sync")
 
+Tools are read-only unless declared with :func:`~connectors.declare.changes_world`: a crash inside
+a read-only tool re-runs it; a declared one is at most once, and ``on_doubt``
+(:mod:`connectors.in_doubt`) says what a tool call does when it, or an effect inside it, is left in
+doubt.
+
 The model call is journaled so that a crash inside the model node replays the recorded
 ``AIMessage``: the same tool calls with the same ids, so the tools' keys stay the same. Run graphs
 with ``durability="sync"``: the default ``"async"`` may lose the parent checkpoint in a crash, and
