@@ -46,7 +46,14 @@ def test_the_declaration_is_found_under_every_framework_s_tool() -> None:
         """Refund."""
         return order
 
+    @changes_world
+    @tool
+    def refund_lc(order: str) -> str:
+        """Refund."""
+        return order
+
     assert declaration_of(pay_lc, "pay_lc").changes_world
+    assert declaration_of(refund_lc, "refund_lc").changes_world  # kept on the pydantic tool object
     found = declaration_of(pay_sdk, "pay_sdk")
     assert found.changes_world and found.options == {"reconciler": reconcile}
     assert declaration_of(refund_sdk, "refund_sdk").changes_world
