@@ -42,6 +42,8 @@ _ATTRIBUTE = "__sagaguard_tool__"
 """Where a declaration is kept on the function (or tool object) it was applied to."""
 _INNER = ("func", "coroutine", "__wrapped__")
 """Attributes under which frameworks keep the function a tool object was built from."""
+_RESERVED = ("undo", "kind", "pivot")
+"""Names kept for a later version of the declaration (a tool's undo and its step kind)."""
 
 
 @dataclass(frozen=True)
@@ -87,11 +89,16 @@ def changes_world(tool: Any = None, /, **options: Any) -> Any:
     (``@changes_world(reconciler=...)``), or as a value (``declare={"pay": changes_world()}``).
 
     Raises:
-        ConfigurationError: an option names something the tool's effect sets itself.
+        ConfigurationError: an option names something the adapter sets itself (``key``,
+            ``arguments``, ``result_type``) or one kept for later (``undo``, ``kind``, ``pivot``).
     """
     for fixed in ("key", "arguments", "result_type"):
         if fixed in options:
             raise ConfigurationError(f"changes_world({fixed}=...): the adapter sets a tool's {fixed}")
+    for later in _RESERVED:
+        if later in options:
+            # Kept for the step's undo and kind, so that adding them changes nothing written today.
+            raise ConfigurationError(f"changes_world({later}=...) is not supported yet")
     declaration = ToolDeclaration(changes_world=True, options=MappingProxyType(dict(options)))
     return declaration if tool is None else declaration(tool)
 
