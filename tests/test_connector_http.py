@@ -280,15 +280,20 @@ def test_2xx_and_3xx_are_results() -> None:
 def test_public_api_is_locked() -> None:
     """The connectors' public names: a change here is a change of the public API."""
     import connectors
+    import connectors.declare
     import connectors.email
     import connectors.http
+    import connectors.in_doubt
     import connectors.llm
     import connectors.stripe
     import connectors.testing
 
     expected = {
-        connectors: """ConnectorError ProviderBusy ProviderKeyConflict ProviderRejected ProviderUnavailable
-            ProviderUnreachable classify replayable""",
+        connectors: """ConnectorError Pending ProviderBusy ProviderKeyConflict ProviderRejected
+            ProviderUnavailable ProviderUnreachable ReturnPending Stop ToolDeclaration WaitForOperator
+            changes_world classify read_only replayable""",
+        connectors.declare: "ToolDeclaration changes_world declaration_of read_only tool_options",
+        connectors.in_doubt: "OnDoubt Pending ReturnPending Stop WaitForOperator asettle settle",
         connectors.stripe: """CHARGE KEY_WINDOW METADATA_KEY Payment Refund StripeEffects map_error
             refund_compensation""",
         connectors.email: "SEND Email EmailEffects Sent SmtpSettings map_smtp_error message_id_for",
