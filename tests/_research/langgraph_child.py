@@ -162,7 +162,8 @@ def build(config: Mapping[str, Any], mode: str, folder: Path) -> tuple[Any, Call
         from idempotency.stores.sql import SqlStore
 
         store = SqlStore(f"sqlite:///{folder / 'effects.db'}")
-        guard = Guard(store, namespace="research", lease=1.0, wait=30.0)
+        # ``guard`` in the config: Guard's options (the supervisor passes {}, the defaults).
+        guard = Guard(store, namespace="research", **config.get("guard", {"lease": 1.0, "wait": 30.0}))
         closers += [guard.close, store.close]
         journal = ChatJournal(guard, client)
 

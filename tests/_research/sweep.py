@@ -337,10 +337,16 @@ def _zygote_for(variant: Variant) -> Iterator[None]:
 
 
 def _run(
-    variant: Variant, config: Mapping[str, Any], env: Mapping[str, str]
+    variant: Variant, config: Mapping[str, Any], env: Mapping[str, str], *, kill_after: float | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """One run of ``variant``; ``kill_after``: SIGKILL it that many seconds after its start (forked
+    variants only, :meth:`_research.zygote.Zygote.run`)."""
     if variant.entry is not None:
-        return _zygote(variant).run(variant.argv[2:], config, env, timeout=variant.timeout)
+        return _zygote(variant).run(
+            variant.argv[2:], config, env, timeout=variant.timeout, kill_after=kill_after
+        )
+    if kill_after is not None:
+        raise ValueError(f"{variant.name}: a kill at a time needs a forked variant (entry=)")
     return subprocess.run(
         [*variant.argv, json.dumps(dict(config))],
         env={**_child_env(), **env}, capture_output=True, text=True, timeout=variant.timeout, check=False,
