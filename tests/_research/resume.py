@@ -152,17 +152,26 @@ def _names(folder: Path, state: State) -> list[str]:
         store.close()
 
 
+SAGAGUARD_ERRORS = ("AlreadyInProgress", "OutcomeUnknown", "LostOwnership")
+"""sagaguard's errors a restart may meet, named even when a framework wraps them (the Agents SDK
+raises its ``UserError`` from an error in a tool)."""
+
+
 def _failure(run: Any) -> str:
-    """Why a restart failed: the exception's class name off its traceback's last line."""
+    """Why a restart failed: the exception's class name off its traceback's last line, and the
+    sagaguard error it wraps (``"UserError from AlreadyInProgress"``)."""
     if run.returncode == 0:
         return "unfinished"
     if run.returncode < 0:
         return f"signal {-run.returncode}"
+    last = f"exit {run.returncode}"
     for line in reversed(run.stderr.strip().splitlines()):
         found = re.match(r"([A-Za-z_][\w.]*)(:|$)", line)
         if found:
-            return found.group(1).rpartition(".")[2]
-    return f"exit {run.returncode}"
+            last = found.group(1).rpartition(".")[2]
+            break
+    inner = next((name for name in SAGAGUARD_ERRORS if name in run.stderr), last)
+    return last if inner == last else f"{last} from {inner}"
 
 
 def _config(world: ResearchWorld, folder: Path, action: str) -> dict[str, Any]:
