@@ -66,6 +66,9 @@ class Action(enum.Enum):
     """Same key, other arguments."""
     WAIT = "wait"
     """Someone else holds a live claim: wait, then claim again."""
+    TAKE_OVER = "take_over"
+    """A live claim whose holder is provably dead (same host, process gone): take it over at once,
+    fenced as a lease expiry is, then resolve it."""
 
 
 # Enum members as module globals for the per-call code below: on Python 3.11 a member read off its
@@ -74,14 +77,21 @@ _CLAIMED, _TOOK_OVER = ClaimOutcome.CLAIMED, ClaimOutcome.TOOK_OVER
 _SUCCEEDED, _FAILED = State.SUCCEEDED, State.FAILED
 _EXECUTE, _RESOLVE, _REPLAY = Action.EXECUTE, Action.RESOLVE, Action.REPLAY
 _REPLAY_FAILURE, _CONFLICT, _WAIT = Action.REPLAY_FAILURE, Action.CONFLICT, Action.WAIT
+_TAKE_OVER_ACTION = Action.TAKE_OVER
 _EXECUTED, _REPLAYED = Outcome.EXECUTED, Outcome.REPLAYED
 
 
-def decide(claim: ClaimResult, fingerprint: str, name: str | None = None) -> Action:
+def decide(
+    claim: ClaimResult, fingerprint: str, name: str | None = None, *, holder_dead: bool = False
+) -> Action:
     """The next action for a claim result. Pure.
 
     ``name`` is the calling effect's name: a record written by another effect under the same key
     (one explicit key shared by two effects) is a conflict, never replayed as this effect's result.
+
+    ``holder_dead``: the driver's probe found the holder of a live claim dead on this host
+    (:func:`idempotency.holder.is_dead_on_this_host`); such a claim (IN_PROGRESS, or IN_DOUBT
+    while a dead taker resolved it) is taken over at once instead of waited for.
     """
     outcome = claim.outcome
     if outcome is _CLAIMED:
@@ -96,7 +106,7 @@ def decide(claim: ClaimResult, fingerprint: str, name: str | None = None) -> Act
         return _REPLAY
     if state is _FAILED:
         return _REPLAY_FAILURE
-    return _WAIT
+    return _TAKE_OVER_ACTION if holder_dead else _WAIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +196,22 @@ class Fail:
 
 
 @dataclass(frozen=True, slots=True)
+class Probe:
+    """Is the holder of a live claim dead on this host? Answer: bool (False when the store cannot
+    take a claim over, so the flow waits)."""
+
+    holder: str
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOver:
+    """Take over the live claim held under ``token`` by a dead holder. Answer: the record the
+    caller now owns, or None when the record changed meanwhile."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
 class Sleep:
     """Wait before claiming again. Answer: None."""
 
@@ -217,7 +243,7 @@ class Ran(NamedTuple):
     error: BaseException | None = None
 
 
-Op = Claim | Complete | Fail | Sleep | Execute | Reconcile
+Op = Claim | Complete | Fail | Sleep | Execute | Reconcile | Probe | TakeOver
 
 _CANCELLED_NOTE = json.dumps(
     {"type": "sagaguard.cancelled", "message": "the call was cancelled while claiming", "args": []}
@@ -266,7 +292,7 @@ class Flow(Generic[T]):
         self.outcome = _EXECUTED
 
     def run(self, claim: ClaimResult | None = None) -> Generator[Op, Any, T]:
-        """Claim, then execute, replay, wait or resolve; returns the result or raises.
+        """Claim, then execute, replay, wait, take over or resolve; returns the result or raises.
 
         ``claim``: the answer to a first :class:`Claim` the driver already made (its fast path
         handles the common outcomes itself and hands the rest over here), so none is asked for.
@@ -278,7 +304,16 @@ class Flow(Generic[T]):
                 claim = yield Claim()
             action = decide(claim, self.fingerprint, self.identity.name)
             record = claim.record
+            if action is Action.WAIT and record.holder is not None:
+                # A live claim: one held by a process that died on this host is not waited for.
+                dead = yield Probe(record.holder)
+                action = decide(claim, self.fingerprint, self.identity.name, holder_dead=dead)
             claim = None
+            if action is Action.TAKE_OVER:
+                taken = yield TakeOver(record.token)
+                if taken is not None:
+                    return (yield from self._resolve(taken))
+                continue  # taken over by another claimant, finished, or gone: claim again
             if action is Action.EXECUTE:
                 return (yield from self._execute(record))
             if action is Action.RESOLVE:

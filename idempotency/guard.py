@@ -40,13 +40,16 @@ from idempotency.flow import (
     Fail,
     Flow,
     Op,
+    Probe,
     Ran,
     Reconcile,
     Sleep,
+    TakeOver,
     abandon,
     decide,
 )
 from idempotency.heartbeat import Heartbeater
+from idempotency.holder import is_dead_on_this_host
 from idempotency.keys import EffectIdentity, current_scope, fingerprint, key_deriver
 from idempotency.offload import in_thread, submit
 from idempotency.options import (
@@ -56,6 +59,7 @@ from idempotency.options import (
     check_run_options,
     check_sync_reconciler,
     fingerprint_selector,
+    seconds,
 )
 from idempotency.records import ClaimResult
 from idempotency.store import AsyncWrites, IdempotencyStore, WriteCancelled
@@ -70,6 +74,13 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 DAY = 86_400.0
+DEFAULT_LEASE = 5.0
+"""Seconds a claim is owned unless renewed: the longest a claim of a holder that died on another
+host blocks a restart (one on this host is taken over at once). The heartbeat renews it every third
+of it while the body runs, so a long call keeps its claim through two missed renewals."""
+DEFAULT_WAIT = 10.0
+"""Seconds a duplicate of a live call waits: two default leases, so it sees the holder finish, or
+its claim run out and be taken over, even when the holder died just after a renewal."""
 
 _CLAIM = Claim()
 _REPLAY, _EXECUTE = Action.REPLAY, Action.EXECUTE  # globals: cheaper than members read off the enum
@@ -159,7 +170,8 @@ class Guard:
         store: the effect ledger.
         namespace: the tenant; part of every key's hash, so tenants never replay each other.
         lease: seconds a claim is owned before another worker may take it over (renewed in the
-            background while a call runs).
+            background while a call runs, and while a reconciler runs). A claim whose holder died
+            on this host is taken over at once, whatever its lease (see :mod:`idempotency.holder`).
         retention: seconds a finished record is kept (and replayed) before it may be purged.
         wait: seconds a duplicate call waits, in total, for a live claim before ``AlreadyInProgress``.
         sleep: the sleep used between waits and retries (inject one in tests).
@@ -167,6 +179,10 @@ class Guard:
         offload: whether async calls run store I/O in a worker thread, so the event loop never
             blocks on a commit. None (default): the store's ``offload_async`` attribute decides
             (SQL: yes; Redis and memory: no, one round trip costs less than two thread hops).
+
+    Raises:
+        ConfigurationError: ``lease``, ``retention`` or ``wait`` is not a finite number of seconds
+            (> 0; ``wait`` may be 0), naming the option.
     """
 
     def __init__(
@@ -174,20 +190,18 @@ class Guard:
         store: IdempotencyStore,
         *,
         namespace: str = "default",
-        lease: float = 60.0,
+        lease: float = DEFAULT_LEASE,
         retention: float = 7 * DAY,
-        wait: float = 10.0,
+        wait: float = DEFAULT_WAIT,
         sleep: Callable[[float], None] = time.sleep,
         async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         offload: bool | None = None,
     ) -> None:
-        if lease <= 0 or retention <= 0 or wait < 0:
-            raise ConfigurationError("lease and retention must be > 0 and wait >= 0")
         self.store = store
         self.namespace = namespace
-        self.lease = lease
-        self.retention = retention
-        self.wait = wait
+        self.lease = seconds("lease", lease)
+        self.retention = seconds("retention", retention)
+        self.wait = seconds("wait", wait, zero_ok=True)
         self._sleep = sleep
         self._async_sleep = async_sleep
         # By default the store says: a commit that waits on fsync (SQL) goes to a thread; a
@@ -419,7 +433,22 @@ class Guard:
             return self.store.complete(key, op.token, op.result, spec.retention)
         if isinstance(op, Fail):
             return self.store.fail(key, op.token, op.disposition, op.error, spec.retention)
+        if isinstance(op, TakeOver):
+            return self.store.take_over(key, op.token, spec.lease)
         raise AssertionError(op)  # pragma: no cover
+
+    def _probe(self, op: Probe) -> bool:
+        """The answer to :class:`Probe`: a store that cannot take a claim over (a wrapper written
+        before :meth:`~idempotency.store.IdempotencyStore.take_over`) has the flow wait instead."""
+        return hasattr(self.store, "take_over") and is_dead_on_this_host(op.holder)
+
+    def _reconciled(self, flow: Flow[Any], op: Reconcile) -> Any:
+        """Ask the reconciler under a heartbeat: a slow provider lookup keeps the taken-over claim."""
+        handle = self.heartbeater.register(flow.identity.key, op.request.record.token, flow.spec.lease)
+        try:
+            return reconciled(flow, op.request)
+        finally:
+            self.heartbeater.unregister(handle)
 
     def _context(self, flow: Flow[Any], token: int, attempt: int) -> RunningEffect:
         # A tuple: the EffectContext is built only if the body asks for it (current_effect()).
@@ -471,7 +500,9 @@ class Guard:
                 elif isinstance(op, Sleep):
                     self._sleep(op.seconds)
                 elif isinstance(op, Reconcile):
-                    answer = reconciled(flow, op.request)
+                    answer = self._reconciled(flow, op)
+                elif isinstance(op, Probe):
+                    answer = self._probe(op)
                 else:
                     answer = self._store_op(flow, op)
             except BaseException as exc:
@@ -541,9 +572,17 @@ class Guard:
                 elif isinstance(op, Sleep):
                     await self._async_sleep(op.seconds)
                 elif isinstance(op, Reconcile):
-                    answer = reconciled(flow, op.request)
-                    if inspect.isawaitable(answer):
-                        answer = await settled(answer)
+                    handle = self.heartbeater.register(
+                        flow.identity.key, op.request.record.token, flow.spec.lease
+                    )
+                    try:
+                        answer = reconciled(flow, op.request)
+                        if inspect.isawaitable(answer):
+                            answer = await settled(answer)
+                    finally:
+                        self.heartbeater.unregister(handle)
+                elif isinstance(op, Probe):
+                    answer = self._probe(op)  # a read of /proc: no thread needed
                 elif self._offload:
                     answer = await self._store_op_in_thread(flow, op)
                 else:

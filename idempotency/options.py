@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -212,18 +213,31 @@ def check_sync_reconciler(name: str, options: Mapping[str, Any]) -> None:
         raise ConfigurationError(f"{name}: an async reconciler needs an async effect (or arun)")
 
 
+def seconds(label: str, value: object, *, zero_ok: bool = False) -> float:
+    """A duration option checked: a finite number of seconds, > 0 (or >= 0 with ``zero_ok``).
+
+    NaN and infinity are refused: NaN compares false with everything, so a NaN lease would never
+    run out (a crashed worker's claim would block for ever), and an infinite one never either.
+
+    Raises:
+        ConfigurationError: naming ``label``, when ``value`` is not such a number (a bool neither).
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not zero_ok)
+    ):
+        raise ConfigurationError(
+            f"{label}= must be a finite number of seconds {'>= 0' if zero_ok else '> 0'}, got {value!r}"
+        )
+    return float(value)
+
+
 def _seconds(options: Mapping[str, Any], label: str, default: float, *, zero_ok: bool) -> float:
     """A per-effect duration, or the guard's default when it is not given (None)."""
     value = options.get(label)
     if value is None:
         return float(default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value < 0
-        or (value == 0 and not zero_ok)
-    ):
-        raise ConfigurationError(
-            f"{label}= must be a number of seconds {'>= 0' if zero_ok else '> 0'}, got {value!r}"
-        )
-    return float(value)
+    return seconds(label, value, zero_ok=zero_ok)

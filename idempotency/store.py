@@ -54,6 +54,10 @@ class IdempotencyStore(Protocol):
     def claim(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult:
         """Atomically claim the record for ``identity.key``. One round trip where the backend allows.
 
+        Every record a claim writes (CLAIMED or TOOK_OVER) stores this process's holder identity
+        (:func:`idempotency.holder.current`) as ``holder``; an EXISTING record is returned with the
+        holder it has.
+
         - No record: write a fresh IN_PROGRESS record (attempts 1, lease ``now + lease``) under a
           random starting token, never 1 by design (:func:`first_token`, drawn in Python and passed
           to the backend) -> CLAIMED. Why: a deleted record leaves no token to count on from, and a
@@ -67,6 +71,22 @@ class IdempotencyStore(Protocol):
         - Anything else (a live lease, a finished record, another fingerprint) -> EXISTING, unchanged.
 
         Never check-then-act: two concurrent claims of one key yield exactly one CLAIMED/TOOK_OVER.
+        """
+        ...
+
+    def take_over(self, key: str, token: int, lease: float) -> Record | None:
+        """Atomically take over a live-leased record whose holder the caller found dead.
+
+        Compare-and-set on ``token``: only when the record is IN_PROGRESS or IN_DOUBT and its token
+        still equals ``token`` (the one the caller saw with the dead holder), set it IN_DOUBT,
+        token + 1, attempts + 1, lease ``now + lease``, ``updated_at = now`` and ``holder`` to this
+        process's identity, and return it: the caller now owns it, exactly as after a claim that
+        answered TOOK_OVER, and must resolve it before running anything. The lease is not checked:
+        the caller proved the holder dead (:func:`idempotency.holder.is_dead_on_this_host`), which
+        is why it need not wait for the lease.
+
+        Returns None, writing nothing, when the record changed since (another claimant took it
+        over first, the holder finished, it is gone): two racing callers get exactly one record.
         """
         ...
 

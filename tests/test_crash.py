@@ -29,6 +29,7 @@ from _crashchild import EFFECT, EXIT_OK, EXIT_UNKNOWN, NAMESPACE
 from conftest import StoreFactory
 
 from idempotency.codec import Codec
+from idempotency.holder import HOST_ENV
 from idempotency.keys import EffectIdentity
 from idempotency.records import Record, State
 from idempotency.store import IdempotencyStore
@@ -126,10 +127,13 @@ class World:
             self._store = self.factory.open(clock=None)
         return self._store
 
-    def start(self, mode: str, crash_at: str | None = None, *, lease: float = LEASE) -> Child:
+    def start(
+        self, mode: str, crash_at: str | None = None, *, lease: float = LEASE, host_id: str | None = None
+    ) -> Child:
         """Start a child that waits at its gate, warmed up (imports done, store open), until
-        :meth:`Child.finish` opens it: a replacement worker already running when another dies."""
-        child = Child(self._popen(mode, crash_at, lease, gate=True))
+        :meth:`Child.finish` opens it: a replacement worker already running when another dies.
+        ``host_id`` sets ``$SAGAGUARD_HOST_ID``: the child plays another host."""
+        child = Child(self._popen(mode, crash_at, lease, gate=True, host_id=host_id))
         self._gated.append(child.proc)
         return child
 
@@ -137,7 +141,9 @@ class World:
         """Run a child to its end; ``crash_at`` names where it dies (``$SAGAGUARD_CRASH_AT``)."""
         return Child(self._popen(mode, crash_at, lease, gate=False)).finish()
 
-    def _popen(self, mode: str, crash_at: str | None, lease: float, *, gate: bool) -> subprocess.Popen[str]:
+    def _popen(
+        self, mode: str, crash_at: str | None, lease: float, *, gate: bool, host_id: str | None = None
+    ) -> subprocess.Popen[str]:
         config = {
             "spec": self.factory.spec(),
             "service": self.service.url,
@@ -149,6 +155,9 @@ class World:
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         env.pop(CRASH_ENV, None)
+        env.pop(HOST_ENV, None)
+        if host_id is not None:
+            env[HOST_ENV] = host_id
         if crash_at is not None:
             env[CRASH_ENV] = crash_at
         return subprocess.Popen(
@@ -202,21 +211,28 @@ def test_crash_before_the_claim_then_restart_charges_once(world: World) -> None:
     assert world.recorded_charge().charge_id == charge.charge_id
 
 
-def test_crash_after_the_claim_before_the_effect_then_restart_charges_once(world: World) -> None:
+@pytest.mark.parametrize("host_id", [None, "another-host"], ids=["same-host", "other-host"])
+def test_crash_after_the_claim_before_the_effect_then_restart_charges_once(
+    world: World, host_id: str | None
+) -> None:
     lease = 1.5
-    replacement = world.start("reconciler", lease=lease)  # warmed up, waiting at its gate
+    replacement = world.start("reconciler", lease=lease, host_id=host_id)  # warmed up, at its gate
     assert world.store.get(world.identity.key) is None  # (opens our store now: checks below are quick)
     world.run("reconciler", crash_at="after_claim", lease=lease).killed_at("after_claim")
     assert world.count() == 0
     assert world.record().state is State.IN_PROGRESS  # the claim was written before any call
     dead = world.record().token
 
-    # Started within the dead claim's lease, the replacement polls the record until the lease has
-    # run out, takes the record over, asks the reconciler, hears "no such charge", then charges.
+    # Started within the dead claim's lease, the replacement takes the record over (on the same host
+    # at once: the holder is dead; on another host once it has polled the record until the lease
+    # ran out), asks the reconciler, hears "no such charge", then charges.
     run = replacement.finish()
     charge = run.charged()
 
-    assert 0 < run.output["waited"] < 2 * lease
+    if host_id is None:
+        assert run.output["waited"] == 0
+    else:
+        assert 0 < run.output["waited"] < 2 * lease
     assert world.count() == 1
     assert world.record().token == run.output["token"] == dead + 1
     assert world.recorded_charge().charge_id == charge.charge_id

@@ -33,9 +33,11 @@ from idempotency.flow import (
     Execute,
     Fail,
     Flow,
+    Probe,
     Ran,
     Reconcile,
     Sleep,
+    TakeOver,
     abandon,
     decide,
 )
@@ -520,3 +522,72 @@ def test_flow_reconciled_result_that_cannot_be_stored_releases_the_lease() -> No
     with pytest.raises(CodecError):
         d.send(record(State.IN_DOUBT, token=2, lease_until=0.0))
     assert d.flow.outcome is Outcome.IN_DOUBT
+
+
+# --------------------------------------------------------------------------- a dead holder's claim
+
+DEAD = "boot/4026531836|4242|99"
+
+
+@pytest.mark.parametrize(("outcome", "state", "matches"), sorted(DECISIONS, key=str))
+def test_decide_with_the_holder_dead_takes_over_only_what_it_would_wait_for(
+    outcome: ClaimOutcome, state: State, matches: bool
+) -> None:
+    claim = ClaimResult(outcome, record(state, FP if matches else OTHER_FP, holder=DEAD))
+    alive = DECISIONS[(outcome, state, matches)]
+    assert decide(claim, FP, holder_dead=False) is alive
+    assert decide(claim, FP, holder_dead=True) is (Action.TAKE_OVER if alive is Action.WAIT else alive)
+
+
+@pytest.mark.parametrize("state", [State.IN_PROGRESS, State.IN_DOUBT])
+def test_flow_takes_over_a_dead_holders_live_claim_at_once(state: State) -> None:
+    d = Driver(flow(provider_idempotent=True))
+    d.start()
+    assert d.send(ClaimResult(ClaimOutcome.EXISTING, record(state, holder=DEAD))) == Probe(DEAD)
+    assert d.send(True) == TakeOver(1)
+    taken = record(State.IN_DOUBT, token=2, attempts=2, holder="me|1|1")
+    assert d.send(taken) == Execute(2)  # resolved as any take-over: here, re-sent under its key
+    assert d.send(Ran(7)) == Complete(2, "7")
+    assert d.finish(record(State.SUCCEEDED, token=2, result="7")) == 7
+    assert not any(isinstance(op, Sleep) for op in d.ops)
+
+
+def test_flow_take_over_of_a_dead_holder_is_resolved_by_the_policy() -> None:
+    d = Driver(flow())  # at most once, no reconciler: the record stays in doubt for an operator
+    d.start()
+    d.send(ClaimResult(ClaimOutcome.EXISTING, record(holder=DEAD)))
+    d.send(True)
+    fail = d.send(record(State.IN_DOUBT, token=2, attempts=2))
+    assert isinstance(fail, Fail) and (fail.token, fail.disposition) == (2, Disposition.AMBIGUOUS)
+    with pytest.raises(OutcomeUnknown):
+        d.send(record(State.IN_DOUBT, token=2, lease_until=0.0))
+    assert d.flow.outcome is Outcome.IN_DOUBT
+
+
+def test_flow_waits_for_a_live_holder() -> None:
+    d = Driver(flow())
+    d.start()
+    assert d.send(ClaimResult(ClaimOutcome.EXISTING, record(holder=DEAD))) == Probe(DEAD)
+    assert isinstance(d.send(False), Sleep)
+
+
+def test_flow_claims_again_at_once_when_another_claimant_took_over_first() -> None:
+    d = Driver(flow())
+    d.start()
+    d.send(ClaimResult(ClaimOutcome.EXISTING, record(holder=DEAD)))
+    assert d.send(True) == TakeOver(1)
+    assert d.send(None) == Claim()  # no sleep: the record changed, look at it again
+    assert d.finish(ClaimResult(ClaimOutcome.EXISTING, record(State.SUCCEEDED, result="5"))) == 5
+
+
+def test_flow_without_a_holder_waits_without_probing() -> None:
+    d = Driver(flow())
+    d.start()
+    assert isinstance(d.send(ClaimResult(ClaimOutcome.EXISTING, record())), Sleep)
+
+
+def test_flow_with_zero_wait_still_takes_over_a_dead_holder() -> None:
+    d = Driver(flow(wait=0.0, provider_idempotent=True))
+    d.start()
+    d.send(ClaimResult(ClaimOutcome.EXISTING, record(holder=DEAD)))
+    assert d.send(True) == TakeOver(1)

@@ -382,6 +382,7 @@ def test_claim_packs_what_the_general_packing_packs(
     redis_store: Any, monkeypatch: pytest.MonkeyPatch, parts: tuple[str, str, str, str]
 ) -> None:
     import idempotency.stores.redis as redis_module
+    from idempotency import holder
     from idempotency.keys import EffectIdentity
 
     store, (namespace, unit, name, fp) = redis_store, parts
@@ -399,7 +400,7 @@ def test_claim_packs_what_the_general_packing_packs(
         store._spare.clear()
         claimed = store.claim(identity, fp, lease)
         now = repr(float(store._clock()))
-        args = (now, float(lease), namespace, name, fp, unit, "7", "123456789012345")
+        args = (now, float(lease), namespace, name, fp, unit, "7", "123456789012345", holder.current())
         assert sent[-1] == store._pack(store._claim, identity.key, *args)
         assert claimed.record == store.get(identity.key)
     assert claimed.outcome is redis_module.ClaimOutcome.EXISTING

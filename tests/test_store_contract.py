@@ -23,6 +23,7 @@ import pytest
 from _procs import race_claims_in_processes
 from conftest import FakeClock, StoreFactory, closed_port, require_redis
 
+from idempotency import holder
 from idempotency.errors import LostOwnership, StoreError, StoreUnavailable
 from idempotency.keys import EffectIdentity, fingerprint
 from idempotency.records import ClaimOutcome, Disposition, Record, State
@@ -1057,3 +1058,145 @@ def test_server_clock_takes_over_a_lease_written_in_the_past(
     assert took.record.token == claimed.record.token + 1
     assert abs(took.record.lease_until - LEASE - time.time()) < 60
     assert_all_fenced(past, identity.key, claimed.record.token)
+
+
+# ------------------------------------------------------------------------- holder and take-over
+
+DEAD = "some-other-host/4026531836|4242|123456"
+"""A holder identity of another process, as a claim in that process would have stored it."""
+
+
+def claim_as(
+    store: IdempotencyStore, monkeypatch: pytest.MonkeyPatch, who: str, identity: EffectIdentity
+) -> Record:
+    """Claim ``identity`` as the process ``who`` would (its holder identity stored with the claim)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(holder, "current", lambda: who)
+        got = store.claim(identity, FP, LEASE)
+    assert got.outcome is CLAIMED
+    assert got.record.holder == who
+    return got.record
+
+
+def test_claim_records_this_process_as_holder(store: IdempotencyStore, clock: FakeClock) -> None:
+    identity = ident()
+    rec = store.claim(identity, FP, LEASE).record
+    assert rec.holder == holder.current()
+    got = store.get(identity.key)
+    assert got is not None and got.holder == holder.current()
+    assert store.claim(identity, FP, LEASE).record.holder == holder.current()  # EXISTING: as stored
+    done = store.complete(identity.key, rec.token, RESULT, RETENTION)
+    assert done.holder == holder.current()
+    assert store.list()[0].holder == holder.current()
+
+
+def test_lease_expiry_take_over_records_the_new_holder(
+    store: IdempotencyStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    identity = ident()
+    claim_as(store, monkeypatch, DEAD, identity)
+    clock.advance(LEASE + 1)
+    got = store.claim(identity, FP, LEASE)
+    assert got.outcome is TOOK_OVER
+    assert got.record.holder == holder.current()
+    assert_same(store.get(identity.key), got.record)
+
+
+def test_take_over_a_live_claim_is_fenced_like_a_lease_expiry(
+    store: IdempotencyStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    identity = ident()
+    old = claim_as(store, monkeypatch, DEAD, identity)
+    clock.advance(1.0)  # well within the dead holder's lease
+
+    rec = store.take_over(identity.key, old.token, LEASE)
+
+    assert rec is not None
+    assert rec.state is State.IN_DOUBT
+    assert (rec.token, rec.attempts) == (old.token + 1, 2)
+    assert rec.lease_until == at(clock.now + LEASE)
+    assert rec.updated_at == at(clock.now)
+    assert rec.created_at == at(old.created_at)
+    assert rec.holder == holder.current()
+    assert (rec.fingerprint, rec.scope, rec.name) == (old.fingerprint, old.scope, old.name)
+    assert_same(store.get(identity.key), rec)
+    assert_all_fenced(store, identity.key, old.token)  # the dead holder's token is stale now
+    # A second take-over under the token seen before is refused and changes nothing.
+    assert store.take_over(identity.key, old.token, LEASE) is None
+    assert_same(store.get(identity.key), rec)
+    # The new holder owns it as after a claim that answered TOOK_OVER.
+    done = store.complete(identity.key, rec.token, RESULT, RETENTION)
+    assert (done.state, done.token, done.result) == (State.SUCCEEDED, rec.token, RESULT)
+
+
+def test_take_over_of_an_in_doubt_claim_counts_on(
+    store: IdempotencyStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    identity = ident()
+    claim_as(store, monkeypatch, DEAD, identity)
+    clock.advance(LEASE + 1)
+    with monkeypatch.context() as patched:  # another process took it over by lease, then died
+        patched.setattr(holder, "current", lambda: DEAD)
+        taken = store.claim(identity, FP, LEASE).record
+    rec = store.take_over(identity.key, taken.token, LEASE)
+    assert rec is not None
+    assert (rec.state, rec.token, rec.attempts, rec.holder) == (
+        State.IN_DOUBT,
+        taken.token + 1,
+        3,
+        holder.current(),
+    )
+
+
+@pytest.mark.parametrize("finish", ["complete", "fail-permanent", "fail-retryable"])
+def test_take_over_refuses_a_finished_or_gone_record(
+    store: IdempotencyStore, monkeypatch: pytest.MonkeyPatch, finish: str
+) -> None:
+    identity = ident()
+    old = claim_as(store, monkeypatch, DEAD, identity)
+    fenced_writes(store, identity.key, old.token)[finish]()
+    before = store.get(identity.key)
+    assert store.take_over(identity.key, old.token, LEASE) is None
+    if before is None:
+        assert store.get(identity.key) is None
+    else:
+        assert_same(store.get(identity.key), before)
+
+
+def test_take_over_refuses_another_token_and_an_absent_key(
+    store: IdempotencyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    identity = ident()
+    old = claim_as(store, monkeypatch, DEAD, identity)
+    assert store.take_over(identity.key, old.token + 1, LEASE) is None
+    assert store.take_over(identity.key, old.token - 1, LEASE) is None
+    assert_same(store.get(identity.key), old)
+    assert store.take_over(ident(1).key, 1, LEASE) is None
+    assert store.get(ident(1).key) is None
+
+
+def test_threads_race_one_take_over(store: IdempotencyStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    identity = ident()
+    old = claim_as(store, monkeypatch, DEAD, identity)
+    n = 16
+    barrier = threading.Barrier(n, timeout=60)
+    results: list[Any] = [None] * n
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = store.take_over(identity.key, old.token, LEASE)
+        except BaseException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    won = [r for r in results if r is not None]
+    assert len(won) == 1, f"{len(won)} take-overs won"
+    rec = store.get(identity.key)
+    assert rec is not None
+    assert (rec.token, rec.attempts) == (old.token + 1, 2) == (won[0].token, won[0].attempts)

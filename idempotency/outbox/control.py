@@ -16,6 +16,7 @@ letters are the operator's to move. Replay wakes listening relays (Postgres NOTI
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -221,10 +222,12 @@ class OutboxControl:
             How many rows were deleted.
 
         Raises:
-            ConfigurationError: a negative retention or a page size below 1.
+            ConfigurationError: a negative, NaN or infinite retention, or a page size below 1.
         """
-        if retention < 0 or page < 1:
-            raise ConfigurationError("purge needs retention >= 0 and page >= 1")
+        if not math.isfinite(retention) or retention < 0 or page < 1:
+            raise ConfigurationError(
+                f"purge needs a finite retention >= 0 and page >= 1, got {retention!r}, {page!r}"
+            )
         total = pages = 0
         while max_pages is None or pages < max_pages:
             with self.db.cursor(write=True) as cursor:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 
+from idempotency import holder as _holder
 from idempotency.errors import LostOwnership
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
@@ -52,6 +53,7 @@ class MemoryStore:
                 rec = Record(
                     identity.key, identity.namespace, identity.scope, identity.name, identity.ordinal,
                     fingerprint, State.IN_PROGRESS, token, now + lease, 1, now, now,
+                    holder=_holder.current(),
                 )  # fmt: skip
                 self._records[identity.key] = rec
                 return ClaimResult(ClaimOutcome.CLAIMED, rec)
@@ -62,10 +64,28 @@ class MemoryStore:
                     attempts=old.attempts + 1,
                     lease_until=now + lease,
                     updated_at=now,
+                    holder=_holder.current(),
                 )
                 self._records[identity.key] = rec
                 return ClaimResult(ClaimOutcome.TOOK_OVER, rec)
             return ClaimResult(ClaimOutcome.EXISTING, old)
+
+    def take_over(self, key: str, token: int, lease: float) -> Record | None:
+        now = self._clock()
+        with self._lock:
+            old = self._records.get(key)
+            if old is None or old.token != token or old.state not in _LIVE:
+                return None
+            rec = old.evolve(
+                state=State.IN_DOUBT,
+                token=token + 1,
+                attempts=old.attempts + 1,
+                lease_until=now + lease,
+                updated_at=now,
+                holder=_holder.current(),
+            )
+            self._records[key] = rec
+            return rec
 
     def get(self, key: str) -> Record | None:
         with self._lock:
@@ -90,6 +110,7 @@ class MemoryStore:
             rec = Record(
                 key, old.namespace, old.scope, old.name, old.ordinal, old.fingerprint, State.SUCCEEDED,
                 token, old.lease_until, old.attempts, old.created_at, now, now + retention, result, None,
+                old.holder,
             )  # fmt: skip
             self._records[key] = rec
             return rec

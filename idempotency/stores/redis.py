@@ -35,6 +35,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
+from idempotency import holder as _holder
 from idempotency.errors import (
     CodecError,
     ConfigurationError,
@@ -50,7 +51,7 @@ __all__ = ["RedisStore"]
 
 _FIELDS = (
     "namespace", "scope", "name", "ordinal", "fingerprint", "state", "token",
-    "lease_until", "attempts", "created_at", "updated_at", "expires_at", "result", "error",
+    "lease_until", "attempts", "created_at", "updated_at", "expires_at", "result", "error", "holder",
 )  # fmt: skip
 """Hash fields in reply order. The Lua below indexes them from 1: state is r[6], token r[7]..."""
 
@@ -82,7 +83,7 @@ end
 """
 
 # ARGV: now, lease, namespace, name, fingerprint, scope, ordinal, first_token (random, from Python:
-# a new record starts there; a replaced or taken-over one counts on from its own token). The lease,
+# a new record starts there; a replaced or taken-over one counts on from its own token), holder. The lease,
 # namespace and name come together, so the store packs them once per effect (see claim). Tokens stay
 # strings in the reply: cjson prints numbers with 14 digits, which would round a 15-digit token.
 _CLAIM = (
@@ -97,16 +98,16 @@ if not st or ((st == 'succeeded' or st == 'failed') and r[12] and tonumber(r[12]
   if st then redis.call('DEL', k) end
   redis.call('HSET', k, 'namespace', ARGV[3], 'scope', ARGV[6], 'name', ARGV[4],
     'ordinal', ARGV[7], 'fingerprint', ARGV[5], 'state', 'in_progress', 'token', tok,
-    'lease_until', lu, 'attempts', 1, 'created_at', n, 'updated_at', n)
+    'lease_until', lu, 'attempts', 1, 'created_at', n, 'updated_at', n, 'holder', ARGV[9])
   return cjson.encode({'claimed', ARGV[3], ARGV[6], ARGV[4], ARGV[7], ARGV[5], 'in_progress',
-    tok, lu, 1, n, n, false, false, false})
+    tok, lu, 1, n, n, false, false, false, ARGV[9]})
 end
 if (st == 'in_progress' or st == 'in_doubt') and tonumber(r[8]) <= now and r[5] == ARGV[5] then
   -- A live record never has a TTL (only finishing sets one), so no PERSIST is needed here.
-  r[6], r[7], r[8], r[9], r[11] = 'in_doubt', f(tonumber(r[7]) + 1), f(now + tonumber(ARGV[2])),
-    tonumber(r[9]) + 1, f(now)
+  r[6], r[7], r[8], r[9], r[11], r[15] = 'in_doubt', f(tonumber(r[7]) + 1),
+    f(now + tonumber(ARGV[2])), tonumber(r[9]) + 1, f(now), ARGV[9]
   redis.call('HSET', k, 'state', r[6], 'token', r[7], 'lease_until', r[8], 'attempts', r[9],
-    'updated_at', r[11])
+    'updated_at', r[11], 'holder', r[15])
   table.insert(r, 1, 'took_over')
   return cjson.encode(r)
 end
@@ -179,6 +180,22 @@ return cjson.encode(r)
 """
 )
 
+# ARGV: now, token, lease, holder. Compare-and-set on the token, the lease not looked at: the caller
+# found the holder dead (see RedisStore.take_over). A refusal answers 'lost', and Python None.
+_TAKE_OVER = (
+    _NOW
+    + f"local r = {_HMGET_ALL}\nlocal st, tk = r[6], r[7]\n"
+    + _FENCE
+    + """
+r[6], r[7], r[8], r[9], r[11], r[15] = 'in_doubt', f(tonumber(r[7]) + 1), f(now + tonumber(ARGV[3])),
+  tonumber(r[9]) + 1, f(now), ARGV[4]
+redis.call('HSET', k, 'state', r[6], 'token', r[7], 'lease_until', r[8], 'attempts', r[9],
+  'updated_at', r[11], 'holder', r[15])
+table.insert(r, 1, 'took_over')
+return cjson.encode(r)
+"""
+)
+
 # ARGV: now, token, lease.
 _HEARTBEAT = (
     _NOW
@@ -239,13 +256,14 @@ def _record(key: str, reply: list[Any]) -> Record:
 
     An absent field is None (``HMGET``) or False (a script's JSON, where Lua has no null).
     """
-    _, ns, sc, nm, od, fp, st, tk, lu, at, ca, ua, ea, rs, er = reply
+    _, ns, sc, nm, od, fp, st, tk, lu, at, ca, ua, ea, rs, er, hd = reply
     return _new_record(
         key, ns, sc, nm, int(od), fp, _STATES[st], int(tk), float(lu), int(at),
         float(ca), float(ua),
         None if ea is None or ea is False else float(ea),
         None if rs is None or rs is False else rs,
         None if er is None or er is False else er,
+        None if hd is None or hd is False else hd,
     )  # fmt: skip
 
 
@@ -390,9 +408,11 @@ class RedisStore:
         self._kp = prefix + ":{"
         self._match = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + ":{*}"
         scripts = [
-            client.register_script(s) for s in (_CLAIM, _COMPLETE, _FAIL, _HEARTBEAT, _PURGE, _COMPLETE_HELD)
+            client.register_script(s)
+            for s in (_CLAIM, _COMPLETE, _FAIL, _HEARTBEAT, _PURGE, _COMPLETE_HELD, _TAKE_OVER)
         ]
-        self._claim, self._complete, self._fail, self._heartbeat, self._purge, self._complete_held = scripts
+        (self._claim, self._complete, self._fail, self._heartbeat, self._purge, self._complete_held,
+         self._take_over) = scripts  # fmt: skip
         # The records this store's claims handed out and that are still live, by key: complete()
         # rebuilds the finished record from one of these instead of reading the whole hash back.
         self._held: dict[str, Record] = {}
@@ -400,7 +420,8 @@ class RedisStore:
         self._heads = {
             sc.sha: b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n$1\r\n1\r\n" % (4 + n, sc.sha.encode())
             for sc, n in (
-                (self._claim, 8),
+                (self._claim, 9),
+                (self._take_over, 4),
                 (self._complete, 5),
                 (self._fail, 6),
                 (self._heartbeat, 3),
@@ -553,6 +574,7 @@ class RedisStore:
         except IndexError:  # another thread took the spare between the check and the pop
             token = str(first_token())
         ordinal = str(identity.ordinal)
+        holder = _holder.current()
         # The common case packed as one text: the lease, namespace and name as packed for the last
         # claim of the effect, the rest around them. Pure ASCII (keys and fingerprints are), each
         # length in characters is its length in bytes. Anything else (other text, a str subclass,
@@ -565,13 +587,15 @@ class RedisStore:
             text = (
                 f"${len(full)}\r\n{full}\r\n${len(now)}\r\n{now}\r\n{fixed}${len(fingerprint)}\r\n{fingerprint}"
                 f"\r\n${len(scope)}\r\n{scope}\r\n${len(ordinal)}\r\n{ordinal}\r\n${len(token)}\r\n{token}\r\n"
+                f"${len(holder)}\r\n{holder}\r\n"
             )
             packed = self._claim_head + text.encode() if text.isascii() else None
         else:
             packed = None
         if packed is None:
             packed = self._pack(
-                self._claim, key, now, float(lease), namespace, name, fingerprint, scope, ordinal, token
+                self._claim, key, now, float(lease), namespace, name, fingerprint, scope, ordinal, token,
+                holder,
             )  # fmt: skip
         reply = self._run(self._claim, packed)
         record = _record(key, reply)
@@ -630,7 +654,7 @@ class RedisStore:
             return _new_record(
                 key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
                 State.SUCCEEDED, token, float(lease_until), held.attempts, held.created_at,
-                float(updated_at), float(expires_at), result, None,
+                float(updated_at), float(expires_at), result, None, held.holder,
             )  # fmt: skip
         reply = self._eval(
             self._complete, key, self._now_arg(), str(token), result, float(retention),
@@ -656,6 +680,17 @@ class RedisStore:
             return None
         reply[14] = error
         return _record(key, reply)
+
+    def take_over(self, key: str, token: int, lease: float) -> Record | None:
+        """See :meth:`IdempotencyStore.take_over`: one script, one round trip."""
+        reply = self._eval(
+            self._take_over, key, self._now_arg(), str(token), float(lease), _holder.current()
+        )
+        if reply[0] == "lost":
+            return None
+        record = _record(key, reply)
+        self._held[key] = record  # ours now, as after a claim
+        return record
 
     def heartbeat(self, key: str, token: int, lease: float) -> float:
         """See :meth:`IdempotencyStore.heartbeat`."""

@@ -18,8 +18,9 @@ can fail with "database is locked" at once, whatever the timeout, so writers tak
 single writing statement in autocommit needs no such care: it takes the write lock as it starts,
 waiting under the busy timeout, and reads nothing before.
 
-The table is created when missing, with two partial indexes (see ``_indexes``), and never altered; a
-future version that changes its columns will ship a migration.
+The table is created when missing, with two partial indexes (see ``_indexes``). A table made by an
+earlier version gets the columns added since (``holder``) when the store opens with ``create`` set:
+one ``ALTER TABLE .. ADD COLUMN`` of a nullable column, idempotent and safe to race.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from sqlalchemy.pool import QueuePool, StaticPool
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlmodel import Field, SQLModel
 
+from idempotency import holder as _holder
 from idempotency.errors import ConfigurationError, LostOwnership, StoreError, StoreUnavailable
 from idempotency.keys import EffectIdentity
 from idempotency.offload import in_thread
@@ -63,7 +65,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """Version of the effects table layout."""
 
 DEFAULT_TABLE: Final = "sagaguard_effects"
@@ -97,7 +99,7 @@ _DDL_LOCK_ID = 0x5A6A_6775  # any constant: serialises concurrent CREATE TABLE o
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")  # 48 leaves room for index names (63)
 _COLUMNS = (
     "key, namespace, scope, name, ordinal, fingerprint, state, token, lease_until, attempts, "
-    "created_at, updated_at, expires_at, result, error"
+    "created_at, updated_at, expires_at, result, error, holder"
 )
 _LIVE = "('in_progress', 'in_doubt')"
 _FINISHED = "('succeeded', 'failed')"
@@ -134,7 +136,12 @@ class EffectFields(_SagaguardModel):
     expires_at: float | None = Field(default=None, sa_type=sa.Double)  # purge: see _indexes
     result: str | None = Field(default=None, sa_type=sa.Text)
     error: str | None = Field(default=None, sa_type=sa.Text)
+    holder: str | None = Field(default=None, sa_type=sa.Text)  # added in schema version 2
 
+
+_ADDED_COLUMNS: Final = ("holder",)
+"""Nullable text columns added since the first layout: :meth:`SqlStore.create_tables` adds each one
+missing from a table made by an earlier version."""
 
 _RARE_STATES: Final = frozenset({State.IN_DOUBT.value, State.FAILED.value})
 """The states an operator lists and a guarded call that succeeds never writes: the one index on
@@ -305,7 +312,7 @@ def _record(row: Sequence[Any]) -> Record:
     return Record.from_fields(
         row[0], row[1], row[2], row[3], int(row[4]), row[5], _STATES[row[6]], int(row[7]),
         float(row[8]), int(row[9]), float(row[10]), float(row[11]),
-        None if row[12] is None else float(row[12]), row[13], row[14],
+        None if row[12] is None else float(row[12]), row[13], row[14], row[15],
     )  # fmt: skip
 
 
@@ -405,10 +412,10 @@ class SqlStore:
             # (replacing an expired finished record, or taking over) counts on from the old one.
             return f"""
             INSERT INTO {table} AS e (key, namespace, scope, name, ordinal, fingerprint, state,
-                                      token, lease_until, attempts, created_at, updated_at)
+                                      token, lease_until, attempts, created_at, updated_at, holder)
             SELECT :key, :namespace, :scope, :name, :ordinal, :fingerprint, 'in_progress',
                    CAST(:first_token AS BIGINT), {at} + CAST(:lease AS DOUBLE PRECISION), 1,
-                   {at}, {at}
+                   {at}, {at}, :holder
             {source} WHERE {guard}
             ON CONFLICT (key) DO UPDATE SET
                 {pick("namespace")}, {pick("scope")}, {pick("name")}, {pick("ordinal")},
@@ -420,7 +427,8 @@ class SqlStore:
                 updated_at = excluded.updated_at,
                 expires_at = CASE WHEN {fresh} THEN NULL ELSE e.expires_at END,
                 result = CASE WHEN {fresh} THEN NULL ELSE e.result END,
-                error = CASE WHEN {fresh} THEN NULL ELSE e.error END
+                error = CASE WHEN {fresh} THEN NULL ELSE e.error END,
+                holder = excluded.holder
             WHERE {claimable("e", "excluded.created_at", "excluded.fingerprint")}
             RETURNING true AS won, {_COLUMNS}"""
 
@@ -461,9 +469,9 @@ class SqlStore:
             # RETURNING: 11 us less of a 230 us claim and record (measured, synchronous=FULL).
             "insert": f"""
             INSERT INTO {table} (key, namespace, scope, name, ordinal, fingerprint, state, token,
-                                 lease_until, attempts, created_at, updated_at)
+                                 lease_until, attempts, created_at, updated_at, holder)
             VALUES (:key, :namespace, :scope, :name, :ordinal, :fingerprint, 'in_progress',
-                    :first_token, :lease_until, 1, :now, :now)
+                    :first_token, :lease_until, 1, :now, :now, :holder)
             ON CONFLICT (key) DO NOTHING""",
             "get": f"SELECT {_COLUMNS} FROM {table} WHERE key = :key",
             "complete": update(
@@ -486,6 +494,13 @@ class SqlStore:
                 "state = 'in_doubt', error = :error, lease_until = 0, updated_at = c.now"
             ),
             "retryable": f"DELETE FROM {table} WHERE {fence} RETURNING key",
+            # Compare-and-set on the token the caller saw with a dead holder: the fence is the
+            # same as every write's, and the lease is not looked at (see take_over).
+            "take_over": update(
+                "state = 'in_doubt', token = token + 1, attempts = attempts + 1, "
+                "lease_until = c.now + CAST(:lease AS DOUBLE PRECISION), updated_at = c.now, "
+                "holder = :holder"
+            ),
             "heartbeat": update(
                 "lease_until = c.now + CAST(:lease AS DOUBLE PRECISION), updated_at = c.now",
                 returning="lease_until",
@@ -740,6 +755,19 @@ class SqlStore:
                 lock = sa.text("SELECT pg_advisory_xact_lock(:id)")
                 conn.execute(lock, {"id": _DDL_LOCK_ID})
             METADATA.create_all(conn, tables=[self._table])
+            self._add_columns(conn)
+
+    def _add_columns(self, conn: sa.Connection) -> None:
+        """Add the columns of :data:`_ADDED_COLUMNS` a table made by an earlier version lacks.
+
+        Idempotent: a column already there is left alone; on Postgres the DDL lock above
+        serialises racing stores, on SQLite ``BEGIN IMMEDIATE`` does.
+        """
+        present = {column["name"] for column in sa.inspect(conn).get_columns(self._table.name)}
+        table = self._engine.dialect.identifier_preparer.quote(self._table.name)
+        for name in _ADDED_COLUMNS:
+            if name not in present:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} TEXT")
 
     def now(self) -> float:
         """The store's clock: the injected one, or the database's time (one query)."""
@@ -802,6 +830,7 @@ class SqlStore:
             "fingerprint": fingerprint,
             "lease": float(lease),
             "first_token": first_token(),  # used only if no row is in the way
+            "holder": _holder.current(),
         }
 
     def _claim_work(
@@ -819,7 +848,7 @@ class SqlStore:
                     return [(True, identity.key, identity.namespace, identity.scope, identity.name,
                              identity.ordinal, fingerprint, State.IN_PROGRESS.value,
                              params["first_token"], fresh["lease_until"], 1, now, now,
-                             None, None, None)]  # fmt: skip
+                             None, None, None, params["holder"])]  # fmt: skip
                 if not cursor.connection.in_transaction:  # else _write_now began it
                     cursor.execute("BEGIN IMMEDIATE")  # the upsert and the read, as one
             rows = self._hot(cursor, "claim", params)
@@ -931,7 +960,7 @@ class SqlStore:
         return Record.from_fields(
             key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
             State.SUCCEEDED, token, lease_until, held.attempts, held.created_at,
-            updated_at, expires_at, values["result"], None,
+            updated_at, expires_at, values["result"], None, held.holder,
         )  # fmt: skip
 
     def fail(
@@ -946,6 +975,17 @@ class SqlStore:
             params["retention"] = float(retention)
         row = self._fenced(Disposition(disposition).value, key, token, **params)
         return None if disposition is Disposition.RETRYABLE else _record(row)
+
+    def take_over(self, key: str, token: int, lease: float) -> Record | None:
+        """See :meth:`IdempotencyStore.take_over`. One fenced UPDATE."""
+        statement = self._sql["take_over"]
+        values = {"key": key, "token": token, "lease": float(lease), "holder": _holder.current()}
+        rows = self._write(lambda cursor: self._run(cursor, statement, values))
+        if not rows:
+            return None
+        rec = _record(rows[0])
+        self._held[key] = rec  # ours now, as after a claim
+        return rec
 
     def heartbeat(self, key: str, token: int, lease: float) -> float:
         """See :meth:`IdempotencyStore.heartbeat`. One fenced UPDATE."""

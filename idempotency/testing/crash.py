@@ -118,6 +118,9 @@ class CrashingStore:
     def heartbeat(self, key: str, token: int, lease: float) -> float:
         return self.inner.heartbeat(key, token, lease)
 
+    def take_over(self, key: str, token: int, lease: float) -> Record | None:
+        return self.inner.take_over(key, token, lease)
+
     def list(
         self,
         *,

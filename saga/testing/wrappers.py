@@ -124,6 +124,9 @@ class CrashingSagaStore:
     def heartbeat(self, key: str, token: int, lease: float) -> float:
         return self.inner.heartbeat(key, token, lease)
 
+    def take_over(self, key: str, token: int, lease: float) -> Record | None:
+        return self.inner.take_over(key, token, lease)
+
     def purge(self, *, limit: int = 1000) -> int:
         return self.inner.purge(limit=limit)
 
