@@ -284,9 +284,9 @@ def _plain_effects(config: Mapping[str, Any], client: Any, payments: Any) -> Eff
 def _guarded_effects(config: Mapping[str, Any], client: Any, payments: Any, folder: Path) -> Effects:
     """sagaguard: the run's :class:`AgentRun` and, inside each tool, effects keyed on its tool call."""
     store = SqlStore(f"sqlite:///{folder / 'effects.db'}")
-    # A short lease unless the config says (``guard``: Guard's options; the supervisor passes {}, the
-    # defaults): the resume finds the killed run's claims in doubt within a second.
-    guard = Guard(store, namespace="research", **config.get("guard", {"lease": 1.0, "wait": 30.0}))
+    # Guard's defaults, as docs/frameworks/openai_agents.md shows it: a resume at once on this host
+    # takes the dead process's claims over at once, no short lease needed.
+    guard = Guard(store, namespace="research")
     journal = ChatJournal(guard, client)
     stripe_effects = StripeEffects(guard, payments)
 

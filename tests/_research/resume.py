@@ -9,8 +9,8 @@
 
 A process supervisor (systemd, Kubernetes, a retry loop) restarts a dead agent at once, in a fresh
 process, and again whenever it fails, until it finishes. :func:`supervise` does that to a sagaguard
-variant of :mod:`_research.sweep` with Guard's **default** options (the config's ``guard`` is ``{}``,
-as the framework pages show ``Guard(store)``): it starts the run, which dies by SIGKILL at a named
+variant of :mod:`_research.sweep`, whose children open ``Guard(store)`` with its **default** options
+as the framework pages show it: it starts the run, which dies by SIGKILL at a named
 kill point (``point``) or after ``kill_after`` seconds (a random time, sent by the zygote), then
 restarts it with ``action: resume`` at once after every exit until a run finishes (at most
 ``max_resumes`` restarts). It records:
@@ -175,8 +175,7 @@ def _failure(run: Any) -> str:
 
 
 def _config(world: ResearchWorld, folder: Path, action: str) -> dict[str, Any]:
-    # guard {}: Guard's defaults, as the framework pages show Guard(store).
-    return {**world_config(world), "dir": str(folder), "topic": TOPIC, "guard": {}, "action": action}
+    return {**world_config(world), "dir": str(folder), "topic": TOPIC, "action": action}
 
 
 def _fresh(world: ResearchWorld, folder: Path) -> None:
