@@ -436,15 +436,17 @@ def sweep(
     points: Iterable[str] | None = None,
     topic: str = TOPIC,
     progress: Callable[[Outcome], None] | None = None,
+    stride: int = 1,
 ) -> SweepResult:
     """The clean run, then :func:`experiment` at each kill point (``points``, else the variant's,
-    else every point the clean run traced)."""
+    else every point the clean run traced); ``stride`` n: at every n-th of them only (the first,
+    the (n+1)-th, ...), to trim a sweep to its time budget."""
     started = time.monotonic()
     with _zygote_for(variant):
         clean, traced = clean_run(world, variant, folder / "clean", topic=topic)
         chosen = list(
             points if points is not None else variant.points if variant.points is not None else traced
-        )
+        )[::stride]
         result = SweepResult(variant.name, clean, [], guarded=variant.guarded, traced=traced)
         for i, point in enumerate(chosen):
             outcome = experiment(world, variant, point, folder / f"p{i:03d}", topic=topic)
