@@ -97,10 +97,16 @@ def test_the_checkpointer_alone_repays_the_node_and_charges_and_emails_twice(pla
 @pytest.mark.timeout(7200)
 @pytest.mark.parametrize("variant", all_variants(), ids=lambda v: v.name)
 def test_full_sweep(variant: Variant, world: ResearchWorld, tmp_path: Path) -> None:
-    """Every kill point the clean run reaches; sagaguard variants meet the targets at every one."""
-    result = sweep(world, variant, tmp_path)
+    """Every kill point the clean run reaches; sagaguard variants meet the targets at every one.
+
+    A variant without sagaguard is the contrast and is killed at every other point only (the whole
+    ``-m sweep`` run, the supervised sweep of tests/test_research_resume.py included, keeps to about
+    12 minutes on a 2-core machine); its charge and email each have two or more kill points in a row
+    that repeat them, so the contrast stays.
+    """
+    result = sweep(world, variant, tmp_path, stride=1 if variant.guarded else 2)
     check_clean(result)
-    assert len(result.outcomes) >= 50
+    assert len(result.outcomes) >= (50 if variant.guarded else 25)
     assert [o.point for o in result.outcomes if not o.killed] == []
     if variant.guarded:
         misses = {o.point: m for o in result.outcomes if (m := result.misses(o))}

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from _research.sweep import Variant, _child_env, _run, stop_zygotes
-from _research.zygote import Zygote, ZygoteError
+from _research.zygote import KILLED_AFTER, Zygote, ZygoteError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -149,6 +149,17 @@ def test_a_run_past_its_timeout_is_killed_and_the_zygote_goes_on(zygote: Zygote)
     with pytest.raises(subprocess.TimeoutExpired):
         zygote.run(("hang",), {}, {}, timeout=0.5)
     assert _info(zygote)[0]["runs"] == 1
+
+
+def test_a_run_killed_after_a_delay_reads_as_minus_9_and_says_so(zygote: Zygote) -> None:
+    killed = zygote.run(("hang",), {}, {}, timeout=60, kill_after=0.2)
+    assert killed.returncode == -signal.SIGKILL
+    assert killed.stderr.endswith(f"{KILLED_AFTER} 0.200 s\n")
+    # A run that ends before its kill time is not killed, and nothing says it was.
+    done = zygote.run(("info",), {}, {}, timeout=60, kill_after=30)
+    assert done.returncode == 0
+    assert KILLED_AFTER not in done.stderr
+    assert zygote.alive()
 
 
 def test_a_zygote_whose_imports_start_a_thread_or_fail_refuses_to_start(probes: Path) -> None:

@@ -1,6 +1,8 @@
 """The research agent on the OpenAI Agents SDK, run as a child process of the sweep (``_research.sweep``).
 
-``python tests/_research/agents_child.py MODE '<config json>'`` with MODE ``sagaguard`` or ``plain``.
+``python tests/_research/agents_child.py MODE '<config json>'`` with MODE ``sagaguard``, ``plain`` or
+``fanout`` (``sagaguard`` with the world's fan-out plan, ``TASK agent_fanout``: the summaries and the
+claim checks asked for as parallel tool calls, so their model calls are in flight at once).
 One ``Agent`` (model: ``OpenAIChatCompletionsModel`` against the world, system prompt ``TASK agent``)
 with seven function tools, driven by the world's fixed plan (:func:`_research.world.agent_step`, one
 tool call per answer)::
@@ -108,7 +110,8 @@ from idempotency import Guard, current_effect, scope  # noqa: E402
 from idempotency.errors import OutcomeUnknown  # noqa: E402
 from idempotency.stores.sql import SqlStore  # noqa: E402
 
-MODES = ("sagaguard", "plain")
+MODES = ("sagaguard", "plain", "fanout")
+"""``fanout``: ``sagaguard`` with the fan-out plan (:data:`FANOUT_INSTRUCTIONS`)."""
 SESSION = "research-1"
 """The session id (one conversation)."""
 RUN_KEY = f"{SESSION}/turn-1"
@@ -120,6 +123,9 @@ INSTRUCTIONS = (
     "TASK agent. You are a research agent: search, fetch every page, summarize each, check each "
     "claim, write the report, pay for it and email it."
 )
+FANOUT_INSTRUCTIONS = INSTRUCTIONS.replace("TASK agent.", "TASK agent_fanout.")
+"""The world's model then asks for the 11 summaries in one answer and the 15 claim checks in another
+(parallel tool calls, which the SDK runs at once: their model calls are in flight together)."""
 _MODEL_ITEMS = ("function_call", "message", "reasoning")
 T = TypeVar("T")
 
@@ -278,8 +284,9 @@ def _plain_effects(config: Mapping[str, Any], client: Any, payments: Any) -> Eff
 def _guarded_effects(config: Mapping[str, Any], client: Any, payments: Any, folder: Path) -> Effects:
     """sagaguard: the run's :class:`AgentRun` and, inside each tool, effects keyed on its tool call."""
     store = SqlStore(f"sqlite:///{folder / 'effects.db'}")
-    # A short lease: the resume finds the killed run's claims in doubt within a second.
-    guard = Guard(store, namespace="research", lease=1.0, wait=30.0)
+    # Guard's defaults, as docs/frameworks/openai_agents.md shows it: a resume at once on this host
+    # takes the dead process's claims over at once, no short lease needed.
+    guard = Guard(store, namespace="research")
     journal = ChatJournal(guard, client)
     stripe_effects = StripeEffects(guard, payments)
 
@@ -443,14 +450,15 @@ def build(config: Mapping[str, Any], mode: str, folder: Path) -> tuple[Any, Effe
         max_network_retries=0,
         http_client=HookedRequestsClient(timeout=30),
     )
-    if mode == "sagaguard":
+    if mode != "plain":
         effects = _guarded_effects(config, client, payments, folder)
     else:
         effects = _plain_effects(config, client, payments)
     effects.closers.append(client.close)
     model = OpenAIChatCompletionsModel(MODEL, loop_client)
+    instructions = FANOUT_INSTRUCTIONS if mode == "fanout" else INSTRUCTIONS
     agent = Agent(
-        name="researcher", instructions=INSTRUCTIONS, model=model, tools=_tools(effects, config["tools_url"])
+        name="researcher", instructions=instructions, model=model, tools=_tools(effects, config["tools_url"])
     )
     if effects.run is not None:
         agent = effects.run.wrap(agent)

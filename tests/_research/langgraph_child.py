@@ -162,7 +162,9 @@ def build(config: Mapping[str, Any], mode: str, folder: Path) -> tuple[Any, Call
         from idempotency.stores.sql import SqlStore
 
         store = SqlStore(f"sqlite:///{folder / 'effects.db'}")
-        guard = Guard(store, namespace="research", lease=1.0, wait=30.0)
+        # Guard's defaults, as docs/frameworks/langgraph.md shows it: a resume at once on this host
+        # takes the dead process's claims over at once, no short lease needed.
+        guard = Guard(store, namespace="research")
         closers += [guard.close, store.close]
         journal = ChatJournal(guard, client)
 

@@ -337,10 +337,16 @@ def _zygote_for(variant: Variant) -> Iterator[None]:
 
 
 def _run(
-    variant: Variant, config: Mapping[str, Any], env: Mapping[str, str]
+    variant: Variant, config: Mapping[str, Any], env: Mapping[str, str], *, kill_after: float | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """One run of ``variant``; ``kill_after``: SIGKILL it that many seconds after its start (forked
+    variants only, :meth:`_research.zygote.Zygote.run`)."""
     if variant.entry is not None:
-        return _zygote(variant).run(variant.argv[2:], config, env, timeout=variant.timeout)
+        return _zygote(variant).run(
+            variant.argv[2:], config, env, timeout=variant.timeout, kill_after=kill_after
+        )
+    if kill_after is not None:
+        raise ValueError(f"{variant.name}: a kill at a time needs a forked variant (entry=)")
     return subprocess.run(
         [*variant.argv, json.dumps(dict(config))],
         env={**_child_env(), **env}, capture_output=True, text=True, timeout=variant.timeout, check=False,
@@ -430,15 +436,17 @@ def sweep(
     points: Iterable[str] | None = None,
     topic: str = TOPIC,
     progress: Callable[[Outcome], None] | None = None,
+    stride: int = 1,
 ) -> SweepResult:
     """The clean run, then :func:`experiment` at each kill point (``points``, else the variant's,
-    else every point the clean run traced)."""
+    else every point the clean run traced); ``stride`` n: at every n-th of them only (the first,
+    the (n+1)-th, ...), to trim a sweep to its time budget."""
     started = time.monotonic()
     with _zygote_for(variant):
         clean, traced = clean_run(world, variant, folder / "clean", topic=topic)
         chosen = list(
             points if points is not None else variant.points if variant.points is not None else traced
-        )
+        )[::stride]
         result = SweepResult(variant.name, clean, [], guarded=variant.guarded, traced=traced)
         for i, point in enumerate(chosen):
             outcome = experiment(world, variant, point, folder / f"p{i:03d}", topic=topic)

@@ -59,6 +59,9 @@ is the last ``user`` message of the request:
 
   ``<report>`` is the ``write_report`` result and ``<digest>`` its :func:`report_digest`. The clean
   run is 42 ``TASK agent`` answers + 11 summarize + 15 check + 1 write = :data:`AGENT_MODEL_CALLS`.
+- ``TASK agent_fanout``: the same plan, but steps 13..23 are one answer with the 11 ``summarize``
+  calls and steps 24..38 one answer with the 15 ``check_claim`` calls, parallel tool calls (a clean
+  run: 18 answers + 27 model calls in the tools = :data:`FANOUT_MODEL_CALLS`).
 
 - anything else: answers ``"ok"``.
 
@@ -99,6 +102,8 @@ __all__ = [
     "AGENT_MODEL_CALLS",
     "AGENT_STEPS",
     "CLEAN_MODEL_CALLS",
+    "FANOUT_MODEL_CALLS",
+    "FANOUT_STEPS",
     "N_CLAIMS",
     "N_PAGES",
     "RECIPIENT",
@@ -144,6 +149,10 @@ AGENT_STEPS = 1 + N_PAGES + N_PAGES + N_CLAIMS + 1 + 1 + 1 + 1
 """``TASK agent`` answers in a clean agent-loop run (the last one is the final text)."""
 AGENT_MODEL_CALLS = AGENT_STEPS + CLEAN_MODEL_CALLS
 """Model calls of a clean agent-loop run: the loop's answers plus the tools' own model calls."""
+FANOUT_STEPS = AGENT_STEPS - (N_PAGES - 1) - (N_CLAIMS - 1)
+"""The ``TASK agent_fanout`` plan's answers: the summaries and the checks one answer each."""
+FANOUT_MODEL_CALLS = FANOUT_STEPS + CLEAN_MODEL_CALLS
+"""Model calls of a clean ``TASK agent_fanout`` run."""
 
 _VOCABULARY = (
     "agent checkpoint saga compensation ledger idempotency replay crash resume journal effect "
@@ -270,8 +279,12 @@ def _call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def agent_step(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The ``TASK agent`` answer (an assistant message) for a conversation: the plan's next step."""
+def agent_step(messages: Sequence[Mapping[str, Any]], *, fan_out: bool = False) -> dict[str, Any]:
+    """The ``TASK agent`` answer (an assistant message) for a conversation: the plan's next step.
+
+    With ``fan_out`` (``TASK agent_fanout``), the summaries and the claim checks are each asked for
+    in one answer, as parallel tool calls (every one still to do), instead of one per answer.
+    """
     users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
     topic = users[0].strip() if users else TOPIC
     names: dict[str, str] = {}
@@ -291,10 +304,13 @@ def agent_step(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     elif done["fetch"] < N_PAGES:
         call = _call("fetch", {"url": urls[done["fetch"]]})
     elif done["summarize"] < N_PAGES:
-        i = done["summarize"]
-        call = _call("summarize", {"url": urls[i], "text": results["fetch"][i]})
+        todo = range(done["summarize"], N_PAGES if fan_out else done["summarize"] + 1)
+        calls = [_call("summarize", {"url": urls[i], "text": results["fetch"][i]}) for i in todo]
+        return {"role": "assistant", "content": None, "tool_calls": calls}
     elif done["check_claim"] < N_CLAIMS:
-        call = _call("check_claim", {"claim": claims[done["check_claim"]]})
+        todo = range(done["check_claim"], N_CLAIMS if fan_out else done["check_claim"] + 1)
+        calls = [_call("check_claim", {"claim": claims[j]}) for j in todo]
+        return {"role": "assistant", "content": None, "tool_calls": calls}
     elif done["write_report"] == 0:
         summaries, verdicts = results["summarize"][:N_PAGES], results["check_claim"][:N_CLAIMS]
         call = _call("write_report", {"topic": topic, "summaries": summaries, "verdicts": verdicts})
@@ -326,8 +342,8 @@ def answer(messages: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]]:
     task = task_of(messages)
     users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
     last = users[-1] if users else ""
-    if task == "agent":
-        return task, agent_step(messages)
+    if task in ("agent", "agent_fanout"):
+        return task, agent_step(messages, fan_out=task == "agent_fanout")
     pure = {"summarize": summary_of, "check": verdict_of, "write": report_of}
     content = pure[task](last) if task in pure else "ok"
     return task, {"role": "assistant", "content": content}

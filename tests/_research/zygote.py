@@ -16,7 +16,9 @@ The contract the experiment relies on:
   creates nothing (no clients, threads, event loop or connection to the world): it asserts that
   ``threading.active_count() == 1`` before every fork, since forking a process with threads copies
   their locks, not the threads. Only module objects are shared, copy-on-write.
-- A kill point's SIGKILL kills the forked run only; the server reports it as ``-9``.
+- A kill point's SIGKILL kills the forked run only; the server reports it as ``-9``. So does a
+  kill at a time (``run(..., kill_after=1.5)``: the server SIGKILLs the run that long after its fork,
+  and says so at the end of its stderr, :data:`KILLED_AFTER`).
 - In the run: the server's environment plus the request's (``$SAGAGUARD_CRASH_AT`` and
   ``$SAGAGUARD_RESEARCH_TRACE`` are dropped first, so only the request sets them); stdin
   ``/dev/null``, stdout and stderr to files the server reads back; every other inherited fd closed;
@@ -52,11 +54,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["Zygote", "ZygoteError"]
+__all__ = ["KILLED_AFTER", "Zygote", "ZygoteError"]
 
 HERE = Path(__file__).resolve().parent
 CLEARED = ("SAGAGUARD_CRASH_AT", "SAGAGUARD_RESEARCH_TRACE")
 """Variables a run gets only from its request (the crash point, the trace file)."""
+KILLED_AFTER = "zygote: SIGKILL after"
+"""How the stderr of a run killed by ``kill_after`` ends (then the delay, ``"1.234 s"``)."""
 
 
 class ZygoteError(RuntimeError):
@@ -106,7 +110,13 @@ class Zygote:
         return self._proc.poll() is None
 
     def run(
-        self, args: Sequence[str], config: Mapping[str, Any], env: Mapping[str, str], *, timeout: float
+        self,
+        args: Sequence[str],
+        config: Mapping[str, Any],
+        env: Mapping[str, str],
+        *,
+        timeout: float,
+        kill_after: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Fork one run, wait for it, and return what ``subprocess.run(capture_output=True)`` would.
 
@@ -115,12 +125,18 @@ class Zygote:
             config: the run's config (``sys.argv[-1]`` as JSON).
             env: variables set for this run only.
             timeout: seconds the run may take; then it is SIGKILLed.
+            kill_after: SIGKILL the run this many seconds after its fork (a kill at a random time,
+                not at a named point): its returncode is then ``-9`` and its stderr ends with
+                :data:`KILLED_AFTER` and the delay. None: no such kill.
 
         Raises:
             subprocess.TimeoutExpired: the run took longer than ``timeout``.
             ZygoteError: the server died.
         """
-        request = {"args": list(args), "config": dict(config), "env": dict(env), "timeout": timeout}
+        request = {
+            "args": list(args), "config": dict(config), "env": dict(env), "timeout": timeout,
+            "kill_after": kill_after,
+        }  # fmt: skip
         assert self._proc.stdin is not None
         try:
             self._proc.stdin.write(json.dumps(request).encode() + b"\n")
@@ -240,17 +256,21 @@ def _handlers() -> dict[int, Any]:
     return found
 
 
-def _wait(pid: int, timeout: float) -> tuple[int, bool]:
-    """Wait for the run ``pid``; SIGKILL it after ``timeout`` s. Its returncode, and whether it timed out."""
+def _wait(pid: int, timeout: float, kill_after: float | None = None) -> tuple[int, bool, bool]:
+    """Wait for the run ``pid``; SIGKILL it after ``kill_after`` s (when given and shorter), else after
+    ``timeout`` s. Its returncode, whether it timed out, and whether ``kill_after`` killed it."""
+    planned = kill_after is not None and kill_after < timeout
     pidfd = os.pidfd_open(pid)
     try:
-        readable, _, _ = select.select([pidfd], [], [], timeout)
+        readable, _, _ = select.select([pidfd], [], [], kill_after if planned else timeout)
     finally:
         os.close(pidfd)
     if not readable:
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), not readable
+    code = os.waitstatus_to_exitcode(status)
+    # A run that ended on its own in the instant before the kill says so by its status.
+    return code, not readable and not planned, not readable and planned and code == -signal.SIGKILL
 
 
 def _read(fd: int) -> str:
@@ -290,10 +310,14 @@ def _serve(spec: Mapping[str, Any], requests: io.BufferedReader, answers: io.Buf
             pid = os.fork()
             if pid == 0:
                 _child(fn, request, script=script, out=out.fileno(), err=err.fileno(), handlers=handlers)
-            returncode, timed_out = _wait(pid, float(request["timeout"]))
+            kill_after = request.get("kill_after")
+            returncode, timed_out, killed = _wait(pid, float(request["timeout"]), kill_after)
+            stderr = _read(err.fileno())
+            if killed:  # said as a kill point's SIGKILL says where it landed
+                stderr += f"{KILLED_AFTER} {kill_after:.3f} s\n"
             answer({
                 "returncode": returncode, "timed_out": timed_out, "pid": pid,
-                "stdout": _read(out.fileno()), "stderr": _read(err.fileno()),
+                "stdout": _read(out.fileno()), "stderr": stderr,
             })  # fmt: skip
 
 
