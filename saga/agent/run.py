@@ -258,6 +258,7 @@ class AgentRun:
         pivot: bool = False,
         call_id: str | None = None,
         result_type: Any = Any,
+        record: Callable[[T], Any] | None = None,
     ) -> T:
         """Make one tool call of the run.
 
@@ -276,6 +277,8 @@ class AgentRun:
             call_id: the framework's stable id of the call (LangGraph's ``tool_call_id``); None
                 counts calls of ``tool`` in this process (sequential agents only).
             result_type: the type the result is stored as.
+            record: what the step records of the result for the undo (default: the result itself);
+                a framework adapter passes the tool's own output rather than its message.
 
         Raises:
             AgentRunCancelled: the run was cancelled; nothing ran.
@@ -303,7 +306,8 @@ class AgentRun:
                 key=call.key, result_type=result_type,
             )  # fmt: skip
         if row.state is not StepState.SUCCEEDED:
-            done = row.evolve(state=StepState.SUCCEEDED, result=call.returned(value).encode())
+            kept = value if record is None else record(value)
+            done = row.evolve(state=StepState.SUCCEEDED, result=call.returned(kept).encode())
             with self._lock:
                 self._write(Phase(steps=(done,), lease=self.runner.lease))
                 self._rows[call.key] = done
