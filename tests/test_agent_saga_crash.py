@@ -56,9 +56,11 @@ def _applied(api: LocalIdempotentApi) -> Counter[str]:
     return Counter(resource["path"] for resource in found)
 
 
-def _worker_until_done(env: dict[str, str], db: str, *, kill_expected: bool) -> None:
+def worker_until_done(
+    env: dict[str, str], db: str, *, kill_expected: bool, app: str = "_agentsagachild:registry"
+) -> None:
     """Run ``sagaguard sagas worker --once`` in fresh processes until the run has ended."""
-    argv = [*_cli("sagas", "worker", "--app", "_agentsagachild:registry", "--journal", db), "--once"]
+    argv = [*_cli("sagas", "worker", "--app", app, "--journal", db), "--once"]
     argv += ["--lease", "1"]
     journal = open_journal(db)
     try:
@@ -96,7 +98,7 @@ def test_agent_killed_then_cancelled_by_the_cli_is_undone_once_by_a_worker_kille
     assert _applied(api) == {"/bookings": 1, "/charges": 1}
     cancelled = _run(_cli("sagas", "cancel", "thread-1", "--journal", db), _env(api, db, tmp_path))
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    _worker_until_done(_env(api, db, tmp_path, "in_refund"), db, kill_expected=True)
+    worker_until_done(_env(api, db, tmp_path, "in_refund"), db, kill_expected=True)
     journal = open_journal(db)
     try:
         found = journal.load("thread-1")
@@ -114,7 +116,7 @@ def test_agent_killed_in_its_own_compensation_is_finished_by_a_worker(
     agent = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path, "in_refund"))
     assert agent.returncode == -signal.SIGKILL, agent.stderr
     assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1}
-    _worker_until_done(_env(api, db, tmp_path), db, kill_expected=False)
+    worker_until_done(_env(api, db, tmp_path), db, kill_expected=False)
     assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
 
 

@@ -5,22 +5,21 @@ approval and rejected is undone the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import os
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.runnables import Runnable
+from _agentsagagraph import ScriptedModel
+from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-from pydantic import Field
 
 from connectors.langgraph_saga import SagaTools
 from connectors.testing.http_server import LocalIdempotentApi
@@ -31,35 +30,6 @@ from saga.agent import AgentRunner, AgentSaga, UndoRegistry
 from saga.journals.sql import SqlJournal
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class ScriptedModel(BaseChatModel):
-    """Turn *i* (the *i*-th answer in the thread) makes the tool calls ``script[i]``, with ids fixed
-    by turn and position (as a journaled model replays them); past the script it says "done"."""
-
-    script: list[list[dict[str, Any]]] = Field(default_factory=list)
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[Any, AIMessage]:
-        return self
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        turn = sum(isinstance(m, AIMessage) for m in messages)
-        if turn >= len(self.script):
-            return ChatResult(generations=[ChatGeneration(message=AIMessage(content="done"))])
-        calls = [
-            {**c, "id": f"call-{turn}-{i}", "type": "tool_call"} for i, c in enumerate(self.script[turn])
-        ]
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content="", tool_calls=calls))])
 
 
 @pytest.fixture
@@ -187,3 +157,45 @@ def test_a_completed_langgraph_run_keeps_its_effects(api: LocalIdempotentApi, tm
     snapshot = trip.journal.load("thread-1")
     assert snapshot is not None and snapshot.saga.state is SagaState.COMPLETED
     assert _applied(api) == {"/bookings": 1, "/charges": 1}
+
+
+# ------------------------------------------------------------------ real SIGKILLs, fresh processes
+
+GRAPH_CHILD = Path(__file__).resolve().parent / "_agentsagagraph.py"
+
+
+def _graph_env(api: LocalIdempotentApi, folder: Path, crash_at: str = "") -> dict[str, str]:
+    from test_agent_saga_crash import ROOT
+
+    path = os.pathsep.join(
+        p for p in (str(ROOT), str(GRAPH_CHILD.parent), os.environ.get("PYTHONPATH", "")) if p
+    )
+    db = f"sqlite:///{folder / 'agent.db'}"
+    return {
+        **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "AGENT_API": api.url,
+        "AGENT_DIR": str(folder), "SAGAGUARD_CRASH_AT": crash_at, "SAGAGUARD_STORE": db,
+    }  # fmt: skip
+
+
+def test_a_langgraph_agent_killed_mid_run_and_mid_compensation_undoes_each_call_once(tmp_path: Path) -> None:
+    from test_agent_saga_crash import _run, worker_until_done
+
+    with LocalIdempotentApi() as api:  # its own process: it outlives every kill
+        agent = [sys.executable, str(GRAPH_CHILD)]
+        killed = _run(agent, _graph_env(api, tmp_path, "in_model"))
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert _applied(api) == {"/bookings": 1, "/charges": 1}
+        # Resumed from its checkpoint in a fresh process: the flight fails, the run compensates, and
+        # the process is killed right after the refund reached the API.
+        resumed = _run(agent, _graph_env(api, tmp_path, "in_refund"))
+        assert resumed.returncode == -signal.SIGKILL, resumed.stdout + resumed.stderr
+        assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1}
+        db = f"sqlite:///{tmp_path / 'agent.db'}"
+        worker_until_done(_graph_env(api, tmp_path), db, kill_expected=False, app="_agentsagagraph:registry")
+        assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
+    journal = SqlJournal(db)
+    try:
+        snapshot = journal.load("thread-1")
+        assert snapshot is not None and snapshot.saga.state is SagaState.COMPENSATED
+    finally:
+        journal.close()
