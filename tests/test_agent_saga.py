@@ -576,3 +576,11 @@ def test_a_paused_run_resumes_pauses_again_and_completes(
     assert snapshot.saga.recoveries == 0
     assert world.did("book") == ["ritz"]
     assert sweep(journal, guard, agent).outcomes == {}
+
+
+def test_exported_members() -> None:
+    import saga.agent
+
+    assert sorted(saga.agent.__all__) == sorted(set(saga.agent.__all__))
+    for name in saga.agent.__all__:
+        assert hasattr(saga.agent, name), name

@@ -182,11 +182,20 @@ class AgentRun:
                 self._park()
             else:
                 self._end(Phase(state=SagaState.COMPLETED, lease=0.0))
-        elif isinstance(exc, AgentRunCancelled):
+        else:
+            # The run's own exception propagates; a run that has meanwhile ended (completed or
+            # compensated elsewhere) is left as it is.
+            with contextlib.suppress(AgentRunEnded):
+                self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        if isinstance(exc, AgentRunCancelled):
             record = self._load().saga
             self._compensate(record.error or encode_error(SagaCancelled()))
         elif isinstance(exc, Exception):
             if self.agent.on_failure is OnFailure.LEAVE:
+                if self._load().saga.state is not SagaState.RUNNING:
+                    raise AgentRunEnded(self.run_id, "no longer running")
                 self._fail(encode_error(exc), SagaState.NEEDS_ATTENTION)
             else:
                 self._compensate(encode_error(exc))
