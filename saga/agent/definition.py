@@ -184,7 +184,7 @@ class AgentStep(Step[RunInput, Any]):
     ) -> None:
         self.call = call
         self._guard = guard
-        compensation = None if undo is None else _compensation(undo, call, self._ledger_result)
+        compensation = None if undo is None else _compensation(undo, call)
         super().__init__(
             saga, row.index, row.name, row.kind, _await_agent(row.index, agent.abandon_after, call.as_json()),
             compensation=compensation, retry=_ONCE, compensation_retry=agent.compensation_retry,
@@ -204,18 +204,13 @@ class AgentStep(Step[RunInput, Any]):
         record = self._record()
         return record is None or record.state is State.FAILED
 
-    def _ledger_result(self) -> Any:
-        """The call's result as the ledger recorded it, when the row missed it; else None."""
-        record = self._record()
-        if record is None or record.state is not State.SUCCEEDED or record.result is None:
-            return None
-        return _ANY.decode(record.result)
 
-
-def _compensation(undo: Undo, call: ToolCall, ledger: Any) -> Any:
+def _compensation(undo: Undo, call: ToolCall) -> Any:
     def compensate(_ctx: StepContext, _input: Any, result: Any) -> None:
+        # The row's result once the call returned; None when the row never recorded one (the
+        # outcome is unknown: the undo finds the effect by what its arguments say).
         recorded = ToolCall.from_json(result) or call
-        undo(recorded.arguments, recorded.result if recorded.done else ledger())
+        undo(recorded.arguments, recorded.result if recorded.done else None)
 
     compensate.__name__ = compensate.__qualname__ = f"undo_{call.tool}"
     return compensate
