@@ -25,7 +25,7 @@ from connectors.testing.http_server import LocalIdempotentApi
 from saga import SagaState
 from saga.journals import open_journal
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)  # several fresh processes each, on a shared machine
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "_agentsagachild.py"

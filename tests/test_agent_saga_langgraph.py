@@ -177,6 +177,7 @@ def _graph_env(api: LocalIdempotentApi, folder: Path, crash_at: str = "") -> dic
     }  # fmt: skip
 
 
+@pytest.mark.timeout(240)  # four fresh processes that import LangGraph, on a shared machine
 def test_a_langgraph_agent_killed_mid_run_and_mid_compensation_undoes_each_call_once(tmp_path: Path) -> None:
     from test_agent_saga_crash import _run, worker_until_done
 
