@@ -13,12 +13,16 @@ needs none of them:
   :mod:`connectors.langgraph`, :mod:`connectors.langchain` (``create_agent`` middleware),
   :mod:`connectors.openai_agents`, :mod:`connectors.crewai`, :mod:`connectors.dbos`,
   :mod:`connectors.temporal`.
+- Shared by every framework adapter, with no framework import: :mod:`connectors.declare` (which
+  tools change the world: ``@changes_world``) and :mod:`connectors.in_doubt` (what a tool call does
+  when an effect is left in doubt: ``Stop``, ``ReturnPending``, ``WaitForOperator``).
 - :mod:`connectors.testing`: local servers (Stripe, IETF-draft API, OpenAI-compatible chat, SMTP)
   with fault injection and counters, for your own tests.
 
 Every connector raises the errors of :mod:`connectors.errors`, re-exported here.
 """
 
+from connectors.declare import ToolDeclaration, changes_world, read_only
 from connectors.errors import (
     ConnectorError,
     ProviderBusy,
@@ -29,14 +33,22 @@ from connectors.errors import (
     classify,
     replayable,
 )
+from connectors.in_doubt import Pending, ReturnPending, Stop, WaitForOperator
 
 __all__ = [
     "ConnectorError",
+    "Pending",
     "ProviderBusy",
     "ProviderKeyConflict",
     "ProviderRejected",
     "ProviderUnavailable",
     "ProviderUnreachable",
+    "ReturnPending",
+    "Stop",
+    "ToolDeclaration",
+    "WaitForOperator",
+    "changes_world",
     "classify",
+    "read_only",
     "replayable",
 ]

@@ -55,6 +55,8 @@ from crewai.llms.base_llm import BaseLLM
 from crewai.tools import BaseTool
 from pydantic import BaseModel
 
+from connectors.declare import ToolDeclaration, declaration_of, tool_options
+from connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
 from connectors.telemetry import record_llm_call
 from idempotency.effect import NO_RETRY, Policy
 from idempotency.errors import ConfigurationError, NoScope
@@ -64,6 +66,7 @@ from idempotency.records import Disposition
 
 __all__ = ["CrewGuard", "dump_answer", "kickoff_id", "load_answer", "task_scope_id"]
 
+_STOP = Stop()
 _KICKOFF = "crew_kickoff_started"
 _TASK_STARTED = "task_started"
 _MARK = "__sagaguard_crewai__"
@@ -217,15 +220,18 @@ class CrewGuard:
 
     Args:
         guard: the guard the calls run under.
-        policy: what a tool run left in doubt by a crash does. ``at_most_once`` (default): raise
-            ``OutcomeUnknown`` (the agent sees a tool error, an operator sees the record).
-            ``at_least_once``: run the tool again; right when what it changes in the world goes
-            through ``guard.effect`` s of its own (they replay, or are reconciled), or is harmless
-            to repeat.
+        declare: tool name to :class:`~connectors.declare.ToolDeclaration`. Tools are read-only
+            unless declared (here or with ``@changes_world`` on the tool or its function): a crash
+            inside a read-only tool re-runs it; only a tool that changes the world is at most once.
+        on_doubt: what a tool run does when it, or a guarded effect inside it, is in doubt
+            (:mod:`connectors.in_doubt`: ``Stop()``, the default, raises ``OutcomeUnknown``, which
+            the agent sees as a tool error; ``ReturnPending()``; ``WaitForOperator(...)``).
+        policy: one policy for every tool instead of the declarations (``"at_most_once"`` gives
+            the behaviour before declarations existed).
         journal_llm: journal the agents' model calls (default True).
         tool_prefix: prepended to a tool's name to make its effect's name.
         llm_effect: the effect name of the model calls.
-        exclude: names of tools that are not guarded (read-only tools).
+        exclude: names of tools that are not guarded at all.
         options: any other :meth:`Guard.run` option for the tool runs (``reconciler=``, ``lease=``).
     """
 
@@ -233,7 +239,9 @@ class CrewGuard:
         self,
         guard: Guard,
         *,
-        policy: Policy | str = Policy.AT_MOST_ONCE,
+        declare: Mapping[str, ToolDeclaration] | None = None,
+        on_doubt: OnDoubt = _STOP,
+        policy: Policy | str | None = None,
         journal_llm: bool = True,
         tool_prefix: str = "crewai.tool.",
         llm_effect: str = "crewai.llm",
@@ -245,7 +253,10 @@ class CrewGuard:
         self.tool_prefix = tool_prefix
         self.llm_effect = llm_effect
         self.exclude = frozenset(exclude)
-        self._options: dict[str, Any] = {"policy": policy, **options}
+        self.declare = dict(declare or {})
+        self.on_doubt = on_doubt
+        self.policy = policy
+        self._options: dict[str, Any] = dict(options)
         self._counts = _Counts()
 
     # -- wiring ----------------------------------------------------------------------------------
@@ -297,13 +308,20 @@ class CrewGuard:
             return tool
         run = tool._run
         name = self.tool_prefix + str(tool.name)
+        declaration = declaration_of(tool, str(tool.name), self.declare)
+        options = {**self._options, **tool_options(declaration, self.policy)}
+        store, on_doubt = self.guard.store, self.on_doubt
 
         @functools.wraps(run)
         def guarded_run(*args: Any, **kwargs: Any) -> Any:
             arguments, key, unit = self._tool_identity(name, args, kwargs)
-            with scope(unit):
-                return self.guard.run(name, lambda: run(*args, **kwargs), arguments=arguments, key=key,
-                                      **self._options)  # fmt: skip
+
+            def call() -> Any:
+                with scope(unit):  # fresh per attempt: a retry after a resolution finds the same records
+                    return self.guard.run(name, lambda: run(*args, **kwargs), arguments=arguments, key=key,
+                                          **options)  # fmt: skip
+
+            return settle(call, on_doubt, store, Pending.as_json)
 
         _mark(guarded_run)
         _set(tool, "_run", guarded_run)
@@ -316,11 +334,14 @@ class CrewGuard:
             async def guarded_arun(*args: Any, **kwargs: Any) -> Any:
                 arguments, key, unit = self._tool_identity(name, args, kwargs)
 
-                async def call() -> Any:
+                async def body() -> Any:
                     return await arun(*args, **kwargs)
 
-                with scope(unit):
-                    return await self.guard.arun(name, call, arguments=arguments, key=key, **self._options)
+                async def call() -> Any:
+                    with scope(unit):
+                        return await self.guard.arun(name, body, arguments=arguments, key=key, **options)
+
+                return await asettle(call, on_doubt, store, Pending.as_json)
 
             _mark(guarded_arun)
             _set(tool, "_arun", guarded_arun)

@@ -13,6 +13,9 @@
     with scope("order-42"):
         mail.send_now(Email(...))                     # inline: now, once per identity
 
+    mail.send_later(engine, Email(...))               # in an agent's tool: committed at once, the
+                                                      # relay sends it; a rerun finds it queued
+
 The ``Message-ID`` is derived from the effect's provider key (``<sg1p_...@domain>``), so every
 attempt of one effect carries the same id. SMTP cannot be asked whether a message was delivered and
 does not deduplicate: a send whose answer was lost (connection dropped or timed out after the
@@ -47,6 +50,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sqlalchemy.orm import Session
+
 from connectors.errors import (
     ProviderRejected,
     ProviderUnavailable,
@@ -58,7 +63,7 @@ from idempotency.codec import Codec
 from idempotency.effect import Policy, current_effect
 from idempotency.errors import ConfigurationError
 from idempotency.guard import Guard
-from idempotency.keys import EffectIdentity, scope
+from idempotency.keys import EffectIdentity, current_scope, scope
 from idempotency.records import State
 
 if TYPE_CHECKING:
@@ -212,6 +217,31 @@ class EmailEffects:
     async def asend(self, session: Any, message: Email) -> str:
         """:meth:`send` into an ``AsyncSession`` (the row is inserted at once, in its transaction)."""
         return str(await self._deferrable().adefer(session, message))
+
+    def send_later(self, engine: Any, message: Email) -> str:
+        """Enqueue ``message`` in a transaction of its own and commit it: the email recipe for an
+        agent's tool, which has no business transaction to join. Returns the outbox message id.
+
+        The tool returns as soon as the message is committed; the relay delivers it. Enqueued once
+        per effect of the current scope (an agent adapter's tool-call scope): a rerun of the tool
+        after a crash, before or after the commit, returns the message already there. A delivery
+        left in doubt is parked at the relay (a dead letter, its effect in doubt for an operator),
+        never in the agent.
+
+        Args:
+            engine: the SQLAlchemy engine of the outbox's database.
+            message: the email.
+
+        Raises:
+            NoScope: no scope is current (a rerun could not find the message it enqueued).
+            ConfigurationError: no outbox was given.
+            KeyConflict: this send was enqueued before with another message.
+        """
+        current_scope()  # raises NoScope: without one, a rerun would enqueue the email again
+        with Session(engine) as session:
+            outbox_id = self.send(session, message)
+            session.commit()
+        return outbox_id
 
     def _deferrable(self) -> Any:
         if self.outbox is None:

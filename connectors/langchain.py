@@ -33,7 +33,7 @@ Run the agent with ``durability="sync"`` and a checkpointer: see
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
@@ -41,12 +41,15 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
+from connectors.declare import ToolDeclaration
+from connectors.in_doubt import OnDoubt, Stop
 from connectors.langgraph import AsyncExecute, Execute, JournaledChatModel, ToolGuard, ToolResult
 from idempotency.effect import Policy
 from idempotency.guard import Guard
 
 __all__ = ["GuardMiddleware"]
 
+_STOP = Stop()
 ModelResult = ModelResponse[Any] | AIMessage
 ModelHandler = Callable[[ModelRequest[Any]], ModelResponse[Any]]
 AsyncModelHandler = Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
@@ -73,20 +76,26 @@ def _journaled(model: BaseChatModel, guard: Guard, effect_name: str, strict: boo
 
 
 class GuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
-    """An ``AgentMiddleware`` for ``create_agent``: tool calls happen once, model calls replay.
+    """An ``AgentMiddleware`` for ``create_agent``: tool calls replay, model calls replay.
+
+    Read-only tools (the default) are re-run after a crash inside them; tools declared
+    :func:`~connectors.declare.changes_world` happen at most once.
 
     Args:
         guard: the guard the calls run under.
-        policy: what a tool call left in doubt by a crash does. ``at_most_once`` (default): raise
-            ``OutcomeUnknown`` for an operator. ``at_least_once``: run the tool again; right when
-            what it changes in the world goes through ``guard.effect`` s of its own (they replay, or
-            are reconciled), or is harmless to repeat.
+        declare: tool name to :class:`~connectors.declare.ToolDeclaration`. Tools are read-only
+            unless declared (here or with ``@changes_world`` on the tool): a crash inside a
+            read-only tool re-runs it; only a tool that changes the world is at most once.
+        on_doubt: what a tool call does when it, or a guarded effect inside it, is in doubt
+            (:mod:`connectors.in_doubt`: ``Stop()``, the default, ``ReturnPending()`` or
+            ``WaitForOperator(...)``).
+        policy: one policy for every tool instead of the declarations (``"at_most_once"`` gives
+            the behaviour before declarations existed).
         journal_model: journal the model calls (default True). Without it, a crash in the model
             node asks the model again, and its new ``tool_call_id`` s give the tools new keys.
         tool_prefix: prepended to a tool's name to make its effect's name.
         model_effect: the effect name of the model calls.
-        exclude: names of tools that are not journaled (read-only tools, tools returning a
-            ``Command``).
+        exclude: names of tools that are not journaled (tools returning a ``Command``).
         strict: refuse a durability other than ``"sync"`` instead of warning.
         options: any other :meth:`Guard.run` option for the tool calls (``reconciler=``, ...).
     """
@@ -95,7 +104,9 @@ class GuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self,
         guard: Guard,
         *,
-        policy: Policy | str = Policy.AT_MOST_ONCE,
+        declare: Mapping[str, ToolDeclaration] | None = None,
+        on_doubt: OnDoubt = _STOP,
+        policy: Policy | str | None = None,
         journal_model: bool = True,
         tool_prefix: str = "langchain.tool.",
         model_effect: str = "langchain.model",
@@ -109,8 +120,9 @@ class GuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self.model_effect = model_effect
         self.strict = strict
         self.tool_guard = ToolGuard(
-            guard, policy=policy, prefix=tool_prefix, exclude=exclude, strict=strict, **options
-        )
+            guard, declare=declare, on_doubt=on_doubt, policy=policy, prefix=tool_prefix,
+            exclude=exclude, strict=strict, **options,
+        )  # fmt: skip
 
     def _request(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
         if not self.journal_model:

@@ -21,6 +21,11 @@ per-task counter for sequential code. ``node_attempt`` stays out of the key: a r
 
     graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}}, durability="sync")
 
+Tools are read-only unless declared with :func:`~connectors.declare.changes_world`: a crash inside
+a read-only tool re-runs it; a declared one is at most once, and ``on_doubt``
+(:mod:`connectors.in_doubt`) says what a tool call does when it, or an effect inside it, is left in
+doubt.
+
 The model call is journaled so that a crash inside the model node replays the recorded
 ``AIMessage``: the same tool calls with the same ids, so the tools' keys stay the same. Run graphs
 with ``durability="sync"``: the default ``"async"`` may lose the parent checkpoint in a crash, and
@@ -52,6 +57,8 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 from pydantic import ConfigDict
 
+from connectors.declare import ToolDeclaration, declaration_of, tool_options
+from connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
 from connectors.telemetry import record_llm_call
 from idempotency.effect import Policy
 from idempotency.errors import ConfigurationError, NoScope
@@ -80,6 +87,7 @@ when ``durability=`` was passed (or inherited by a subgraph), else the run is ``
 _RUNTIME = "__pregel_runtime"
 """The per-attempt ``Runtime`` object: a new one for every task attempt (``pregel/_retry.py``)."""
 
+_STOP = Stop()
 ToolResult = ToolMessage | Command[Any]
 Execute = Callable[[ToolCallRequest], ToolResult]
 AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
@@ -288,34 +296,46 @@ class ToolGuard:
     tool, the same scope is current, so ``guard.effect`` calls in the tool body are keyed on the
     tool call too (and ``gen_ai.tool.call.id`` is on their spans).
 
+    Tools are read-only unless declared otherwise (:mod:`connectors.declare`): a crash or an error
+    inside a read-only tool never parks the run, its next run asks again. A tool declared
+    :func:`~connectors.declare.changes_world` is at most once: a crash inside it leaves it in doubt,
+    and ``on_doubt`` says what the run does then (as for an in-doubt effect inside any tool).
+
     Args:
         guard: the guard the calls run under.
-        policy: what a tool call left in doubt by a crash does. ``at_most_once`` (default): raise
-            ``OutcomeUnknown`` for an operator. ``at_least_once``: run the tool again; right when
-            the calls inside it that change the world are ``guard.effect`` s themselves (they then
-            replay, or are reconciled), or are harmless to repeat.
+        declare: tool name to :class:`~connectors.declare.ToolDeclaration`, for tools not declared
+            where they are defined (a mapping entry wins over a decorator).
+        on_doubt: what a tool call does when it, or a guarded effect inside it, is in doubt:
+            :class:`~connectors.in_doubt.Stop` (default: raise ``OutcomeUnknown``),
+            :class:`~connectors.in_doubt.ReturnPending` or :class:`~connectors.in_doubt.WaitForOperator`.
+        policy: one policy for every tool, declared or not, instead of the declarations
+            (``"at_most_once"`` gives the behaviour before declarations existed).
         prefix: prepended to the tool's name to make the effect's name.
-        exclude: names of tools that are not journaled (read-only tools, tools returning a
-            ``Command``).
+        exclude: names of tools that are not journaled (tools returning a ``Command``).
         strict: refuse a durability other than ``"sync"`` instead of warning.
-        options: any other :meth:`Guard.run` option (``reconciler=``, ``lease=``, ...).
+        options: any other :meth:`Guard.run` option for every tool (``lease=``, ...).
     """
 
     def __init__(
         self,
         guard: Guard,
         *,
-        policy: Policy | str = Policy.AT_MOST_ONCE,
+        declare: Mapping[str, ToolDeclaration] | None = None,
+        on_doubt: OnDoubt = _STOP,
+        policy: Policy | str | None = None,
         prefix: str = "langgraph.tool.",
         exclude: Collection[str] = (),
         strict: bool = False,
         **options: Any,
     ) -> None:
         self.guard = guard
+        self.declare = dict(declare or {})
+        self.on_doubt = on_doubt
+        self.policy = policy
         self.prefix = prefix
         self.exclude = frozenset(exclude)
         self.strict = strict
-        self._options: dict[str, Any] = {"policy": policy, **options}
+        self._options: dict[str, Any] = dict(options)
 
     def _identity(self, request: ToolCallRequest) -> tuple[str, str, str, Mapping[str, Any]] | None:
         call = request.tool_call
@@ -330,6 +350,20 @@ class ToolGuard:
         scope_id = json.dumps([task, "tool_call", call_id], separators=(",", ":"))
         return ns, scope_id, call_id, {"args": call["args"]}
 
+    def _run_options(self, request: ToolCallRequest) -> dict[str, Any]:
+        name = request.tool_call["name"]
+        declaration = declaration_of(request.tool, name, self.declare)
+        return {**self._options, **tool_options(declaration, self.policy), "result_type": ToolMessage}
+
+    @staticmethod
+    def _pending(request: ToolCallRequest) -> Callable[[Pending], ToolMessage]:
+        call = request.tool_call
+
+        def message(pending: Pending) -> ToolMessage:
+            return ToolMessage(content=pending.as_json(), tool_call_id=call["id"], name=call["name"])
+
+        return message
+
     def wrap_tool_call(self, request: ToolCallRequest, execute: Execute) -> ToolResult:
         """The sync handler: ``ToolNode(wrap_tool_call=tool_guard.wrap_tool_call)``."""
         found = self._identity(request)
@@ -337,13 +371,18 @@ class ToolGuard:
             return execute(request)
         ns, scope_id, call_id, arguments = found
         name = self.prefix + request.tool_call["name"]
+        options = self._run_options(request)
+
+        def call() -> ToolMessage:
+            # A fresh scope per attempt: a call run again after an operator's resolution maps each
+            # effect inside it to the same record as the first attempt did.
+            with _bound(ns, scope_id):
+                return self.guard.run(name, lambda: _as_message(execute(request)), arguments=arguments,
+                                      **options)  # fmt: skip
+
         token = TOOL_CALL_ID.set(call_id)
         try:
-            with _bound(ns, scope_id):
-                return self.guard.run(
-                    name, lambda: _as_message(execute(request)), arguments=arguments,
-                    result_type=ToolMessage, **self._options,
-                )  # fmt: skip
+            return settle(call, self.on_doubt, self.guard.store, self._pending(request))
         finally:
             TOOL_CALL_ID.reset(token)
 
@@ -354,16 +393,18 @@ class ToolGuard:
             return await execute(request)
         ns, scope_id, call_id, arguments = found
         name = self.prefix + request.tool_call["name"]
+        options = self._run_options(request)
+
+        async def body() -> ToolMessage:
+            return _as_message(await execute(request))
 
         async def call() -> ToolMessage:
-            return _as_message(await execute(request))
+            with _bound(ns, scope_id):  # a fresh scope per attempt, as in wrap_tool_call
+                return await self.guard.arun(name, body, arguments=arguments, **options)
 
         token = TOOL_CALL_ID.set(call_id)
         try:
-            with _bound(ns, scope_id):
-                return await self.guard.arun(
-                    name, call, arguments=arguments, result_type=ToolMessage, **self._options
-                )
+            return await asettle(call, self.on_doubt, self.guard.store, self._pending(request))
         finally:
             TOOL_CALL_ID.reset(token)
 

@@ -8,7 +8,11 @@
 :meth:`AgentRun.wrap` returns a copy of the agent (and of the agents it hands off to) in which:
 
 - every ``FunctionTool`` is a guarded effect keyed on (run key, ``tool_call_id``): a rerun returns the
-  recorded output without running the tool;
+  recorded output without running the tool. Tools are read-only unless declared to change the world
+  (:mod:`connectors.declare`): a crash inside a read-only tool re-runs it, a declared one is at most
+  once. Inside the tool, the call's scope is current, so ``StripeEffects``, ``EmailEffects`` and
+  ``ChatJournal`` calls there need no ``key=``; ``on_doubt`` (:mod:`connectors.in_doubt`) says what
+  the call does when it, or an effect inside it, is left in doubt;
 - the model is a :class:`JournaledModel`: ``get_response`` is a journaled effect keyed on (run key,
   model-call ordinal), so a rerun gets the recorded responses, hence the same tool calls with the same
   ``tool_call_id``\\ s, and pays nothing for them.
@@ -69,11 +73,14 @@ from agents.usage import deserialize_usage, serialize_usage
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 from pydantic import BaseModel, TypeAdapter
 
+from connectors.declare import ToolDeclaration, declaration_of, tool_options
+from connectors.in_doubt import OnDoubt, Pending, Stop, asettle
 from connectors.llm import LlmUsage
 from connectors.telemetry import record_llm_call
 from idempotency.effect import NO_RETRY, Policy
 from idempotency.errors import ConfigurationError
 from idempotency.guard import Guard
+from idempotency.keys import scope
 from idempotency.records import Disposition
 from idempotency.telemetry import TOOL_CALL_ID
 
@@ -92,6 +99,8 @@ __all__ = [
 log = logging.getLogger("sagaguard.connectors.openai_agents")
 
 TContext = TypeVar("TContext")
+
+_STOP = Stop()
 
 MODEL_EFFECT = "agents.model"
 """The effect name of journaled model calls."""
@@ -317,8 +326,16 @@ class AgentRun:
         run_key: the run's durable name; a rerun after a crash passes the same one.
         model_calls: model calls already made in this run (see :meth:`resume` and :meth:`resume_turn`).
         tools: names of the function tools to guard (default: all of them).
+        declare: tool name to :class:`~connectors.declare.ToolDeclaration`. Tools are read-only
+            unless declared (here or with ``@changes_world`` on the function or the tool): a crash
+            inside a read-only tool re-runs it; only a tool that changes the world is at most once.
+        on_doubt: what a tool call does when it, or a guarded effect inside it, is in doubt
+            (:mod:`connectors.in_doubt`: ``Stop()``, the default, ``ReturnPending()`` or
+            ``WaitForOperator(...)``).
+        policy: one policy for every tool instead of the declarations (``"at_most_once"`` gives
+            the behaviour before declarations existed).
         tool_options: per tool name, :meth:`Guard.effect` options (``policy``, ``reconciler``,
-            ``provider_idempotent``, ``permanent``, ...) for its effect.
+            ``provider_idempotent``, ``permanent``, ...) for its effect, over its declaration's.
         provider: resolves an agent's model given by name or left unset (default ``MultiProvider``).
         fingerprint_model: whether a model call's instructions and input must match on replay
             (default True: a changed prompt is a ``KeyConflict``, never a silent replay). Turn off
@@ -337,6 +354,9 @@ class AgentRun:
         *,
         model_calls: int = 0,
         tools: Collection[str] | None = None,
+        declare: Mapping[str, ToolDeclaration] | None = None,
+        on_doubt: OnDoubt = _STOP,
+        policy: Policy | str | None = None,
         tool_options: Mapping[str, Mapping[str, Any]] | None = None,
         provider: ModelProvider | None = None,
         fingerprint_model: bool = True,
@@ -349,6 +369,9 @@ class AgentRun:
         self.run_key = run_key
         self.model_calls = model_calls
         self.tools = None if tools is None else frozenset(tools)
+        self.declare = dict(declare or {})
+        self.on_doubt = on_doubt
+        self.policy = policy
         self.tool_options = {name: dict(options) for name, options in (tool_options or {}).items()}
         self.provider = provider if provider is not None else MultiProvider()
         self.fingerprint_model = fingerprint_model
@@ -431,17 +454,27 @@ class AgentRun:
         if not isinstance(tool, FunctionTool) or (self.tools is not None and tool.name not in self.tools):
             return tool
         original = tool.on_invoke_tool
-        options = self.tool_options.get(tool.name, {})
-        guard, run_key, name = self.guard, self.run_key, tool.name
+        declaration = declaration_of(tool, tool.name, self.declare)
+        options = {**tool_options(declaration, self.policy), **self.tool_options.get(tool.name, {})}
+        guard, run_key, name, on_doubt = self.guard, self.run_key, tool.name, self.on_doubt
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
             call_id = ctx.tool_call_id
+            key = tool_call_key(run_key, call_id)
+
+            async def call() -> Any:
+                # The tool call's scope, fresh per attempt: effects inside the tool (Stripe, email, a
+                # journaled model) are keyed on the run and the call, with no key= of their own, and
+                # an attempt after an operator's resolution maps them to the same records.
+                with scope(key):
+                    return await guard.arun(
+                        name, lambda: original(ctx, arguments), arguments={"arguments": _parsed(arguments)},
+                        key=key, **options,
+                    )  # fmt: skip
+
             reset = TOOL_CALL_ID.set(call_id)
             try:
-                return await guard.arun(
-                    name, lambda: original(ctx, arguments), arguments={"arguments": _parsed(arguments)},
-                    key=tool_call_key(run_key, call_id), **options,
-                )  # fmt: skip
+                return await asettle(call, on_doubt, guard.store, Pending.as_json)
             finally:
                 TOOL_CALL_ID.reset(reset)
 

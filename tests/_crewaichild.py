@@ -50,7 +50,7 @@ from crewai.state.checkpoint_config import CheckpointConfig  # noqa: E402
 from crewai.tools import BaseTool  # noqa: E402
 
 from idempotency import Guard  # noqa: E402
-from idempotency.effect import Policy, current_effect  # noqa: E402
+from idempotency.effect import current_effect  # noqa: E402
 from idempotency.stores.sql import SqlStore  # noqa: E402
 from idempotency.testing import CRASH_ENV, Charge, CounterClient, crash_at, crash_point  # noqa: E402
 
@@ -152,9 +152,9 @@ def play(config: dict[str, Any]) -> None:
 
         store = SqlStore(f"sqlite:///{folder / 'effects.db'}")
         guard = Guard(store, namespace=NAMESPACE, lease=0.5, wait=20.0)
-        # The charge inside pay is a guarded effect (replayed or reconciled), so an in-doubt pay
-        # may run again: at_least_once at the tool level.
-        protect = CrewGuard(guard, policy=Policy.AT_LEAST_ONCE).protect
+        # The default: pay is read-only at the tool level (undeclared); the charge inside it is a
+        # guarded effect (replayed or reconciled), so a crash inside pay re-runs it.
+        protect = CrewGuard(guard).protect
     GUARDS[0] = guard
     try:
         if config["action"] == "start":

@@ -26,7 +26,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from connectors.langchain import GuardMiddleware
 from idempotency import Guard
-from idempotency.effect import Policy, current_effect
+from idempotency.effect import current_effect
 from idempotency.stores.sql import SqlStore
 from idempotency.testing import Charge, CounterClient, crash_point
 
@@ -71,11 +71,11 @@ def main(config: dict[str, Any]) -> int:
         counter_url=config["service"],
         count_key=f"model:{thread}",
     )
-    # The charge inside the tool is a guarded effect (replayed or reconciled), so an in-doubt tool
-    # call may run again: at_least_once at the tool level.
+    # The default: pay is read-only at the tool level (undeclared); the charge inside it is a
+    # guarded effect (replayed or reconciled), so a crash inside pay re-runs it.
     middleware: list[Any] = [CrashAfterModel()]
     if guarded:
-        middleware.append(GuardMiddleware(guard, policy=Policy.AT_LEAST_ONCE))
+        middleware.append(GuardMiddleware(guard))
     conn = sqlite3.connect(folder / "checkpoints.db", check_same_thread=False)
     agent = create_agent(model, tools=[pay], middleware=middleware, checkpointer=SqliteSaver(conn))
     run_config: Any = {"configurable": {"thread_id": thread}}

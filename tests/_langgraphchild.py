@@ -34,7 +34,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic import Field
 
 from idempotency import Guard
-from idempotency.effect import Policy, current_effect
+from idempotency.effect import current_effect
 from idempotency.testing import Charge, CounterClient, crash_point
 
 NAMESPACE = "langgraph-crash"
@@ -136,9 +136,9 @@ def main(config: dict[str, Any]) -> int:
         count_key=f"model:{thread}",
     )
     model: Runnable[Any, Any] = JournaledChatModel(inner=scripted, guard=guard) if guarded else scripted
-    # The tool's own calls are guarded effects (replayed or reconciled), so an in-doubt tool call
-    # may run again: at_least_once at the tool level.
-    tool_guard = ToolGuard(guard, policy=Policy.AT_LEAST_ONCE)
+    # The default: pay is read-only at the tool level (undeclared); its charge is a guarded effect
+    # of its own (replayed or reconciled), so a crash inside pay re-runs it.
+    tool_guard = ToolGuard(guard)
     conn = sqlite3.connect(folder / "checkpoints.db", check_same_thread=False)
     graph = build_graph(
         model, [pay], wrap=tool_guard.wrap_tool_call if guarded else None, checkpointer=SqliteSaver(conn)

@@ -17,6 +17,7 @@ except ImportError:
     sys.exit(0)
 
 from connectors.crewai import CrewGuard
+from connectors.declare import changes_world
 from connectors.testing import LocalChatModel
 from idempotency import Guard, open_store
 from idempotency.testing import CounterClient, CounterService
@@ -24,7 +25,7 @@ from idempotency.testing import CounterClient, CounterService
 folder = Path(tempfile.mkdtemp())
 store = open_store(os.environ.get("SAGAGUARD_STORE", f"sqlite:///{folder / 'effects.db'}"))
 guard = Guard(store)
-crew_guard = CrewGuard(guard)
+crew_guard = CrewGuard(guard, declare={"pay": changes_world()})  # pay changes the world
 
 
 class PayTool(BaseTool):

@@ -11,7 +11,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from connectors.langgraph import JournaledChatModel, ToolGuard
-from idempotency import Guard, OutcomeUnknown, open_store
+from idempotency import Guard, open_store
 
 store = open_store(os.environ.get("SAGAGUARD_STORE", "sqlite:///langgraph.db"))
 guard = Guard(store)
@@ -42,8 +42,9 @@ answers = iter(
     ]
 )
 model = JournaledChatModel(inner=GenericFakeChatModel(messages=answers), guard=guard)
-# The tool's world-changing call is a guard.effect of its own, so an in-doubt tool call may re-run.
-tools = ToolGuard(guard, policy="at_least_once")
+# Tools are read-only unless declared with @changes_world: pay's world-changing call is a
+# guard.effect of its own, so a crash inside pay re-runs it and the charge replays.
+tools = ToolGuard(guard)
 
 
 def agent(state: MessagesState) -> dict[str, list[object]]:
@@ -61,7 +62,7 @@ graph = builder.compile(checkpointer=InMemorySaver())
 config = {"configurable": {"thread_id": "order-o-1"}}
 try:
     graph.invoke({"messages": [HumanMessage("Pay order o-1")]}, config, durability="sync")
-except OutcomeUnknown:
+except RuntimeError:
     print("crashed inside the tool, after the charge")
 state = graph.invoke(None, config, durability="sync")  # resume from the checkpoint
 assert charges == ["o-1"], charges

@@ -12,6 +12,7 @@ from agents.models.interface import Model
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
+from connectors.declare import changes_world
 from connectors.openai_agents import AgentRun
 from idempotency import Guard, open_store
 
@@ -20,6 +21,7 @@ refunds: list[str] = []
 
 
 @function_tool
+@changes_world  # refunds without a guarded effect of its own: at most once
 def refund(order: str) -> str:
     """Refund an order."""
     refunds.append(order)  # the side effect: a payment provider's refund

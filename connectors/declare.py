@@ -1,0 +1,149 @@
+"""Which tools change the world: one declaration, read by every framework adapter.
+
+A tool is **read-only** unless declared otherwise. A read-only tool (a search, a read, a model call
+made from a tool) never parks a run: a crash inside it, or an error it raises, leaves no record that
+stops a re-run (it is journaled ``at_least_once``, so a finished call replays its recorded result).
+A tool that changes the world is declared so, next to the tool or in a mapping given to the
+adapter; only those are at most once, and only those can be left in doubt::
+
+    @tool                          # LangGraph / LangChain (or @function_tool, or a CrewAI tool)
+    @changes_world
+    def send_invoice(order: str) -> str: ...
+
+    @changes_world(reconciler=find_invoice)     # any Guard.run option for its effect
+    def charge(order: str) -> str: ...
+
+    ToolGuard(guard, declare={"book_flight": changes_world()})   # or by name, at the adapter
+
+A tool whose world-changing calls are guarded effects of their own (``StripeEffects``,
+``EmailEffects``, ``guard.effect``) may stay read-only: those calls replay or are reconciled as
+effects do, and one left in doubt is resolved on its own record.
+
+The declaration is a frozen value, so a later version can give it more to say (an undo, a step
+kind) without changing how it is written today.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, TypeVar, overload
+
+from idempotency.effect import NO_RETRY, Policy
+from idempotency.errors import ConfigurationError, OutcomeUnknown
+from idempotency.records import Disposition
+
+__all__ = ["ToolDeclaration", "changes_world", "declaration_of", "read_only", "tool_options"]
+
+T = TypeVar("T")
+
+_ATTRIBUTE = "__sagaguard_tool__"
+"""Where a declaration is kept on the function (or tool object) it was applied to."""
+_INNER = ("func", "coroutine", "__wrapped__")
+"""Attributes under which frameworks keep the function a tool object was built from."""
+_RESERVED = ("undo", "kind", "pivot")
+"""Names kept for a later version of the declaration (a tool's undo and its step kind)."""
+
+
+@dataclass(frozen=True)
+class ToolDeclaration:
+    """What a tool does to the world. Build it with :func:`changes_world` or use :data:`read_only`.
+
+    Applied to a function or tool object (``declaration(fn)``), it is kept on it and returned by
+    :func:`declaration_of`; it returns what it was given, so it works as a decorator.
+    """
+
+    changes_world: bool = False
+    """The tool changes the world: at most once, and a crash inside it leaves it in doubt."""
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """:meth:`Guard.run` options for the tool's effect (``reconciler=``, ``policy=``, ...)."""
+
+    def __call__(self, tool: T) -> T:
+        """Keep this declaration on ``tool`` (a function, a coroutine function or a tool object)."""
+        try:
+            setattr(tool, _ATTRIBUTE, self)
+        except (AttributeError, TypeError, ValueError):
+            # Pydantic tool objects (LangChain, CrewAI) refuse unknown attributes through
+            # __setattr__; an instance attribute stays out of their dumps.
+            object.__setattr__(tool, _ATTRIBUTE, self)
+        return tool
+
+
+read_only = ToolDeclaration()
+"""The default, said explicitly: ``@read_only`` or ``declare={"search": read_only}``."""
+
+
+@overload
+def changes_world(tool: T, /) -> T: ...
+
+
+@overload
+def changes_world(tool: None = None, /, **options: Any) -> ToolDeclaration: ...
+
+
+def changes_world(tool: Any = None, /, **options: Any) -> Any:
+    """Declare a tool that changes the world: its calls are at most once.
+
+    Use it bare (``@changes_world``), with :meth:`Guard.run` options for the tool's effect
+    (``@changes_world(reconciler=...)``), or as a value (``declare={"pay": changes_world()}``).
+
+    Raises:
+        ConfigurationError: an option names something the adapter sets itself (``key``,
+            ``arguments``, ``result_type``) or one kept for later (``undo``, ``kind``, ``pivot``).
+    """
+    for fixed in ("key", "arguments", "result_type"):
+        if fixed in options:
+            raise ConfigurationError(f"changes_world({fixed}=...): the adapter sets a tool's {fixed}")
+    for later in _RESERVED:
+        if later in options:
+            # Kept for the step's undo and kind, so that adding them changes nothing written today.
+            raise ConfigurationError(f"changes_world({later}=...) is not supported yet")
+    declaration = ToolDeclaration(changes_world=True, options=MappingProxyType(dict(options)))
+    return declaration if tool is None else declaration(tool)
+
+
+def declaration_of(
+    tool: Any, name: str, declared: Mapping[str, ToolDeclaration] | None = None
+) -> ToolDeclaration:
+    """The declaration of ``tool``: by ``name`` in ``declared``, else kept on the tool (or on the
+    function it was built from), else :data:`read_only`."""
+    if declared and name in declared:
+        return declared[name]
+    for holder in (tool, *(getattr(tool, inner, None) for inner in _INNER)):
+        found = getattr(holder, _ATTRIBUTE, None) if holder is not None else None
+        if isinstance(found, ToolDeclaration):
+            return found
+    return read_only
+
+
+def _not_applied(exc: BaseException) -> Disposition | None:
+    # A read-only tool changed nothing: whatever it raised, the next run asks again. Interrupts
+    # and cancellation fall through (they are not Exceptions).
+    return Disposition.RETRYABLE if isinstance(exc, Exception) else None
+
+
+def _doubt_elsewhere(exc: BaseException) -> Disposition | None:
+    # An effect inside the tool is in doubt and holds that doubt in its own record: the tool's
+    # claim is released so that resolving that one record settles the tool's next run too.
+    return Disposition.RETRYABLE if isinstance(exc, OutcomeUnknown) else None
+
+
+def tool_options(declaration: ToolDeclaration, policy: Policy | str | None = None) -> dict[str, Any]:
+    """The :meth:`Guard.run` options of a tool call with this declaration.
+
+    Args:
+        declaration: the tool's declaration.
+        policy: the adapter's ``policy=``, which when given applies to every tool (the behaviour
+            before declarations: ``policy="at_most_once"`` makes every tool at most once).
+    """
+    options: dict[str, Any]
+    if declaration.changes_world:
+        options = {"policy": Policy.AT_MOST_ONCE, "classify": _doubt_elsewhere}
+    else:
+        # No retries inside the claim: the framework (or the model) decides about a failed tool.
+        options = {"policy": Policy.AT_LEAST_ONCE, "classify": _not_applied, "retry": NO_RETRY}
+    if policy is not None:
+        options = {"policy": Policy(policy), "classify": _doubt_elsewhere}
+    options.update(declaration.options)
+    return options
