@@ -2,20 +2,23 @@
 
 ::
 
-    undos = UndoRegistry()                               # cancel_booking, refund registered on it
-    trip_agent = AgentSaga("trip_agent", undos)
-    tools = SagaTools({"book_hotel": "cancel_booking", "charge": "refund"}, pivots={"sign_contract"})
-    node = ToolNode([book_hotel, charge, sign_contract, search], wrap_tool_call=tools.wrap_tool_call)
+    @tool
+    @changes_world(undo="cancel_booking")                # a name in the agent saga's UndoRegistry
+    def book_hotel(hotel: str) -> dict: ...
+
+    trip_agent = AgentSaga("trip_agent", undos)          # undos: cancel_booking, refund, ...
+    tools = SagaTools({"charge": changes_world(undo="refund"), "sign": changes_world(pivot=True)})
+    node = ToolNode([book_hotel, charge, sign, search], wrap_tool_call=tools.wrap_tool_call)
 
     with runner.run(trip_agent, thread_id) as run:       # the graph's durable identity
         graph.invoke(inputs, {"configurable": {"thread_id": thread_id}}, durability="sync")
 
-The handler makes each listed call ``current_run().call(tool, ..., call_id=tool_call_id)``: one
+The handler makes each declared call ``current_run().call(tool, ..., call_id=tool_call_id)``: one
 journal commit registers the call with its undo, then the call runs under the run's guard (keyed on
 the run id and LangGraph's ``tool_call_id``, stable across a crash when the model is journaled, see
 :mod:`connectors.langgraph`), then its result is recorded. The undo receives the tool call's
 arguments and the tool's output (the ``ToolMessage``'s content, read back as JSON when it is JSON).
-Tools that are not listed run as they are. ``ToolNode`` runs a turn's calls in a thread pool; the
+Other tools run as they are (or through ``inner``). ``ToolNode`` runs a turn's calls in a thread pool; the
 run's context (``current_run``) reaches them, and their steps are ordered by their registration.
 Pass ``handle_tool_errors=False`` (or a narrower setting) to ``ToolNode`` for a tool failure to end
 the run and compensate it; by default ``ToolNode`` turns it into a message the model reads.
@@ -24,13 +27,15 @@ the run and compensate it; by default ``ToolNode`` turns it into a message the m
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from connectors.declare import ToolDeclaration, declaration_of, tool_options
+from connectors.langgraph import ToolGuard
 from idempotency.errors import ConfigurationError
 from saga.agent import current_run
 
@@ -60,34 +65,37 @@ def _message(result: ToolResult) -> ToolMessage:
 
 
 class SagaTools:
-    """``wrap_tool_call`` for ``ToolNode``: the listed tools' calls become steps of the open run.
+    """``wrap_tool_call`` for ``ToolNode``: calls of tools declared with an undo or as the pivot
+    become steps of the open agent run.
+
+    A tool says so with its declaration (:func:`~connectors.declare.changes_world`), on the tool or
+    by name here: ``@changes_world(undo="cancel_booking")`` (compensatable) or
+    ``@changes_world(pivot=True)``. The declaration's :meth:`Guard.run` options apply to the call.
 
     Args:
-        undos: tool name -> the name of its undo in the agent saga's ``UndoRegistry``.
-        pivots: names of tools after which the run only goes forward.
-
-    Raises:
-        ConfigurationError: a tool is both compensatable and a pivot.
+        declare: tool name to declaration, for tools not declared where they are defined.
+        inner: the handler for every other tool (a :class:`~connectors.langgraph.ToolGuard`); None
+            runs them as they are.
     """
 
-    def __init__(self, undos: Mapping[str, str], *, pivots: Collection[str] = ()) -> None:
-        both = set(undos) & set(pivots)
-        if both:
-            raise ConfigurationError(f"tools {sorted(both)} cannot both have an undo and be a pivot")
-        self.undos = dict(undos)
-        self.pivots = frozenset(pivots)
+    def __init__(
+        self, declare: Mapping[str, ToolDeclaration] | None = None, *, inner: ToolGuard | None = None
+    ) -> None:
+        self.declare = dict(declare or {})
+        self.inner = inner
 
     def wrap_tool_call(self, request: ToolCallRequest, execute: Execute) -> ToolResult:
         """The sync handler: ``ToolNode(wrap_tool_call=saga_tools.wrap_tool_call)``.
 
         Raises:
-            LookupError: a listed tool is called with no agent run open.
-            ConfigurationError: a listed tool call has no id.
+            LookupError: a declared tool is called with no agent run open.
+            ConfigurationError: a declared tool call has no id.
         """
         call = request.tool_call
         name = call["name"]
-        if name not in self.undos and name not in self.pivots:
-            return execute(request)
+        declaration = declaration_of(request.tool, name, self.declare)
+        if declaration.undo is None and not declaration.pivot:
+            return execute(request) if self.inner is None else self.inner.wrap_tool_call(request, execute)
         call_id = call.get("id")
         if not call_id:
             raise ConfigurationError(f"tool call {name!r} has no id: it cannot be keyed")
@@ -95,9 +103,10 @@ class SagaTools:
             name,
             lambda: _message(execute(request)),
             dict(call["args"]),
-            undo=self.undos.get(name),
-            pivot=name in self.pivots,
+            undo=declaration.undo,
+            pivot=declaration.pivot,
             call_id=call_id,
             result_type=ToolMessage,
             record=tool_output,
+            options=tool_options(declaration),
         )

@@ -33,6 +33,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic import Field
 
+from connectors.declare import changes_world
 from connectors.langgraph_saga import SagaTools
 from idempotency import Guard, open_store
 from idempotency.testing import crash_point
@@ -108,6 +109,7 @@ registry = SagaRegistry(trip_agent)  # the worker's guard comes from $SAGAGUARD_
 
 
 @tool
+@changes_world(undo="cancel_booking")  # declared next to the tool
 def book_hotel(hotel: str) -> dict[str, Any]:
     """Book a hotel."""
     return post(API, "/bookings", {"hotel": hotel}, f"book-{hotel}")
@@ -127,7 +129,7 @@ def book_flight(to: str) -> str:
 
 def build(model: BaseChatModel, checkpointer: Any) -> Any:
     """The agent graph: model -> tools (the trip tools, in the open agent run) -> model."""
-    saga_tools = SagaTools({"book_hotel": "cancel_booking", "charge": "refund"})
+    saga_tools = SagaTools({"charge": changes_world(undo="refund")})  # or by name, at the adapter
     node = ToolNode(
         [book_hotel, charge, book_flight], wrap_tool_call=saga_tools.wrap_tool_call, handle_tool_errors=False
     )

@@ -21,6 +21,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
+from connectors.declare import changes_world
 from connectors.langgraph_saga import SagaTools
 from connectors.testing.http_server import LocalIdempotentApi
 from idempotency import Guard
@@ -70,6 +71,7 @@ class Trip:
             _post(api, "/refunds", {"charge": result["id"]}, f"refund-{result['id']}")
 
         @tool
+        @changes_world(undo="cancel_booking")  # declared next to the tool
         def book_hotel(hotel: str) -> dict[str, Any]:
             """Book a hotel."""
             return _post(api, "/bookings", {"hotel": hotel}, f"book-{hotel}")
@@ -84,7 +86,7 @@ class Trip:
             """Book a flight."""
             raise RuntimeError(f"no seats to {to}")
 
-        tools = SagaTools({"book_hotel": "cancel_booking", "charge": "refund"})
+        tools = SagaTools({"charge": changes_world(undo="refund")})  # or by name, at the adapter
         node = ToolNode(
             [book_hotel, charge, book_flight], wrap_tool_call=tools.wrap_tool_call, handle_tool_errors=False
         )
@@ -200,3 +202,16 @@ def test_a_langgraph_agent_killed_mid_run_and_mid_compensation_undoes_each_call_
         assert snapshot is not None and snapshot.saga.state is SagaState.COMPENSATED
     finally:
         journal.close()
+
+
+def test_the_declaration_says_the_undo_or_the_pivot_never_both() -> None:
+    from connectors.declare import declaration_of
+    from idempotency.errors import ConfigurationError
+
+    assert changes_world(undo="refund").kind == "compensatable"
+    assert changes_world(pivot=True).kind == "pivot"
+    assert changes_world().kind == "nothing_to_undo"
+    assert declaration_of(None, "search").kind == "nothing_to_undo"
+    for bad in ({"undo": "refund", "pivot": True}, {"kind": "pivot"}, {"undo": "not a name"}):
+        with pytest.raises(ConfigurationError):
+            changes_world(**bad)

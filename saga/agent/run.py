@@ -268,6 +268,7 @@ class AgentRun:
         call_id: str | None = None,
         result_type: Any = Any,
         record: Callable[[T], Any] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> T:
         """Make one tool call of the run.
 
@@ -288,6 +289,8 @@ class AgentRun:
             result_type: the type the result is stored as.
             record: what the step records of the result for the undo (default: the result itself);
                 a framework adapter passes the tool's own output rather than its message.
+            options: other :meth:`~idempotency.guard.Guard.run` options for the call's effect
+                (``policy=``, ``reconciler=``, ... as a tool's declaration gives them).
 
         Raises:
             AgentRunCancelled: the run was cancelled; nothing ran.
@@ -312,7 +315,7 @@ class AgentRun:
                 stack.enter_context(trace.use_span(span, end_on_exit=True))
             value = self.runner.guard.run(
                 call.effect, fn, arguments=call.arguments if isinstance(call.arguments, dict) else {},
-                key=call.key, result_type=result_type,
+                key=call.key, result_type=result_type, **(options or {}),
             )  # fmt: skip
         if row.state is not StepState.SUCCEEDED:
             kept = value if record is None else record(value)
