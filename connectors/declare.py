@@ -19,12 +19,16 @@ A tool whose world-changing calls are guarded effects of their own (``StripeEffe
 ``EmailEffects``, ``guard.effect``) may stay read-only: those calls replay or are reconciled as
 effects do, and one left in doubt is resolved on its own record.
 
-The declaration is a frozen value, so a later version can give it more to say (an undo, a step
-kind) without changing how it is written today.
+A tool that changes the world can also say how an agent saga undoes it (:mod:`saga.agent`): the
+name of its undo in the agent saga's ``UndoRegistry`` (``@changes_world(undo="cancel_booking")``,
+a compensatable step), or that it is the run's pivot (``@changes_world(pivot=True)``: after it the
+run only goes forward). The same declaration serves every framework; the adapters that run agent
+sagas (:class:`connectors.langgraph_saga.SagaTools`) read it, the others ignore it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -42,8 +46,7 @@ _ATTRIBUTE = "__sagaguard_tool__"
 """Where a declaration is kept on the function (or tool object) it was applied to."""
 _INNER = ("func", "coroutine", "__wrapped__")
 """Attributes under which frameworks keep the function a tool object was built from."""
-_RESERVED = ("undo", "kind", "pivot")
-"""Names kept for a later version of the declaration (a tool's undo and its step kind)."""
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,19 @@ class ToolDeclaration:
     """The tool changes the world: at most once, and a crash inside it leaves it in doubt."""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """:meth:`Guard.run` options for the tool's effect (``reconciler=``, ``policy=``, ...)."""
+    undo: str | None = None
+    """In an agent saga: the name of the tool's undo (its calls are compensatable steps)."""
+    pivot: bool = False
+    """In an agent saga: the tool is the run's pivot (a step with nothing to undo, after which the
+    run only goes forward)."""
+
+    @property
+    def kind(self) -> str:
+        """The tool call's kind in an agent saga: ``"compensatable"`` (it has an undo), ``"pivot"``
+        or ``"nothing_to_undo"`` (not a step)."""
+        if self.undo is not None:
+            return "compensatable"
+        return "pivot" if self.pivot else "nothing_to_undo"
 
     def __call__(self, tool: T) -> T:
         """Keep this declaration on ``tool`` (a function, a coroutine function or a tool object)."""
@@ -79,27 +95,41 @@ def changes_world(tool: T, /) -> T: ...
 
 
 @overload
-def changes_world(tool: None = None, /, **options: Any) -> ToolDeclaration: ...
+def changes_world(
+    tool: None = None, /, *, undo: str | None = None, pivot: bool = False, **options: Any
+) -> ToolDeclaration: ...
 
 
-def changes_world(tool: Any = None, /, **options: Any) -> Any:
+def changes_world(
+    tool: Any = None, /, *, undo: str | None = None, pivot: bool = False, **options: Any
+) -> Any:
     """Declare a tool that changes the world: its calls are at most once.
 
     Use it bare (``@changes_world``), with :meth:`Guard.run` options for the tool's effect
     (``@changes_world(reconciler=...)``), or as a value (``declare={"pay": changes_world()}``).
 
+    Args:
+        undo: in an agent saga, the name of the tool's undo in the agent saga's ``UndoRegistry``.
+        pivot: in an agent saga, the tool is the run's pivot (nothing to undo; forward only after).
+        options: :meth:`Guard.run` options for the tool's effect.
+
     Raises:
         ConfigurationError: an option names something the adapter sets itself (``key``,
-            ``arguments``, ``result_type``) or one kept for later (``undo``, ``kind``, ``pivot``).
+            ``arguments``, ``result_type``), ``kind=`` (say ``undo=`` or ``pivot=``), a malformed
+            undo name, or both ``undo=`` and ``pivot=``.
     """
     for fixed in ("key", "arguments", "result_type"):
         if fixed in options:
             raise ConfigurationError(f"changes_world({fixed}=...): the adapter sets a tool's {fixed}")
-    for later in _RESERVED:
-        if later in options:
-            # Kept for the step's undo and kind, so that adding them changes nothing written today.
-            raise ConfigurationError(f"changes_world({later}=...) is not supported yet")
-    declaration = ToolDeclaration(changes_world=True, options=MappingProxyType(dict(options)))
+    if "kind" in options:
+        raise ConfigurationError("changes_world(kind=...): say undo=NAME (compensatable) or pivot=True")
+    if undo is not None and (not isinstance(undo, str) or not _NAME.fullmatch(undo)):
+        raise ConfigurationError(f"changes_world(undo={undo!r}): an undo's registered name")
+    if undo is not None and pivot:
+        raise ConfigurationError("changes_world(undo=..., pivot=True): a pivot has nothing to undo")
+    declaration = ToolDeclaration(
+        changes_world=True, options=MappingProxyType(dict(options)), undo=undo, pivot=bool(pivot)
+    )
     return declaration if tool is None else declaration(tool)
 
 

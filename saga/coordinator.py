@@ -45,6 +45,7 @@ from saga.decisions import (
 from saga.definition import Saga, Step, StepContext
 from saga.errors import (
     DefinitionMismatch,
+    NothingToUndo,
     RecoveryExhausted,
     SagaConflict,
     SagaInProgress,
@@ -552,6 +553,10 @@ class SagaFlow:
                 done = row.evolve(state=StepState.COMPENSATED, compensation_attempts=attempts)
                 return (yield from self._write(snapshot, Phase(steps=(done,))))
             error = ran.error
+            if isinstance(error, NothingToUndo):
+                # Its effect never happened: the step failed *not applied*; nothing was undone.
+                skipped = row.evolve(state=StepState.FAILED, error=encode_error(error), not_applied=True)
+                return (yield from self._write(snapshot, Phase(steps=(skipped,))))
             if not isinstance(error, Exception):
                 raise error
             pause = retrier.next_pause(error)

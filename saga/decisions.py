@@ -395,6 +395,8 @@ def decide(
     for row in reversed(snapshot.steps):
         if needs_compensation(row):
             return Compensate(row.index)
+        if row.kind is StepKind.PIVOT and row.state in (_SUCCEEDED, _STARTED):
+            break  # a pivot that ran (or may have): the steps before it are never undone
     failed = compensation_failures(snapshot)
     if failed is not None:
         return SetState(SagaState.NEEDS_ATTENTION, failed)

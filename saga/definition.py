@@ -33,7 +33,7 @@ import inspect
 import math
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import tenacity
 
@@ -45,6 +45,10 @@ from saga.context import StepContext
 from saga.errors import DefinitionError, DuplicateStep, SignatureError, StepOrderError, UnstorableType
 from saga.records import CompensationPolicy, StepKind, StepRecord, StepState
 from saga.step import MISSING, Step, _StepDecorator
+
+if TYPE_CHECKING:
+    from idempotency.guard import Guard
+    from saga.records import SagaSnapshot
 
 __all__ = ["FORWARD_RETRY", "Saga", "Step", "StepContext"]
 
@@ -445,6 +449,16 @@ class Saga(Generic[I]):
         row = StepRecord(index, step.name, step.kind, StepState.STARTED, compensation=step.compensation_name)
         self._started_rows[index] = (step.compensation_fn, row)
         return row
+
+    def for_run(self, snapshot: SagaSnapshot, guard: Guard) -> Saga[Any]:
+        """The definition that drives the instance ``snapshot`` (just claimed), whose effects go
+        through ``guard``. A declared saga: itself. A saga whose steps are decided as it runs (an
+        agent run's, :class:`saga.agent.AgentSaga`) builds one from the journal's rows.
+
+        Raises:
+            DefinitionMismatch: the rows name something this process cannot run.
+        """
+        return self
 
     def freeze(self) -> Saga[I]:
         """Check the definition is complete and close it to changes. Idempotent; returns self.

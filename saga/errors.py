@@ -23,6 +23,7 @@ Every error derives from one root, so callers can catch the whole package at onc
     ├── StepTimeout                a step ran past its timeout: it failed *maybe applied* (TimeoutError)
     ├── SagaDeadlineExceeded       recorded cause: the saga's deadline passed before its pivot (TimeoutError)
     ├── SignalTimeout              a wait's deadline passed without its signal: *not applied* (TimeoutError)
+    ├── NothingToUndo              a step's effect provably never happened: its compensation is skipped
     └── JournalError               the journal backend failed
         └── JournalUnavailable     the journal cannot be reached; transient
 
@@ -43,6 +44,7 @@ __all__ = [
     "JournalError",
     "JournalUnavailable",
     "LostSagaLease",
+    "NothingToUndo",
     "RecoveryExhausted",
     "ResultUnavailable",
     "SagaCancelled",
@@ -256,6 +258,19 @@ class SignalTimeout(SagaError, TimeoutError):
     def __init__(self, signal: str) -> None:
         super().__init__(f"signal {signal!r} did not arrive before the wait's deadline")
         self.signal = signal
+
+
+class NothingToUndo(SagaError):
+    """A step's effect provably never happened (:meth:`~saga.step.Step.never_applied`): the step is
+    marked *not applied* instead of compensated, and its compensation does not run.
+
+    Attributes:
+        step: the step's name.
+    """
+
+    def __init__(self, step: str) -> None:
+        super().__init__(f"step {step!r} never claimed its effect: nothing to undo")
+        self.step = step
 
 
 class SagaSuspended(BaseException):

@@ -184,10 +184,11 @@ def recover(
     for saga, snapshot in _candidates(journal, reg, drive, limit, sweep):
         saga_id = snapshot.saga.saga_id
         try:
-            if _has_async(saga):
-                sweep.outcomes[saga_id] = asyncio.run(drive.aresume(saga, snapshot))
+            definition = saga.for_run(snapshot, drive.guard)  # an agent run's: built from its rows
+            if _has_async(definition):
+                sweep.outcomes[saga_id] = asyncio.run(drive.aresume(definition, snapshot))
             else:
-                sweep.outcomes[saga_id] = drive.resume(saga, snapshot)
+                sweep.outcomes[saga_id] = drive.resume(definition, snapshot)
         except Exception as exc:
             _settle(journal, sweep, saga_id, snapshot, exc)
     if runner is None:
@@ -221,7 +222,8 @@ async def arecover(
     for saga, snapshot in claimed:
         saga_id = snapshot.saga.saga_id
         try:
-            sweep.outcomes[saga_id] = await drive.aresume(saga, snapshot)
+            definition = saga.for_run(snapshot, drive.guard)
+            sweep.outcomes[saga_id] = await drive.aresume(definition, snapshot)
         except Exception as exc:
             await in_thread(_settle, journal, sweep, saga_id, snapshot, exc)
     if runner is None:

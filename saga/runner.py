@@ -35,7 +35,7 @@ from idempotency.offload import in_thread
 from idempotency.records import Disposition
 from saga.coordinator import SagaFlow
 from saga.definition import Saga, StepContext
-from saga.errors import SagaSuspended, StepTimeout, UnstorableType
+from saga.errors import NothingToUndo, SagaSuspended, StepTimeout, UnstorableType
 from saga.journal import SagaJournal
 from saga.ops import Act, Begin, Claim, Op, Ran, Sleep, Undo, Write
 from saga.records import SagaOutcome, SagaSnapshot
@@ -311,8 +311,12 @@ class SagaRunner:
 
     def _undo(self, flow: SagaFlow, op: Undo) -> Ran:
         ctx = op.context
-        fn = flow.saga.steps[ctx.index].compensation_fn
+        step = flow.saga.steps[ctx.index]
+        fn = step.compensation_fn
         assert fn is not None
+        if step.never_applied():
+            # Outside the guard: a skipped undo leaves no record of its own in the ledger.
+            return Ran(error=NothingToUndo(ctx.step))
 
         def call() -> None:
             with scope(compensation_key(ctx.saga_id, ctx.step)):
@@ -381,10 +385,13 @@ class SagaRunner:
 
     async def _undo_async(self, flow: SagaFlow, op: Undo) -> Ran:
         ctx = op.context
-        fn = flow.saga.steps[ctx.index].compensation_fn
+        step = flow.saga.steps[ctx.index]
+        fn = step.compensation_fn
         assert fn is not None
         if not _is_async(fn):
             return await in_thread(self._undo, flow, op)
+        if await in_thread(step.never_applied):
+            return Ran(error=NothingToUndo(ctx.step))
 
         async def call() -> None:
             with scope(compensation_key(ctx.saga_id, ctx.step)):

@@ -107,6 +107,13 @@ class Step(Generic[I, R]):
         self.compensation_fn = fn
         return fn
 
+    def never_applied(self) -> bool:
+        """Whether the step's effect provably never happened, so its compensation has nothing to
+        undo; asked (it may read the effect ledger) before each compensation runs. A declared step:
+        False, its compensation decides; an agent step: whether its tool call never claimed its
+        effect (see :mod:`saga.agent.definition`)."""
+        return False
+
     def disposition(self, exc: BaseException) -> Disposition:
         """Classify an exception raised by the action (see :func:`idempotency.effect.classify`)."""
         return classify(exc, self.classifier, self.not_applied, ())

@@ -75,7 +75,8 @@ def test_a_mapping_wins_and_the_adapter_policy_overrides_every_declaration() -> 
     assert tool_options(changes_world(), Policy.AT_LEAST_ONCE)["policy"] is Policy.AT_LEAST_ONCE
 
 
-@pytest.mark.parametrize("fixed", ["key", "arguments", "result_type", "undo", "kind", "pivot"])
+# undo= and pivot= are the tool's undo and kind in an agent saga (tests/test_agent_saga_langgraph.py)
+@pytest.mark.parametrize("fixed", ["key", "arguments", "result_type", "kind"])
 def test_options_the_adapter_sets_are_refused(fixed: str) -> None:
     with pytest.raises(ConfigurationError, match=fixed):
         changes_world(**{fixed: None})

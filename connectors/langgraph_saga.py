@@ -1,0 +1,112 @@
+"""LangGraph tools in an agent saga: each compensatable tool call registers its undo before it runs.
+
+::
+
+    @tool
+    @changes_world(undo="cancel_booking")                # a name in the agent saga's UndoRegistry
+    def book_hotel(hotel: str) -> dict: ...
+
+    trip_agent = AgentSaga("trip_agent", undos)          # undos: cancel_booking, refund, ...
+    tools = SagaTools({"charge": changes_world(undo="refund"), "sign": changes_world(pivot=True)})
+    node = ToolNode([book_hotel, charge, sign, search], wrap_tool_call=tools.wrap_tool_call)
+
+    with runner.run(trip_agent, thread_id) as run:       # the graph's durable identity
+        graph.invoke(inputs, {"configurable": {"thread_id": thread_id}}, durability="sync")
+
+The handler makes each declared call ``current_run().call(tool, ..., call_id=tool_call_id)``: one
+journal commit registers the call with its undo, then the call runs under the run's guard (keyed on
+the run id and LangGraph's ``tool_call_id``, stable across a crash when the model is journaled, see
+:mod:`connectors.langgraph`), then its result is recorded. The undo receives the tool call's
+arguments and the tool's output (the ``ToolMessage``'s content, read back as JSON when it is JSON).
+Other tools run as they are (or through ``inner``). ``ToolNode`` runs a turn's calls in a thread pool; the
+run's context (``current_run``) reaches them, and their steps are ordered by their registration.
+Pass ``handle_tool_errors=False`` (or a narrower setting) to ``ToolNode`` for a tool failure to end
+the run and compensate it; by default ``ToolNode`` turns it into a message the model reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Command
+
+from connectors.declare import ToolDeclaration, declaration_of, tool_options
+from connectors.langgraph import ToolGuard
+from idempotency.errors import ConfigurationError
+from saga.agent import current_run
+
+__all__ = ["SagaTools", "tool_output"]
+
+ToolResult = ToolMessage | Command[Any]
+Execute = Callable[[ToolCallRequest], ToolResult]
+AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
+
+
+def tool_output(message: ToolMessage) -> Any:
+    """What a tool returned, read back from its ``ToolMessage``: the content as JSON when it is
+    JSON, else as it is."""
+    content = message.content
+    if isinstance(content, str):
+        try:
+            return json.loads(content)
+        except ValueError:
+            return content
+    return content
+
+
+def _message(result: ToolResult) -> ToolMessage:
+    if not isinstance(result, ToolMessage):
+        raise ConfigurationError("a tool with an undo must return a result, not a Command")
+    return result
+
+
+class SagaTools:
+    """``wrap_tool_call`` for ``ToolNode``: calls of tools declared with an undo or as the pivot
+    become steps of the open agent run.
+
+    A tool says so with its declaration (:func:`~connectors.declare.changes_world`), on the tool or
+    by name here: ``@changes_world(undo="cancel_booking")`` (compensatable) or
+    ``@changes_world(pivot=True)``. The declaration's :meth:`Guard.run` options apply to the call.
+
+    Args:
+        declare: tool name to declaration, for tools not declared where they are defined.
+        inner: the handler for every other tool (a :class:`~connectors.langgraph.ToolGuard`); None
+            runs them as they are.
+    """
+
+    def __init__(
+        self, declare: Mapping[str, ToolDeclaration] | None = None, *, inner: ToolGuard | None = None
+    ) -> None:
+        self.declare = dict(declare or {})
+        self.inner = inner
+
+    def wrap_tool_call(self, request: ToolCallRequest, execute: Execute) -> ToolResult:
+        """The sync handler: ``ToolNode(wrap_tool_call=saga_tools.wrap_tool_call)``.
+
+        Raises:
+            LookupError: a declared tool is called with no agent run open.
+            ConfigurationError: a declared tool call has no id.
+        """
+        call = request.tool_call
+        name = call["name"]
+        declaration = declaration_of(request.tool, name, self.declare)
+        if declaration.undo is None and not declaration.pivot:
+            return execute(request) if self.inner is None else self.inner.wrap_tool_call(request, execute)
+        call_id = call.get("id")
+        if not call_id:
+            raise ConfigurationError(f"tool call {name!r} has no id: it cannot be keyed")
+        return current_run().call(
+            name,
+            lambda: _message(execute(request)),
+            dict(call["args"]),
+            undo=declaration.undo,
+            pivot=declaration.pivot,
+            call_id=call_id,
+            result_type=ToolMessage,
+            record=tool_output,
+            options=tool_options(declaration),
+        )

@@ -1,0 +1,50 @@
+"""Agent sagas: an agent's tool calls undone in reverse when its run fails, is cancelled, is
+rejected or is abandoned, on top of the framework's checkpointer.
+
+::
+
+    undos = UndoRegistry()
+
+    @undos.register
+    def cancel_booking(arguments, result): ...
+
+    trip_agent = AgentSaga("trip_agent", undos)          # register it with the worker too
+    runner = AgentRunner(journal, guard)
+    with runner.run(trip_agent, thread_id) as run:
+        booking = run.call("book_hotel", lambda: hotel.book(...), {"hotel": h}, undo="cancel_booking")
+
+An agent run is an ordinary saga in the journal (``sagaguard sagas list/show/cancel/retry``), whose
+steps are its compensatable and pivot tool calls, appended as they happen.
+"""
+
+from saga.agent.call import ToolCall
+from saga.agent.definition import AgentSaga, AgentStep, OnFailure, resume_signal
+from saga.agent.errors import (
+    AgentRunAbandoned,
+    AgentRunCancelled,
+    AgentRunEnded,
+    AgentRunRejected,
+    AgentSagaError,
+    UnknownUndo,
+)
+from saga.agent.run import AgentRun, AgentRunner, current_run
+from saga.agent.undo import Undo, UndoRegistry
+
+__all__ = [
+    "AgentRun",
+    "AgentRunAbandoned",
+    "AgentRunCancelled",
+    "AgentRunEnded",
+    "AgentRunRejected",
+    "AgentRunner",
+    "AgentSaga",
+    "AgentSagaError",
+    "AgentStep",
+    "OnFailure",
+    "ToolCall",
+    "Undo",
+    "UndoRegistry",
+    "UnknownUndo",
+    "current_run",
+    "resume_signal",
+]

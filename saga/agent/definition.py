@@ -1,0 +1,216 @@
+"""An agent run's saga: a definition whose steps come from its journal rows.
+
+A declared :class:`~saga.definition.Saga` knows its steps before it runs. An agent's steps are the
+tool calls its model chose, appended to the journal as they happen (:mod:`saga.agent.run`). So an
+:class:`AgentSaga` is registered like any saga (a :class:`~saga.registry.SagaRegistry` the worker
+is given), and :meth:`AgentSaga.for_run` builds, for one claimed instance, the ordinary definition
+that :class:`~saga.runner.SagaRunner` and :func:`~saga.recovery.recover` drive:
+
+- one step per row, in journal order. A tool row is compensatable with its undo (found by the name
+  the row records in the :class:`~saga.agent.undo.UndoRegistry`) or a pivot; the run's own rows
+  (``agent.run.{i}``) have nothing to undo;
+- one more step after them: the run itself, which only the agent's process can take forward.
+
+Forward, every step only *waits for the agent*: taken over by the worker (the agent's process is
+gone and its lease ran out), the saga parks WAITING for ``agent.resume.{index}`` with no process
+held. The agent's process, resumed, delivers that signal and takes the saga back. Past the
+definition's ``abandon_after`` without that, the wait fails with
+:class:`~saga.agent.errors.AgentRunAbandoned` (*maybe applied*) and the saga compensates. A
+cancellation (before the pivot) wakes it and compensates at once. The worker therefore never
+completes an agent run and never runs a tool.
+
+Backward, each undo runs through the runner's compensation code: a guarded effect under its own key,
+retried with ``compensation_retry``, NEEDS_ATTENTION with the cause when it keeps failing, and
+reverse journal order, stopping at a pivot that ran.
+
+**Registered before the call.** A tool row is written STARTED, with its undo, its arguments and its
+effect key, in one commit *before* the call is claimed in the effect ledger. A crash between the
+two leaves an undo whose call never claimed anything: before an undo runs,
+:meth:`AgentStep.never_applied` reads the ledger, and when the call has no record (or a failed one)
+the step is marked *not applied* and its undo does not run. So, seen from the world, a crash leaves
+either no claim and no undo, or both.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import tenacity
+
+from idempotency.codec import Codec
+from idempotency.effect import Retry
+from idempotency.guard import Guard
+from idempotency.keys import derive_explicit_key
+from idempotency.records import State
+from saga.agent.call import RUN_PREFIX, TOOL_PREFIX, ToolCall, run_step_name
+from saga.agent.errors import AgentRunAbandoned, UnknownUndo
+from saga.agent.undo import Undo, UndoRegistry
+from saga.context import StepContext
+from saga.definition import FORWARD_RETRY, Saga, _check_timeout
+from saga.errors import DefinitionMismatch, SignalTimeout
+from saga.records import CompensationPolicy, SagaSnapshot, StepKind, StepRecord
+from saga.step import Step
+
+__all__ = ["AgentSaga", "AgentStep", "OnFailure", "resume_signal"]
+
+RunInput = dict[str, str]
+"""An agent run's saga input: ``{"run": run_id}``."""
+
+_ANY: Codec[Any] = Codec(Any)
+_ONCE = Retry(stop=tenacity.stop_after_attempt(1))
+
+
+class OnFailure(enum.StrEnum):
+    """What an exception escaping an agent run does (``on_failure=``)."""
+
+    COMPENSATE = "compensate"
+    """Undo the run's tool calls in reverse order, at once, in the agent's process."""
+    LEAVE = "leave"
+    """Park the run NEEDS_ATTENTION with the error; ``sagaguard sagas retry RUN`` compensates it."""
+
+
+def resume_signal(index: int) -> str:
+    """The signal the saga waits for when the worker parks it at step ``index``."""
+    return f"agent.resume.{index}"
+
+
+class AgentSaga(Saga[RunInput]):
+    """The saga type of one kind of agent run. Register it where the worker runs.
+
+    Args:
+        name: the runs' saga name, as ``sagaguard sagas list`` shows it.
+        undos: where the undos the runs record are found by name.
+        abandon_after: opt-in: seconds a run whose process is gone may stay un-resumed (counted from
+            the worker parking it) before the worker compensates it; None waits for ever.
+        on_failure: what an exception escaping the run does (default: compensate).
+        compensation_retry: how a failing undo is retried before the run needs attention.
+        on_compensation_failure: as for :class:`~saga.definition.Saga`.
+
+    Raises:
+        DefinitionError: a bad name, ``abandon_after`` or policy.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        undos: UndoRegistry,
+        *,
+        abandon_after: float | None = None,
+        on_failure: OnFailure | str = OnFailure.COMPENSATE,
+        compensation_retry: Retry | None = None,
+        on_compensation_failure: CompensationPolicy | str = CompensationPolicy.HALT,
+    ) -> None:
+        super().__init__(name, version=1, input=RunInput, on_compensation_failure=on_compensation_failure)
+        self.undos = undos
+        self.abandon_after = _check_timeout(f"agent saga {name!r} abandon_after", abandon_after)
+        self.on_failure = OnFailure(on_failure)
+        self.compensation_retry = compensation_retry or FORWARD_RETRY
+
+    def freeze(self) -> AgentSaga:
+        """Close the type to declared steps (it has none: its runs' steps come from the journal)."""
+        self._frozen = True
+        return self
+
+    def for_run(self, snapshot: SagaSnapshot, guard: Guard) -> Saga[Any]:
+        """The definition of the run ``snapshot`` (see the module docstring).
+
+        Raises:
+            UnknownUndo: a row names an undo not registered in :attr:`undos`.
+            DefinitionMismatch: a row this type did not write, or rows with gaps.
+        """
+        saga_id = snapshot.saga.saga_id
+        policy = self.on_compensation_failure
+        saga: Saga[Any] = Saga(self.name, input=RunInput, on_compensation_failure=policy)
+        for position, row in enumerate(snapshot.steps):
+            if row.index != position:
+                raise DefinitionMismatch(saga_id, f"agent rows have a gap at index {position}")
+            saga.steps.append(self._step(saga, saga_id, row, guard))
+        saga.steps.append(self._run_step(saga, len(snapshot.steps)))
+        return saga.freeze()
+
+    def _step(self, saga: Saga[Any], saga_id: str, row: StepRecord, guard: Guard) -> Step[Any, Any]:
+        if row.name.startswith(RUN_PREFIX):
+            return self._run_step(saga, row.index, row.name)
+        call = ToolCall.of_row(row)
+        if call is None or not row.name.startswith(TOOL_PREFIX):
+            raise DefinitionMismatch(saga_id, f"row {row.name!r} is not an agent step")
+        undo: Undo | None = None
+        if row.compensation is not None:
+            undo = self.undos.get(row.compensation)
+            if undo is None:
+                raise UnknownUndo(saga_id, row.compensation)
+        return AgentStep(self, saga, row, call, undo=undo, guard=guard)
+
+    def _run_step(self, saga: Saga[Any], index: int, name: str | None = None) -> Step[Any, Any]:
+        action = _await_agent(index, self.abandon_after, None)
+        return Step(
+            saga, index, name or run_step_name(index), StepKind.COMPENSATABLE, action,
+            compensation=None, retry=_ONCE, compensation_retry=self.compensation_retry,
+            not_applied=(), classifier=None, codec=_ANY,
+        )  # fmt: skip
+
+
+def _await_agent(index: int, abandon_after: float | None, recorded: Any) -> Any:
+    """A step's forward action in the worker: wait for the agent to take the run back."""
+
+    def wait(ctx: StepContext, _input: Any) -> Any:
+        try:
+            ctx.wait_for(resume_signal(index), timeout=abandon_after)
+        except SignalTimeout:
+            # Maybe applied: a tool call in flight at the crash is undone (after the ledger check).
+            raise AgentRunAbandoned(ctx.saga_id) from None
+        return recorded  # the agent took it back: the row stays as the agent wrote it
+
+    return wait
+
+
+class AgentStep(Step[RunInput, Any]):
+    """A tool call's step in an agent run's definition.
+
+    Attributes:
+        call: the call as its row records it.
+    """
+
+    def __init__(
+        self,
+        agent: AgentSaga,
+        saga: Saga[Any],
+        row: StepRecord,
+        call: ToolCall,
+        *,
+        undo: Undo | None,
+        guard: Guard,
+    ) -> None:
+        self.call = call
+        self._guard = guard
+        compensation = None if undo is None else _compensation(undo, call)
+        super().__init__(
+            saga, row.index, row.name, row.kind, _await_agent(row.index, agent.abandon_after, call.as_json()),
+            compensation=compensation, retry=_ONCE, compensation_retry=agent.compensation_retry,
+            not_applied=(), classifier=None, codec=_ANY,
+            on_compensation_failure=agent.on_compensation_failure,
+        )  # fmt: skip
+
+    def _record(self) -> Any:
+        call = self.call
+        return self._guard.store.get(derive_explicit_key(self._guard.namespace, call.key, call.effect))
+
+    def never_applied(self) -> bool:
+        """Whether the tool call never claimed its effect: no ledger record, or a failed one (the
+        call failed *not applied*). A call whose result the row holds did apply."""
+        if self.call.done:
+            return False
+        record = self._record()
+        return record is None or record.state is State.FAILED
+
+
+def _compensation(undo: Undo, call: ToolCall) -> Any:
+    def compensate(_ctx: StepContext, _input: Any, result: Any) -> None:
+        # The row's result once the call returned; None when the row never recorded one (the
+        # outcome is unknown: the undo finds the effect by what its arguments say).
+        recorded = ToolCall.from_json(result) or call
+        undo(recorded.arguments, recorded.result if recorded.done else None)
+
+    compensate.__name__ = compensate.__qualname__ = f"undo_{call.tool}"
+    return compensate

@@ -1,0 +1,97 @@
+"""Errors of agent sagas, under the saga layer's root (:class:`~saga.errors.SagaError`)::
+
+SagaError
+├── AgentSagaError          an agent run's saga cannot do what was asked
+│   ├── UnknownUndo         the journal names an undo no code registered (also a DefinitionMismatch)
+│   └── AgentRunEnded       the run's saga has ended or is compensating: no more tool calls
+├── AgentRunAbandoned       recorded cause: the run crashed and was not resumed within its deadline
+└── AgentRunRejected        recorded cause: a human rejected the run at an approval
+
+AgentRunCancelled (BaseException)  raised at a tool call of a run cancelled from outside
+"""
+
+from __future__ import annotations
+
+from saga.errors import DefinitionMismatch, SagaError
+
+__all__ = [
+    "AgentRunAbandoned",
+    "AgentRunCancelled",
+    "AgentRunEnded",
+    "AgentRunRejected",
+    "AgentSagaError",
+    "UnknownUndo",
+]
+
+
+class AgentSagaError(SagaError):
+    """An agent run's saga cannot do what was asked."""
+
+
+class UnknownUndo(AgentSagaError, DefinitionMismatch):
+    """The journal names an undo that no code in this process registered.
+
+    Attributes:
+        saga_id: the run's saga.
+        undo: the recorded name.
+    """
+
+    def __init__(self, saga_id: str, undo: str) -> None:
+        DefinitionMismatch.__init__(
+            self, saga_id, f"undo {undo!r} is not registered (register it at import, where the worker runs)"
+        )
+        self.undo = undo
+
+
+class AgentRunEnded(AgentSagaError):
+    """The run's saga is no longer running (it completed, is compensating, or needs attention).
+
+    Attributes:
+        saga_id: the run's saga.
+        state: its state, as the journal holds it.
+    """
+
+    def __init__(self, saga_id: str, state: str) -> None:
+        super().__init__(f"agent run {saga_id!r} is {state}: it takes no more tool calls")
+        self.saga_id = saga_id
+        self.state = state
+
+
+class AgentRunAbandoned(SagaError):
+    """Recorded cause: the run crashed and was not resumed before its abandon deadline.
+
+    Attributes:
+        saga_id: the run's saga.
+    """
+
+    def __init__(self, saga_id: str) -> None:
+        super().__init__(f"agent run {saga_id!r} was abandoned: not resumed within its deadline")
+        self.saga_id = saga_id
+
+
+class AgentRunRejected(SagaError):
+    """Recorded cause: a human rejected the run at an approval.
+
+    Attributes:
+        reason: what the human said.
+    """
+
+    def __init__(self, reason: str = "rejected") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class AgentRunCancelled(BaseException):
+    """Raised at the next tool call of a run that was cancelled from outside (``sagaguard sagas
+    cancel``, :func:`saga.cancel`); the run's context then compensates.
+
+    Derives from BaseException because it stops the agent: a tool's ``except Exception`` must not
+    turn it into a tool result the model reads.
+
+    Attributes:
+        saga_id: the run's saga.
+    """
+
+    def __init__(self, saga_id: str) -> None:
+        super().__init__(f"agent run {saga_id!r} was cancelled")
+        self.saga_id = saga_id

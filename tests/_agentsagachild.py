@@ -1,0 +1,94 @@
+"""A trip agent for the agent-saga crash tests, run as a real process (and imported by the worker).
+
+The agent books a hotel and charges a card at a local HTTP API (``$AGENT_API``, a
+``connectors.testing`` server that counts what it applied), then its flight tool fails. Kill points,
+by ``$AGENT_KILL``: ``after_charge`` (the agent process SIGKILLs itself once the charge is recorded),
+``in_refund`` (the process running the refund undo SIGKILLs itself right after the API applied the
+refund, once: a marker file in ``$AGENT_MARKS`` says it happened). The undos are idempotent the
+way a real one is: each request carries an ``Idempotency-Key`` derived from what it undoes.
+
+``python tests/_agentsagachild.py`` runs the agent (``thread-1``) and prints the outcome as JSON;
+``sagaguard sagas worker --app _agentsagachild:registry`` finishes what the agent left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from idempotency import Guard, open_store
+from saga import SagaRegistry
+from saga.agent import AgentRunner, AgentSaga, UndoRegistry, current_run
+from saga.journals import open_journal
+
+API = os.environ.get("AGENT_API", "http://127.0.0.1:9")
+DB = os.environ.get("AGENT_DB", "sqlite:///agent.db")
+KILL = os.environ.get("AGENT_KILL", "")
+MARKS = Path(os.environ.get("AGENT_MARKS", "."))
+RUN_ID = "thread-1"
+
+
+def _post(path: str, body: dict[str, Any], key: str) -> dict[str, Any]:
+    reply = httpx.post(f"{API}{path}", json=body, headers={"Idempotency-Key": f'"{key}"'}, timeout=10)
+    reply.raise_for_status()
+    return dict(reply.json())
+
+
+def _die_once(point: str) -> None:
+    mark = MARKS / f"killed-{point}"
+    if point == KILL and not mark.exists():
+        mark.write_text("1")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+undos = UndoRegistry()
+
+
+@undos.register
+def cancel_booking(arguments: dict[str, Any], result: Any | None) -> None:
+    _post("/cancellations", {"hotel": arguments["hotel"]}, f"cancel-{arguments['hotel']}")
+
+
+@undos.register
+def refund(arguments: dict[str, Any], result: Any | None) -> None:
+    _post("/refunds", {"amount": arguments["amount"]}, f"refund-{arguments['card']}")
+    _die_once("in_refund")
+
+
+trip_agent = AgentSaga("trip_agent", undos)
+registry = SagaRegistry(trip_agent)
+guard = Guard(open_store(DB), lease=1.0)
+
+
+def main() -> int:
+    runner = AgentRunner(open_journal(DB), guard, lease=1.0, sleep=lambda _s: None)
+    try:
+        with runner.run(trip_agent, RUN_ID) as run:
+            hotel, card = "ritz", "card-1"
+            current_run().call(
+                "book_hotel", lambda: _post("/bookings", {"hotel": hotel}, f"book-{hotel}"), {"hotel": hotel},
+                undo="cancel_booking", call_id="call-1",
+            )  # fmt: skip
+            run.call(
+                "charge", lambda: _post("/charges", {"amount": 420}, f"charge-{card}"),
+                {"amount": 420, "card": card}, undo="refund", call_id="call-2",
+            )  # fmt: skip
+            _die_once("after_charge")
+            raise RuntimeError("the flight tool failed")
+    except RuntimeError:
+        pass
+    finally:
+        runner.close()
+    assert run.outcome is not None
+    print(json.dumps({"state": run.outcome.state.value}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

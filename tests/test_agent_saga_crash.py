@@ -1,0 +1,130 @@
+"""Agent sagas under real SIGKILLs, counted at the fake API (another process), not in our code.
+
+A trip agent (``tests/_agentsagachild.py``) books a hotel and charges a card, then fails. Killed
+after the charge, cancelled through the CLI, its run is undone by a fresh worker process; that
+worker killed right after the API applied the refund, the next worker finishes: one booking, one
+charge, one refund, one cancellation reach the API. The same when the kill lands in the agent's own
+compensation.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from connectors.testing.http_server import LocalIdempotentApi
+from saga import SagaState
+from saga.journals import open_journal
+
+pytestmark = pytest.mark.timeout(240)  # several fresh processes each, on a shared machine
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILD = Path(__file__).resolve().parent / "_agentsagachild.py"
+
+
+def _env(api: LocalIdempotentApi, db: str, marks: Path, kill: str = "") -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), str(CHILD.parent), os.environ.get("PYTHONPATH", "")) if p)
+    return {
+        **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "AGENT_API": api.url,
+        "AGENT_DB": db, "AGENT_KILL": kill, "AGENT_MARKS": str(marks), "SAGAGUARD_STORE": db,
+    }  # fmt: skip
+
+
+def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90, check=False)
+
+
+_CLI = "import sys; from idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _cli(*args: str) -> list[str]:
+    """The ``sagaguard`` command line, run by this interpreter."""
+    return [sys.executable, "-c", _CLI, *args]
+
+
+def _applied(api: LocalIdempotentApi) -> Counter[str]:
+    found = httpx.get(f"{api.url}/resources", timeout=10).json()["resources"]
+    return Counter(resource["path"] for resource in found)
+
+
+def worker_until_done(
+    env: dict[str, str], db: str, *, kill_expected: bool, app: str = "_agentsagachild:registry"
+) -> None:
+    """Run ``sagaguard sagas worker --once`` in fresh processes until the run has ended."""
+    argv = [*_cli("sagas", "worker", "--app", app, "--journal", db), "--once"]
+    argv += ["--lease", "1"]
+    journal = open_journal(db)
+    try:
+        for _ in range(60):
+            done = _run(argv, env)
+            if kill_expected and done.returncode == -signal.SIGKILL:
+                kill_expected = False
+                continue
+            assert done.returncode == 0, done.stdout + done.stderr
+            found = journal.load("thread-1")
+            assert found is not None
+            if found.saga.state not in (SagaState.RUNNING, SagaState.COMPENSATING):
+                assert not kill_expected, "the worker was never killed in its compensation"
+                return
+            # Real processes, real leases: the dead process's saga lease and undo claim (1 s each)
+            # run out on the wall clock. Not a threshold: the loop polls until the run has ended.
+            time.sleep(0.5)
+        raise AssertionError("the run never ended")
+    finally:
+        journal.close()
+
+
+@pytest.fixture
+def api() -> Any:
+    with LocalIdempotentApi() as server:
+        yield server
+
+
+def test_agent_killed_then_cancelled_by_the_cli_is_undone_once_by_a_worker_killed_mid_undo(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    db = f"sqlite:///{tmp_path}/agent.db"
+    agent = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path, "after_charge"))
+    assert agent.returncode == -signal.SIGKILL, agent.stderr
+    assert _applied(api) == {"/bookings": 1, "/charges": 1}
+    cancelled = _run(_cli("sagas", "cancel", "thread-1", "--journal", db), _env(api, db, tmp_path))
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    worker_until_done(_env(api, db, tmp_path, "in_refund"), db, kill_expected=True)
+    journal = open_journal(db)
+    try:
+        found = journal.load("thread-1")
+        assert found is not None and found.saga.state is SagaState.COMPENSATED
+    finally:
+        journal.close()
+    assert (tmp_path / "killed-in_refund").exists()
+    assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
+
+
+def test_agent_killed_in_its_own_compensation_is_finished_by_a_worker(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    db = f"sqlite:///{tmp_path}/agent.db"
+    agent = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path, "in_refund"))
+    assert agent.returncode == -signal.SIGKILL, agent.stderr
+    assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1}
+    worker_until_done(_env(api, db, tmp_path), db, kill_expected=False)
+    assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
+
+
+def test_agent_that_fails_undoes_its_calls_once_in_its_own_process(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    db = f"sqlite:///{tmp_path}/agent.db"
+    agent = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path))
+    assert agent.returncode == 0, agent.stderr
+    assert '"state": "compensated"' in agent.stdout
+    assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
