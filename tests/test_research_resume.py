@@ -69,6 +69,24 @@ def test_a_same_host_resume_at_once_takes_over_and_finishes(
     assert not done.operator
 
 
+@pytest.mark.parametrize("variant", resume_variants(), ids=lambda v: v.name)
+def test_a_resume_on_another_host_waits_out_the_lease_and_finishes(
+    variant: Variant, world: ResearchWorld, tmp_path: Path
+) -> None:
+    """Restarted at once as "another host" (``$SAGAGUARD_HOST_ID``): the dead holder cannot be
+    probed, so the restart waits for its claim's lease (5 s by default, within the default wait of
+    10 s) and the first restart still finishes, with nothing charged or emailed twice."""
+    done = supervise(
+        world, variant, tmp_path, point=HELD[variant.name], max_resumes=2,
+        resume_env={"SAGAGUARD_HOST_ID": "another-host"},
+    )  # fmt: skip
+    assert done.killed
+    assert done.in_flight >= 1
+    assert (done.failures, done.finished) == ([], True), done.error
+    assert (done.counters["charges"], done.counters["emails"]) == (1, 1)
+    assert done.parked == []
+
+
 # ------------------------------------------------------------------------------ the full sweep
 
 

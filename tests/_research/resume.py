@@ -43,7 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -212,9 +212,11 @@ def supervise(
     point: str | None = None,
     kill_after: float | None = None,
     max_resumes: int = 8,
+    resume_env: Mapping[str, str] | None = None,
 ) -> Resumed:
     """Kill a run of ``variant`` at ``point`` or after ``kill_after`` s; restart it at once until it
     finishes (at most ``max_resumes`` restarts). The world is reset and ``folder`` emptied first.
+    ``resume_env`` is added to the restarts' environment (``$SAGAGUARD_HOST_ID``: "another host").
 
     Raises:
         ValueError: neither or both of ``point`` and ``kill_after``.
@@ -235,7 +237,7 @@ def supervise(
         return done
     done.in_flight = sum(name in MODEL_EFFECTS for name in _names(folder, State.IN_PROGRESS))
     for _ in range(max_resumes):
-        run = _run(variant, _config(world, folder, "resume"), {})
+        run = _run(variant, _config(world, folder, "resume"), dict(resume_env or {}))
         result = _last_json(run.stdout) if run.returncode == 0 else {}
         if result.get("status") == "finished":
             done.seconds = time.monotonic() - killed_at
