@@ -14,8 +14,10 @@ import pytest
 from idempotency.errors import ConfigurationError
 from idempotency.outbox.relay import Relay
 from idempotency.stores import open_store
+from idempotency.stores.sql import SqlStore
 from idempotency.stores.urls import check_url, masked
 from saga.journals import open_journal
+from saga.journals.sql import SqlJournal
 
 
 def _relay(url: Any) -> Any:
@@ -77,3 +79,19 @@ def test_masked_hides_a_password_even_in_an_unparseable_url() -> None:
     assert masked("postgresql://u:p@ss@[::1/x") == "postgresql://u:***@[::1/x"
     assert masked("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
     assert masked("sqlite:///a.db") == "sqlite:///a.db"
+
+
+@pytest.mark.parametrize("cls", [SqlStore, SqlJournal], ids=["SqlStore", "SqlJournal"])
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        pytest.param("postgresql://", "names no host", id="pg-empty"),
+        pytest.param("postgresql://u:secret@db.example", "names no database", id="pg-no-db"),
+        pytest.param("postgresql://u:secret@[::1/x", "malformed", id="bad-ipv6"),
+    ],
+)
+def test_sql_classes_built_from_a_url_check_it_as_open_store_does(cls: Any, url: Any, says: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        cls(url)
+    assert says in str(info.value)
+    assert "secret" not in str(info.value)

@@ -51,6 +51,7 @@ from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, 
 from idempotency.store import WriteCancelled, first_token
 from idempotency.stores import pq_async
 from idempotency.stores.shelf import Held, Shelf
+from idempotency.stores.urls import check_url
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -248,8 +249,11 @@ def make_engine(url: str | sa.URL) -> sa.Engine:
     database on one shared connection. No pre-ping: it would cost a round trip on every call.
 
     Raises:
-        ConfigurationError: the URL is malformed or names another database.
+        ConfigurationError: the URL is not a string or URL, is malformed, names another database, or
+            is a Postgres URL with no host or no database (checked as :func:`open_store` checks it).
     """
+    if not isinstance(url, sa.URL):
+        check_url(url)
     try:
         parsed = sa.make_url(url)
         backend = parsed.get_backend_name()
