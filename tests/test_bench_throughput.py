@@ -13,6 +13,14 @@ from pathlib import Path
 import pytest
 from conftest import require_postgres, require_redis
 
+# Half a minute or more (it runs the throughput bench): runs with the long sweeps (-m slow, `make slow`, CI),
+# not in `make test`, which must stay well under its 15-minute budget.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow"),
+]
+
+
 ROOT = Path(__file__).resolve().parent.parent
 LEVELS = ["threads.1", "threads.8", "threads.32", "threads.128", "tasks.64", "tasks.256"]
 

@@ -22,6 +22,14 @@ from pathlib import Path
 
 import pytest
 
+# Half a minute or more (builds, installs a wheel): runs with the long sweeps (-m slow, `make slow`, CI),
+# not in `make test`, which must stay well under its 15-minute budget.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow"),
+]
+
+
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
 
