@@ -1,13 +1,5 @@
 """One agent run's saga, open in this process: :class:`AgentRun`, opened by
-:meth:`AgentRunner.run <saga.agent.runner.AgentRunner.run>`.
-
-::
-
-    with runner.run(trip_agent, thread_id) as run:         # the framework's durable run identity
-        graph.invoke(...)                                  # tools call run.call(...)
-    async with runner.run(trip_agent, run_id) as run:      # or, for an async agent
-        await Runner.run(...)                              # tools await run.acall(...)
-    # returned: the saga is COMPLETED; raised: the run's tool calls were undone in reverse
+:meth:`AgentRunner.run <saga.agent.runner.AgentRunner.run>` with ``with`` or ``async with``.
 
 A compensatable call is registered before its body runs: one commit appends its row (STARTED, its
 undo's name, its arguments, its effect key), then the call is claimed and run under the guard, then
@@ -16,7 +8,7 @@ commit and the claim is safe, and for what the worker does with a run whose proc
 
 **Decide once, drive twice.** What a call is (a step or not, its key, its kind), what its row
 holds, and how leaving the block ends the run are decided by the same methods for both drivers;
-:meth:`AgentRun.call` and :meth:`AgentRun.acall` only differ in how they run the call (``Guard.run``
+:meth:`AgentRun.call` and :meth:`AgentRun.acall` differ only in how they run the call (``Guard.run``
 or ``Guard.arun``) and in where the journal is written: the async driver hands every journal call
 (the journals are sync) to a worker thread, so the event loop never waits on a commit, and the
 compensation at the end runs there too (undos are sync callables).
@@ -144,6 +136,8 @@ class AgentRun:
         self._hold: int | None = None
         self._reset: contextvars.Token[AgentRun | None] | None = None
         self._paused = False
+        self._ending = False
+        """Set (under the lock) once the run is being ended: no more rows are written for calls."""
         self.outcome: SagaOutcome | None = None
         """Where the run's saga ended, once this process ended it (completed, compensated, ...)."""
 
@@ -184,6 +178,7 @@ class AgentRun:
         """End the run as leaving the block with ``exc`` says (see the class docstring)."""
         if not self._closes(exc):
             return
+        self._stop_calls()
         if exc is None:
             if self._paused:
                 self._park()
@@ -373,6 +368,11 @@ class AgentRun:
         """
         done = row.evolve(state=StepState.SUCCEEDED, result=call.returned(kept).encode())
         with self._lock:
+            if self._ending:
+                # A sibling call finishing after the run began to end (an async framework drains
+                # its cancelled tool tasks, whose journal writes go on in their threads): the row
+                # stays STARTED, and its undo, if it runs, reads the ledger for the call's outcome.
+                return
             self._write(Phase(steps=(done,), lease=self.runner.lease))
             self._rows[call.key] = done
 
@@ -411,10 +411,15 @@ class AgentRun:
             raise AgentRunCancelled(self.run_id)
         return row, span
 
+    def _stop_calls(self) -> None:
+        """Wait for a journal write of a call in progress, then refuse the others."""
+        with self._lock:
+            self._ending = True
+
     def _live(self) -> None:
         record = self._record
         assert record is not None, "the run is not open"
-        if self.outcome is not None or record.state is not SagaState.RUNNING:
+        if self._ending or self.outcome is not None or record.state is not SagaState.RUNNING:
             raise AgentRunEnded(self.run_id, record.state.value if self.outcome is None else "ended")
         if record.cancel_requested and not pivot_started(self._load()):
             raise AgentRunCancelled(self.run_id)
@@ -492,6 +497,7 @@ class AgentRun:
 
     def _compensate(self, cause: str) -> SagaOutcome:
         """Undo the run now, in this thread (the caller has released the run's lease hold)."""
+        self._stop_calls()
         snapshot = self._load()
         if snapshot.saga.state is SagaState.RUNNING:
             snapshot = self._fail(cause, SagaState.COMPENSATING)
