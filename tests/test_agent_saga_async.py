@@ -13,14 +13,25 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Coroutine, Iterator
-from pathlib import Path
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
-from test_agent_saga import ABANDON, LEASE, TWICE, Crash, ToolFailed, World, load, sweep
+from test_agent_saga import (  # the sync tests' fixtures: every journal, the same world
+    LEASE,
+    Crash,
+    ToolFailed,
+    World,
+    agent,
+    guard,
+    journal,
+    journal_factory,
+    load,
+    runner,
+    sweep,
+    world,
+)
 
 from idempotency import Guard
 from idempotency.codec import decode_error
@@ -36,43 +47,11 @@ from saga.agent import (
 )
 from saga.journal import SagaJournal
 
+__all__ = ["agent", "guard", "journal", "journal_factory", "runner", "world"]  # the fixtures, re-used
+
 pytestmark = pytest.mark.timeout(60)
 
 T = TypeVar("T")
-
-
-@pytest.fixture(params=JOURNALS)
-def journal_factory(
-    request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
-) -> Iterator[JournalFactory]:
-    yield from factory_for(request.param, clock, tmp_path)
-
-
-@pytest.fixture
-def journal(journal_factory: JournalFactory) -> SagaJournal:
-    return journal_factory.open()
-
-
-@pytest.fixture
-def guard(journal_factory: JournalFactory) -> Guard:
-    return journal_factory.guard()
-
-
-@pytest.fixture
-def world() -> World:
-    return World()
-
-
-@pytest.fixture
-def agent(world: World) -> AgentSaga:
-    return AgentSaga("trip_agent", world.undos, abandon_after=ABANDON, compensation_retry=TWICE)
-
-
-@pytest.fixture
-def runner(journal: SagaJournal, guard: Guard) -> Iterator[AgentRunner]:
-    made = AgentRunner(journal, guard, lease=LEASE, sleep=lambda _s: None)
-    yield made
-    made.close()
 
 
 def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
