@@ -338,3 +338,32 @@ def test_an_async_run_never_touches_the_journal_on_the_event_loop(
     assert {name for name, _ in seen} >= {"start", "load", "commit"}
     assert [name for name, thread in seen if thread is loop_thread[0]] == []
     assert world.did("cancel_booking") == [("ritz", {"booking": "bk-ritz"})]
+
+
+def test_a_call_still_running_when_the_run_ends_cannot_overwrite_its_rows(
+    journal: SagaJournal, runner: AgentRunner, agent: AgentSaga, world: World
+) -> None:
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def slow() -> Any:
+            await release.wait()  # still running when the run ends (nothing cancels it)
+            return world.book("ritz")
+
+        with pytest.raises(ToolFailed):
+            async with runner.run(agent, "thread-1"):
+                call = current_run().acall("book_hotel", slow, {"hotel": "ritz"}, undo="cancel_booking")
+                late = asyncio.create_task(call)
+                while not load(journal, "thread-1").steps:
+                    await asyncio.sleep(0.001)  # registered (a journal row), its claim on the way
+                raise ToolFailed("a sibling failed")
+        seen["ended"] = load(journal, "thread-1")
+        release.set()
+        seen["returned"] = await late
+
+    run(main)
+    assert seen["ended"].saga.state is SagaState.COMPENSATED
+    assert seen["returned"] == {"booking": "bk-ritz"}  # the call returns to its caller...
+    assert load(journal, "thread-1").steps == seen["ended"].steps  # ...and writes nothing to the run
