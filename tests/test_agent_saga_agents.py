@@ -130,6 +130,18 @@ def test_a_turn_that_fails_on_a_later_tool_undoes_every_booking_and_charge_once(
     assert made["book_hotel"].arguments == {"hotel": "ritz"}
 
 
+def test_a_turn_opened_with_plain_with_around_run_sync_is_undone_the_same_way(
+    stripe: LocalStripe, api: LocalIdempotentApi, runner: AgentRunner
+) -> None:
+    from agents import Runner
+
+    with pytest.raises(UserError, match="no seats"), sdk.turn(runner) as opened:
+        Runner.run_sync(opened.wrap(sdk.build(sdk.TripModel())), trip.TEXT)
+    assert opened.outcome is not None and opened.outcome.state is SagaState.COMPENSATED
+    assert money(stripe) == {"charges": 1, "refunds": 1}
+    assert applied(api) == {"/bookings": 1, "/cancellations": 1}
+
+
 def test_a_turn_rejected_at_an_approval_is_undone_by_a_fresh_turn_object(
     stripe: LocalStripe, api: LocalIdempotentApi, runner: AgentRunner
 ) -> None:
