@@ -22,6 +22,8 @@ journal commit registers the call with its undo, then the call runs under the ru
 the run id and LangGraph's ``tool_call_id``, stable across a crash when the model is journaled, see
 :mod:`connectors.langgraph`), then its result is recorded. The undo receives the tool call's
 arguments and the tool's output (the ``ToolMessage``'s content, read back as JSON when it is JSON).
+The tool's body runs in a scope named after the call's key, so guarded effects inside it
+(``StripeEffects``, ``EmailEffects``) need no ``key=``.
 Other tools run as they are (or through ``inner``). ``ToolNode`` runs a turn's calls in a thread pool; the
 run's context (``current_run``) reaches them, and their steps are ordered by their registration.
 Pass ``handle_tool_errors=False`` (or a narrower setting) to ``ToolNode`` for a tool failure to end
@@ -41,6 +43,7 @@ from langgraph.types import Command
 from connectors.declare import ToolDeclaration, declaration_of, recorded_output, tool_options
 from connectors.langgraph import ToolGuard
 from idempotency.errors import ConfigurationError
+from idempotency.keys import scope
 from saga.agent import current_run
 
 __all__ = ["SagaTools", "tool_output"]
@@ -67,6 +70,7 @@ class _Step:
     """A tool call that is a step of the open run, as ``SagaTools`` decided (no I/O)."""
 
     tool: str
+    call_id: str
     arguments: dict[str, Any]
     options: dict[str, Any]
     """The keyword arguments of :meth:`saga.agent.AgentRun.call` / ``acall``."""
@@ -103,9 +107,13 @@ class SagaTools:
         step = self._step(request)
         if step is None:
             return execute(request) if self.inner is None else self.inner.wrap_tool_call(request, execute)
-        message: ToolMessage = current_run().call(
-            step.tool, lambda: _message(execute(request)), step.arguments, **step.options
-        )
+        run = current_run()
+
+        def body() -> ToolMessage:
+            with scope(run.call_key(step.call_id)):  # fresh per attempt, as ToolGuard's
+                return _message(execute(request))
+
+        message: ToolMessage = run.call(step.tool, body, step.arguments, **step.options)
         return message
 
     async def awrap_tool_call(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
@@ -121,10 +129,13 @@ class SagaTools:
                 return await execute(request)
             return await self.inner.awrap_tool_call(request, execute)
 
-        async def body() -> ToolMessage:
-            return _message(await execute(request))
+        run = current_run()
 
-        message: ToolMessage = await current_run().acall(step.tool, body, step.arguments, **step.options)
+        async def body() -> ToolMessage:
+            with scope(run.call_key(step.call_id)):
+                return _message(await execute(request))
+
+        message: ToolMessage = await run.acall(step.tool, body, step.arguments, **step.options)
         return message
 
     def _step(self, request: ToolCallRequest) -> _Step | None:
@@ -141,4 +152,4 @@ class SagaTools:
             "undo": declaration.undo, "pivot": declaration.pivot, "call_id": call_id,
             "result_type": ToolMessage, "record": tool_output, "options": tool_options(declaration),
         }  # fmt: skip
-        return _Step(name, dict(call["args"]), options)
+        return _Step(name, call_id, dict(call["args"]), options)

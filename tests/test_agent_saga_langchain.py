@@ -15,6 +15,7 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import _agentsagalc as lc
 import _agenttrip as trip
@@ -109,6 +110,46 @@ def test_a_create_agent_run_approved_later_completes_and_keeps_its_effects(
     assert load(runner, trip.RUN).saga.state is SagaState.COMPLETED
     assert money(stripe) == {"charges": 1, "refunds": 0}
     assert applied(api) == {"/bookings": 1, "/flights": 1}
+
+
+def test_a_step_s_body_runs_in_its_call_s_scope_so_effects_inside_need_no_key(
+    stripe: LocalStripe, api: LocalIdempotentApi, runner: AgentRunner
+) -> None:
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+
+    from connectors.declare import changes_world
+    from connectors.stripe import StripeEffects
+    from idempotency import current_scope
+
+    payments = StripeEffects(runner.guard, api_key=stripe.api_key, api_base=stripe.api_base)
+    scopes: list[str] = []
+
+    @tool
+    @changes_world(undo="refund")
+    def charge(amount: int, order: str) -> dict[str, Any]:
+        """Charge the card."""
+        scopes.append(current_scope().id)
+        payment = payments.charge(amount, "eur", payment_method="pm_card_visa")  # no key=: the scope's
+        return {"payment_intent": payment.id, "amount": payment.amount}
+
+    plan = {0: [("charge", {"amount": 420, "order": "trip-1"})]}
+    model = lc.TripChatModel()
+    agent = create_agent(
+        model, tools=[charge], middleware=[SagaMiddleware(runner.guard)], checkpointer=InMemorySaver()
+    )
+    saved = dict(trip.PLAN)
+    trip.PLAN.clear()
+    trip.PLAN.update(plan)
+    try:
+        with runner.run(trip.trip_agent, trip.RUN):
+            assert agent.invoke(INPUTS, lc.THREAD, durability="sync")["messages"][-1].content == "done"
+    finally:
+        trip.PLAN.clear()
+        trip.PLAN.update(saved)
+    (step,) = [ToolCall.of_row(r) for r in load(runner, trip.RUN).steps]
+    assert step is not None and scopes == [step.key]  # the run id and the model's tool_call_id
+    assert money(stripe) == {"charges": 1, "refunds": 0}
 
 
 def test_saga_middleware_is_the_guard_middleware_with_saga_steps(runner: AgentRunner) -> None:
