@@ -18,6 +18,9 @@ and restarted: it plans (and pays the model) again, charges again, and leaves tr
 unrefunded. The supervisor prints what the services counted, side by side, then each saga's
 timeline, and exits 0 only when the counts are the expected ones. ``--trace FILE`` writes the
 OpenTelemetry spans of every process as JSON lines. Also ``python -m connectors.demo``.
+
+``sagaguard demo agent`` (``make agent-demo``) runs the agent demo instead: a LangGraph agent whose
+tool calls are undone by an agent saga (:mod:`connectors.demo.agent`).
 """
 
 from __future__ import annotations
@@ -280,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         from connectors.demo._worker import run_worker
 
         return run_worker(json.loads(args_list[1]))
+    if args_list[:1] == ["agent"]:  # the agent demo (connectors.demo.agent), with its own extras
+        from connectors.demo.agent import main as agent_demo
+
+        return agent_demo(args_list[1:])
     missing = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
     if missing:  # one line naming the extra, not a traceback from a worker process
         print(f"sagaguard demo needs the 'demo' extra (missing: {', '.join(missing)}): "
