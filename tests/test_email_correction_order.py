@@ -24,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 import tenacity
 from _emailrelaychild import mailer as shared_mailer
+from _outboxkit import BACKENDS, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
@@ -77,6 +78,7 @@ class Shop:
     engine: sa.Engine
     outbox: Outbox
     meanwhile: Callable[[], None] = lambda: None
+    table: str = "sagaguard_outbox"
 
     def run(self, order: Order, journal: Any = None) -> SagaState:
         shop = Saga("shop", input=Order)
@@ -100,20 +102,19 @@ class Shop:
         """(subject, status, aggregate) of every outbox row, in id order."""
         with self.engine.connect() as conn:
             found = conn.execute(
-                sa.text("SELECT payload, status, aggregateid FROM sagaguard_outbox ORDER BY id")
+                sa.text(f"SELECT payload, status, aggregateid FROM {self.table} ORDER BY id")
             )
             return [(json.loads(p)["message"]["subject"], s, a) for p, s, a in found]
 
 
-@pytest.fixture
-def shop(sink: SmtpSink, tmp_path: Path, clock: FakeClock) -> Iterator[Shop]:
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'shop.db'}")
-    outbox = Outbox(clock=clock)
-    outbox.create_tables(engine)
-    guard = Guard(MemoryStore(clock=clock), sleep=lambda s: None)
-    mail = EmailEffects(guard, SmtpSettings(sink.host, sink.port), outbox=outbox, sender="shop@shop.example")
-    yield Shop(mail, engine, outbox)
-    engine.dispose()
+@pytest.fixture(params=BACKENDS)
+def shop(request: pytest.FixtureRequest, sink: SmtpSink, tmp_path: Path, clock: FakeClock) -> Iterator[Shop]:
+    """The shop on a SQLite and on a Postgres outbox (a table of its own), its guard in memory."""
+    for world in open_world(request.param, tmp_path, clock):
+        guard = Guard(MemoryStore(clock=clock), sleep=lambda s: None)
+        settings = SmtpSettings(sink.host, sink.port)
+        mail = EmailEffects(guard, settings, outbox=world.outbox, sender="shop@shop.example")
+        yield Shop(mail, world.engine, world.outbox, table=world.table)
 
 
 ADA = Order("7", "ada@example.com")
@@ -139,7 +140,8 @@ def test_a_correction_waits_behind_an_original_a_relay_is_delivering(
     shop: Shop, sink: SmtpSink, clock: FakeClock
 ) -> None:
     claimed: list[Any] = []
-    shop.meanwhile = lambda: claimed.extend(OutboxDb(shop.engine, clock=clock).claim("relay-a", 10, 30.0))
+    relay_a = OutboxDb(shop.engine, shop.table, clock=clock)
+    shop.meanwhile = lambda: claimed.extend(relay_a.claim("relay-a", 10, 30.0))
     assert shop.run(ADA) is SagaState.COMPENSATED
     assert len(claimed) == 1  # relay-a holds the confirmation: it may be on its way
     assert [(s, st) for s, st, _ in shop.rows()] == [("Confirmed", "pending"), ("Cancelled", "pending")]
@@ -161,7 +163,7 @@ def test_an_original_never_delivered_is_cancelled_in_the_outbox_and_nothing_reac
     assert sink.messages == []
     # The compensation run again (a worker after a crash) still sends and enqueues nothing.
     with shop.engine.connect() as conn:
-        (raw,) = conn.execute(sa.text("SELECT id FROM sagaguard_outbox")).one()
+        (raw,) = conn.execute(sa.text(f"SELECT id FROM {shop.table}")).one()
     message_id = str(uuid.UUID(hex=raw) if isinstance(raw, str) else raw)
     compensate = shop.mail.correction(_cancelled, engine=shop.engine)
     with scope("order-7/confirm/~compensate"):

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Count", "main"]
+__all__ = ["Count", "main", "say_timelines"]
 
 SOLD_OUT = "sold-out-inn"
 KILL = "store.complete#2:before"
@@ -261,15 +261,23 @@ def _naive(services: _Services, base: dict[str, Any], say: Callable[[str], None]
 
 
 def _timelines(journal_url: str, guarded: _Side, say: Callable[[str], None]) -> None:
+    titled = []
+    for trip in (1, 2):
+        saga_id = guarded.saga_ids[trip]
+        titled.append((saga_id, f"timeline of {saga_id} ({_TRIPS[trip]['destination']}):"))
+    say_timelines(journal_url, titled, say)
+
+
+def say_timelines(journal_url: str, sagas: list[tuple[str, str]], say: Callable[[str], None]) -> None:
+    """Say each saga's timeline (``sagaguard sagas show``) under its title: ``(saga id, title)``."""
     from saga import render
     from saga.journals import open_journal
 
     journal = open_journal(journal_url)
     try:
-        for trip in (1, 2):
-            saga_id = guarded.saga_ids[trip]
+        for saga_id, title in sagas:
             snapshot = journal.load(saga_id)
-            say(f"timeline of {saga_id} ({_TRIPS[trip]['destination']}):")
+            say(title)
             for line in (render(snapshot) if snapshot is not None else "not found").splitlines():
                 say(f"  {line}")
     finally:

@@ -134,6 +134,15 @@ def build(model: Any, checkpointer: Any, *, saga: bool) -> Any:
     return builder.compile(checkpointer=checkpointer)
 
 
+def _request() -> str:
+    """The user's message to the agent."""
+    t = the_trip()
+    return (
+        f"Book {t.nights} nights at {t.hotel} and a flight to {t.destination} for {t.traveller}, "
+        f"pay {t.amount / 100:.2f} EUR, and email {t.email} the confirmation."
+    )
+
+
 def _emit(event: str, **data: Any) -> None:
     print(json.dumps({"event": event, **data}), flush=True)
 
@@ -151,7 +160,7 @@ def main() -> int:
     graph = build(model, SqliteSaver(conn), saga=saga)
     graph_config: Any = {"configurable": {"thread_id": THREAD}}
     started = bool(graph.get_state(graph_config).next)
-    inputs = None if started else {"messages": [HumanMessage(the_trip().request())]}
+    inputs = None if started else {"messages": [HumanMessage(_request())]}
     try:
         if guard is None:
             graph.invoke(inputs, graph_config, durability="sync")

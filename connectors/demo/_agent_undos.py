@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import stripe
 
-from connectors.demo.agent import CONFIG_ENV, THREAD, Trip, mailer
+from connectors.demo._worker import Trip
+from connectors.demo.agent import CONFIG_ENV, THREAD, mailer
 from connectors.email import Email
 from idempotency.testing import crash_point
 from saga import SagaRegistry

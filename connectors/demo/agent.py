@@ -32,7 +32,6 @@ import argparse
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG_ENV", "THREAD", "Count", "Trip", "mailer", "main"]
+from connectors.demo import _Run, say_timelines
+
+__all__ = ["CONFIG_ENV", "THREAD", "Count", "mailer", "main"]
 
 CONFIG_ENV = "SAGAGUARD_AGENT_DEMO"
 """The environment variable that hands an agent process (and the worker) its JSON config."""
@@ -66,25 +67,6 @@ _TRIP = {"traveller": "Ana", "email": "ana@example.com", "destination": "Oslo", 
          "nights": 3, "amount": 64000}  # fmt: skip
 _SIDES = ("sagaguard", "checkpointer")
 _LABELS = {"sagaguard": "sagaguard", "checkpointer": "checkpointer alone"}
-
-
-@dataclass
-class Trip:
-    """What the traveller asked for."""
-
-    traveller: str
-    email: str
-    destination: str
-    hotel: str
-    nights: int
-    amount: int
-
-    def request(self) -> str:
-        """The user's message to the agent."""
-        return (
-            f"Book {self.nights} nights at {self.hotel} and a flight to {self.destination} for "
-            f"{self.traveller}, pay {self.amount / 100:.2f} EUR, and email {self.email} the confirmation."
-        )
 
 
 @dataclass
@@ -159,28 +141,18 @@ class _Services:
         )
 
 
-@dataclass
-class _Run:
-    label: str
-    returncode: int
-    events: list[dict[str, Any]]
-    stderr: str
-
-    @property
-    def killed(self) -> bool:
-        return self.returncode == -signal.SIGKILL
-
-    def describe(self) -> str:
-        if self.killed:
-            where = next((ln for ln in self.stderr.splitlines() if "SIGKILL at" in ln), "SIGKILL")
-            return f"killed (SIGKILL at {where.split('SIGKILL at ')[-1].split(' (')[0]})"
-        if self.returncode != 0:
-            last = self.stderr.strip().splitlines()[-1:] or [f"exit {self.returncode}"]
-            return f"FAILED: {last[0]}"
-        failed = next((e for e in self.events if e["event"] == "failed"), None)
-        if failed is not None:
-            return f"resumed from its checkpoint; {failed['error']}"
-        return "; ".join(e.get("text", e["event"]) for e in self.events) or "done"
+def _describe(run: _Run) -> str:
+    """What became of one process, in a few words."""
+    if run.killed:
+        where = next((ln for ln in run.stderr.splitlines() if "SIGKILL at" in ln), "SIGKILL")
+        return f"killed (SIGKILL at {where.split('SIGKILL at ')[-1].split(' (')[0]})"
+    if run.returncode != 0:
+        last = run.stderr.strip().splitlines()[-1:] or [f"exit {run.returncode}"]
+        return f"FAILED: {last[0]}"
+    failed = run.find("failed")
+    if failed is not None:
+        return f"resumed from its checkpoint; {failed['error']}"
+    return "; ".join(e["event"] for e in run.events) or "done"
 
 
 def _env(config: dict[str, Any], crash: str | None) -> dict[str, str]:
@@ -252,12 +224,12 @@ def _sagaguard(config: dict[str, Any], say: Callable[[str], None]) -> list[_Run]
     side = "  [sagaguard]"
     runs = [_spawn("agent, process 1", _AGENT, config, crash="agent_after_email")]
     say(f"{side} agent, process 1: booked the hotel, charged the card, queued the email;")
-    say(f"{side}   {runs[0].describe()}")
+    say(f"{side}   {_describe(runs[0])}")
     say(f"{side} the outbox relay delivered {_relay(config)} email (the confirmation) meanwhile")
     runs.append(_spawn("agent, process 2", _AGENT, config, crash="agent_after_refund"))
     say(f"{side} agent, process 2: resumed from its checkpoint; the flight is sold out, so it undoes the")
     say(f"{side}   trip in reverse (the email's correction queued, the charge refunded):")
-    say(f"{side}   {runs[1].describe()}")
+    say(f"{side}   {_describe(runs[1])}")
     workers = _worker(config)
     runs += workers
     state = _run_state(config)
@@ -270,9 +242,9 @@ def _alone(config: dict[str, Any], say: Callable[[str], None]) -> list[_Run]:
     side = "  [checkpointer alone]"
     runs = [_spawn("agent, process 1", _AGENT, config, crash="agent_after_email")]
     say(f"{side} agent, process 1: booked the hotel, charged the card, sent the email;")
-    say(f"{side}   {runs[0].describe()}")
+    say(f"{side}   {_describe(runs[0])}")
     runs.append(_spawn("agent, process 2", _AGENT, config))
-    say(f"{side} agent, process 2: {runs[1].describe()};")
+    say(f"{side} agent, process 2: {_describe(runs[1])};")
     say(f"{side}   the run ends there, everything it did left in place")
     return runs
 
@@ -324,20 +296,6 @@ def _check(counts: dict[str, Count], runs: dict[str, list[_Run]]) -> list[str]:
     return problems
 
 
-def _timeline(config: dict[str, Any], say: Callable[[str], None]) -> None:
-    from saga import render
-    from saga.journals import open_journal
-
-    journal = open_journal(config["store"])
-    try:
-        snapshot = journal.load(THREAD)
-        say(f"timeline of the agent run {THREAD} (sagaguard sagas show {THREAD}):")
-        for line in (render(snapshot) if snapshot is not None else "not found").splitlines():
-            say(f"  {line}")
-    finally:
-        journal.close()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the agent demo; 0 when the services counted what they should."""
     args_list = sys.argv[1:] if argv is None else list(argv)
@@ -384,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         say("")
         _table(counts, say)
         say("")
-        _timeline(configs["sagaguard"], say)
+        title = f"timeline of the agent run {THREAD} (sagaguard sagas show {THREAD}):"
+        say_timelines(configs["sagaguard"]["store"], [(THREAD, title)], say)
     say("")
     problems = _check(counts, runs)
     for problem in problems:
