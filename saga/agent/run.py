@@ -16,6 +16,9 @@ While the run is open its lease is renewed (a :class:`~saga.renewer.LeaseRenewer
 dies stops renewing, and once the lease runs out the worker parks the run WAITING for the agent.
 Opening the same run id again (a resumed process) attaches to it, taking it back from the worker if
 it was parked; the framework runs one process per run id at a time, as its checkpointer assumes.
+Where two processes may hold one run at once (durable-execution engines), each opens it with
+``exclusive=True``: opening a run whose lease another open run holds is then refused
+(:class:`~saga.errors.SagaInProgress`), so one place at a time appends the run's rows.
 """
 
 from __future__ import annotations
@@ -109,11 +112,23 @@ class AgentRunner:
         self._sleep = sleep
         self.renewer = LeaseRenewer(journal, lease)
 
-    def run(self, agent: AgentSaga, run_id: str) -> AgentRun:
-        """The run ``run_id`` of ``agent``, to open with ``with`` (see :class:`AgentRun`)."""
+    def run(self, agent: AgentSaga, run_id: str, *, exclusive: bool = False) -> AgentRun:
+        """The run ``run_id`` of ``agent``, to open with ``with`` (see :class:`AgentRun`).
+
+        Args:
+            agent: the run's saga type.
+            run_id: the framework's durable run identity.
+            exclusive: refuse to open a run whose lease another open run holds
+                (:class:`~saga.errors.SagaInProgress`, nothing written) instead of attaching to
+                it as to this process's own run resumed before its lease ran out. For engines
+                that may run two processes for one run at once (Temporal activities of one
+                workflow on two workers, DBOS steps): each opens the run exclusively, so only
+                one appends rows at a time; a dead holder's run is taken over once its lease
+                runs out.
+        """
         if not run_id:
             raise ConfigurationError("an agent run id must not be empty")
-        return AgentRun(self, agent.freeze(), run_id)
+        return AgentRun(self, agent.freeze(), run_id, exclusive=exclusive)
 
     def reject(self, agent: AgentSaga, run_id: str, reason: str = "rejected") -> SagaOutcome:
         """A human rejected the run at an approval: undo its tool calls now (see
@@ -144,10 +159,14 @@ class AgentRun:
       crash would: the worker finds it when its lease runs out.
     """
 
-    def __init__(self, runner: AgentRunner, agent: AgentSaga, run_id: str) -> None:
+    def __init__(
+        self, runner: AgentRunner, agent: AgentSaga, run_id: str, *, exclusive: bool = False
+    ) -> None:
         self.runner = runner
         self.agent = agent
         self.run_id = run_id
+        self.exclusive = exclusive
+        """Opening refuses a run another open run holds (see :meth:`AgentRunner.run`)."""
         self._input: RunInput = {"run": run_id}
         self._fingerprint = fingerprint({"input": self._input})
         self._lock = threading.RLock()
@@ -226,6 +245,10 @@ class AgentRun:
             if record.fingerprint != self._fingerprint:
                 raise SagaConflict(self.run_id, record.fingerprint, self._fingerprint)
             if record.state is SagaState.RUNNING:
+                if self.exclusive:
+                    # Its lease is live (else the start took it over): another open run holds it,
+                    # and sharing its token would let both write rows at the same indexes.
+                    raise SagaInProgress(self.run_id)
                 self._own(snapshot)  # our own run, resumed before its lease ran out
                 return
             if record.state is not SagaState.WAITING or record.waiting_for is None:
