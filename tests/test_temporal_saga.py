@@ -161,3 +161,15 @@ def test_temporal_run_killed_then_cancelled_by_the_cli_is_undone_and_its_workflo
     found = kit.snapshot(tmp_path, trip.run_id)
     assert found.saga.state is SagaState.COMPENSATED
     assert "cancelled" in (found.saga.error or "")
+
+
+def test_temporal_cancelling_the_workflow_undoes_its_run_then_cancels_it(
+    temporal: str, services: Services, tmp_path: Path
+) -> None:
+    trip = Trip(temporal, tmp_path)
+    out = json.loads(kit.ok(trip.worker("cancel", kit.child_env(services, tmp_path))))
+    assert "CancelledError" in out["error"], out
+    assert services.seen() == {"bookings": 1, "charges": 1, "refunds": 1, "cancellations": 1}
+    found = kit.snapshot(tmp_path, trip.run_id)
+    assert found.saga.state is SagaState.COMPENSATED
+    assert "cancelled" in (found.saga.error or "")
