@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar, overload
 
 from dbos import DBOS
@@ -70,6 +71,14 @@ def dbos_run_id() -> str:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def _cancelled(workflow_id: str) -> bool:
+    """Whether DBOS records the workflow as cancelled (read outside the workflow's context, which
+    would record the read as a step of a workflow this execution no longer owns)."""
+    with ThreadPoolExecutor(1) as reader:  # a fresh thread has no DBOS context
+        status = reader.submit(DBOS.get_workflow_status, workflow_id).result()
+    return status is not None and status.status == "CANCELLED"
 
 
 class DbosSagaTools:
@@ -162,10 +171,13 @@ class DbosSagaTools:
             run_id = dbos_run_id()
             try:
                 value = fn(*args, **kwargs)
-            except dbos_errors.DBOSWorkflowCancelledError:
-                # A cancelled workflow runs no more steps: undo it here. Killed in the middle, the
-                # run is left compensating, and the sagaguard worker finishes it.
-                self.engine.end(run_id, Ending.CANCEL, "the DBOS workflow was cancelled")
+            except (dbos_errors.DBOSWorkflowCancelledError, dbos_errors.DBOSWorkflowConflictIDError):
+                # Cancelled (DBOS hands a cancelled workflow off: this execution lost it, or its
+                # next step is refused), the workflow runs no more steps: undo its run here.
+                # Killed in the middle, the run is left compensating; the sagaguard worker
+                # finishes it. Lost to another execution (resumed, recovered), leave it to that one.
+                if _cancelled(run_id):
+                    self.engine.end(run_id, Ending.CANCEL, "the DBOS workflow was cancelled")
                 raise
             except Exception as exc:
                 self._end_step(run_id, Ending.FAIL.value, _describe(exc))

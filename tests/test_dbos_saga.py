@@ -96,3 +96,11 @@ def test_dbos_run_killed_then_cancelled_by_the_cli_is_undone_by_the_worker(
     out = json.loads(kit.ok(child("recover", env)))
     assert "AgentRunStopped" in out["error"] or "cancelled" in out["error"]
     assert services.seen() == UNDONE
+
+
+def test_dbos_cancelling_the_workflow_undoes_its_run(services: Services, tmp_path: Path) -> None:
+    out = json.loads(kit.ok(child("cancel", kit.child_env(services, tmp_path))))
+    assert out == {"state": "compensated"}
+    assert services.seen() == UNDONE
+    found = kit.snapshot(tmp_path, RUN)
+    assert "cancelled" in (found.saga.error or "")
