@@ -10,6 +10,7 @@ injected), and the dead holder's late writes are fenced off.
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import pytest
@@ -73,8 +74,11 @@ def test_a_dead_holders_run_is_taken_over_after_its_lease_and_its_late_writes_ar
     dead, alive = _runner(journal, store), _runner(journal, store)
     try:
         zombie = dead.run(AGENT, "run-2", exclusive=True)
-        zombie.__enter__()  # the process dies inside: it never leaves the block
-        zombie.call("charge", lambda: {"id": "ch-1"}, {"amount": 1}, undo="refund", call_id="a")
+        elsewhere = contextvars.copy_context()  # the dead process's context, not this test's
+        elsewhere.run(zombie.__enter__)  # the process dies inside: it never leaves the block
+        elsewhere.run(
+            zombie.call, "charge", lambda: {"id": "ch-1"}, {"amount": 1}, undo="refund", call_id="a"
+        )
         dead.close()  # and stops renewing
         with pytest.raises(SagaInProgress), alive.run(AGENT, "run-2", exclusive=True):
             pass
@@ -83,7 +87,7 @@ def test_a_dead_holders_run_is_taken_over_after_its_lease_and_its_late_writes_ar
             value = run.call("charge", lambda: {"id": "ch-x"}, {"amount": 1}, undo="refund", call_id="a")
             assert value == {"id": "ch-1"}  # the dead holder's call, replayed, not made again
             with pytest.raises(LostSagaLease):
-                zombie.call("charge", lambda: {"id": "ch-3"}, {"amount": 3}, undo="refund", call_id="c")
+                elsewhere.run(zombie.call, "charge", lambda: 3, {"amount": 3}, undo="refund", call_id="c")
         snapshot = journal.load("run-2")
         assert snapshot is not None and snapshot.saga.state is SagaState.COMPLETED
         assert [row.name for row in snapshot.steps] == ["tool.charge.0"]
