@@ -123,10 +123,17 @@ class EngineSaga:
         self._sleep = sleep
 
     def _retrying(self) -> tenacity.Retrying:
+        journal = self.runner.journal
+        start = journal.now()
+
+        def waited_enough(_state: tenacity.RetryCallState) -> bool:
+            # On the journal's clock, as the leases it waits out (and as tests inject it).
+            return journal.now() - start >= self.hold_wait
+
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(SagaInProgress),
             wait=tenacity.wait_exponential(multiplier=0.02, max=0.5),
-            stop=tenacity.stop_after_delay(self.hold_wait),
+            stop=waited_enough,
             sleep=self._sleep,
             reraise=True,
         )
@@ -160,28 +167,29 @@ class EngineSaga:
         its row and the guard replays its result), and the run parked again, whatever the call did.
 
         Raises:
-            AgentRunStopped: the run was cancelled or has ended; the tool did not run.
+            AgentRunStopped: the run was cancelled (it is undone here, before this raises) or has
+                ended; the tool did not run.
             SagaInProgress: the run stayed held elsewhere for ``hold_wait`` (retry the step).
             and whatever the call raised (the run stays open for the engine's retry).
         """
         if declaration.undo is None and not declaration.pivot:
             return fn()
         failure: Exception | None = None
-        cancelled = False
-        with contextlib.ExitStack() as stack:
-            run = self._hold(run_id, stack)
-            try:
-                value = run.call(
-                    tool, fn, arguments, undo=declaration.undo, pivot=declaration.pivot,
-                    call_id=call_id, result_type=result_type, options=tool_options(declaration),
-                )  # fmt: skip
-            except AgentRunCancelled:
-                cancelled = True  # parked below: the cancellation makes it due for whoever undoes it
-            except Exception as exc:
-                failure = exc
-            run.pause()  # no process holds the run between two steps: the workflow does
-        if cancelled:
-            raise AgentRunStopped(run_id, "cancelled")
+        try:
+            with contextlib.ExitStack() as stack:
+                run = self._hold(run_id, stack)
+                try:
+                    value = run.call(
+                        tool, fn, arguments, undo=declaration.undo, pivot=declaration.pivot,
+                        call_id=call_id, result_type=result_type, options=tool_options(declaration),
+                    )  # fmt: skip
+                except AgentRunCancelled:
+                    raise  # cancelled from outside: leaving the block undoes the run now
+                except Exception as exc:
+                    failure = exc  # the engine retries the step: the run stays open for it
+                run.pause()  # no process holds the run between two steps: the workflow does
+        except AgentRunCancelled:
+            raise AgentRunStopped(run_id, "cancelled") from None
         if failure is not None:
             raise failure
         return value

@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
 
 tools = TemporalSagaTools(runner(), trip_agent)
 # A killed worker's activity is retried after this (tools do not heartbeat; the end activity does).
-TOOL_TIMEOUT = timedelta(seconds=8)
+TOOL_TIMEOUT = timedelta(seconds=4)
 RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=1))
 
 
@@ -108,7 +108,12 @@ async def main(address: str, queue: str, workflow_id: str, mode: str) -> int:
     ]
     with ThreadPoolExecutor(4) as pool:
         async with Worker(
-            client, task_queue=queue, workflows=[TripWorkflow], activities=activities, activity_executor=pool
+            client,
+            task_queue=queue,
+            workflows=[TripWorkflow],
+            activities=activities,
+            activity_executor=pool,
+            max_cached_workflows=0,  # no sticky queue: a killed worker's workflow tasks go on at once
         ):
             if mode in ("start", "cancel"):
                 handle = await client.start_workflow(

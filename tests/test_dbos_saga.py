@@ -83,6 +83,8 @@ def test_dbos_a_completed_run_keeps_its_effects(services: Services, tmp_path: Pa
     assert kit.snapshot(tmp_path, RUN).saga.state is SagaState.COMPLETED
 
 
+@pytest.mark.slow
+@pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow (suite budget)")
 def test_dbos_run_killed_then_cancelled_by_the_cli_is_undone_by_the_worker(
     services: Services, tmp_path: Path
 ) -> None:

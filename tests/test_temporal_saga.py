@@ -146,6 +146,8 @@ def test_temporal_a_completed_run_keeps_its_effects(
     assert trip.state() is SagaState.COMPLETED
 
 
+@pytest.mark.slow
+@pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow (suite budget)")
 def test_temporal_run_killed_then_cancelled_by_the_cli_is_undone_and_its_workflow_fails(
     temporal: str, services: Services, tmp_path: Path
 ) -> None:
