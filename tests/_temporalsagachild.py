@@ -23,7 +23,7 @@ from temporalio.common import RetryPolicy
 from temporalio.worker import Worker
 
 with workflow.unsafe.imports_passed_through():
-    from _enginesagaworld import DB, book_flight, book_hotel, charge, die_once, runner, trip_agent
+    from _enginesagaworld import DB, MODE, book_flight, book_hotel, charge, die_once, runner, trip_agent
 
     from connectors.declare import changes_world
     from connectors.temporal_saga import TemporalSagaTools, run_agent
@@ -65,17 +65,21 @@ def book_flight_activity(run: str) -> str:  # read-only: nothing to undo
 @workflow.defn
 class TripWorkflow:
     @workflow.run
-    async def run(self, hotel: str, amount: int, wait: bool = False) -> str:
+    async def run(self, hotel: str, amount: int, wait: bool = False, parallel: bool = False) -> str:
         return await run_agent(
-            trip_agent.name, lambda: self.trip(hotel, amount, wait), retry_policy=RETRY,
+            trip_agent.name, lambda: self.trip(hotel, amount, wait, parallel), retry_policy=RETRY,
             heartbeat_timeout=timedelta(seconds=3),
         )  # fmt: skip
 
-    async def trip(self, hotel: str, amount: int, wait: bool) -> str:
+    async def trip(self, hotel: str, amount: int, wait: bool, parallel: bool) -> str:
         run = workflow.info().workflow_id
         options: Any = {"start_to_close_timeout": TOOL_TIMEOUT, "retry_policy": RETRY}
-        await workflow.execute_activity(book_hotel_activity, args=[run, hotel], **options)
-        await workflow.execute_activity(charge_activity, amount, **options)
+        book = workflow.execute_activity(book_hotel_activity, args=[run, hotel], **options)
+        if parallel:  # two tool activities of one run at once, on the worker's thread pool
+            await asyncio.gather(book, workflow.execute_activity(charge_activity, amount, **options))
+        else:
+            await book
+            await workflow.execute_activity(charge_activity, amount, **options)
         if wait:  # an approval that never comes: the test cancels the workflow here
             await workflow.wait_condition(lambda: False)
         once = RetryPolicy(maximum_attempts=1)
@@ -117,7 +121,10 @@ async def main(address: str, queue: str, workflow_id: str, mode: str) -> int:
         ):
             if mode in ("start", "cancel"):
                 handle = await client.start_workflow(
-                    TripWorkflow.run, args=["ritz", 420, mode == "cancel"], id=workflow_id, task_queue=queue
+                    TripWorkflow.run,
+                    args=["ritz", 420, mode == "cancel", MODE == "complete"],
+                    id=workflow_id,
+                    task_queue=queue,
                 )
                 if mode == "cancel":
                     await charged(workflow_id)

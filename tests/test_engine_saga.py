@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import threading
 from typing import Any
 
 import pytest
@@ -216,3 +217,46 @@ def test_a_temporal_tool_outside_an_activity_is_refused_and_an_async_one_registe
     row = found.steps[0]
     assert row.name == "tool.charge.0" and row.state is StepState.SUCCEEDED
     assert f"{RUN}/{temporal_call_id(env.info)}" in (row.result or "")
+
+
+def test_two_steps_of_one_run_at_once_never_overlap_nor_share_a_row() -> None:
+    # Two workers' tool steps of one run at the same time (parallel activities), real clock: the
+    # second waits for the first's hold instead of attaching to it and writing its rows over.
+    undos = UndoRegistry()
+    undos.add("undo", lambda arguments, result: None)
+    agent = AgentSaga("engine_parallel", undos)
+    journal = MemoryJournal()
+    runner = AgentRunner(journal, Guard(MemoryStore()), lease=LEASE)
+    engine = EngineSaga(runner, agent)
+    log: list[str] = []
+    a_started, b_started = threading.Event(), threading.Event()
+
+    def a_body() -> str:
+        log.append("a starts")
+        a_started.set()
+        b_started.wait(timeout=1.0)  # with the hold, b cannot start while a calls
+        log.append("a ends")
+        return "a"
+
+    def b_body() -> str:
+        b_started.set()
+        log.append("b starts")
+        return "b"
+
+    declared = changes_world(undo="undo")
+    first = threading.Thread(
+        target=lambda: engine.call(RUN, "a", a_body, {}, call_id="1", declaration=declared)
+    )
+    try:
+        first.start()
+        assert a_started.wait(timeout=30)
+        assert engine.call(RUN, "b", b_body, {}, call_id="2", declaration=declared) == "b"
+        first.join(timeout=30)
+        assert log == ["a starts", "a ends", "b starts"]
+        found = journal.load(RUN)
+        assert found is not None
+        tools = [row for row in found.steps if row.name.startswith("tool.")]
+        assert [row.name for row in tools] == ["tool.a.0", "tool.b.2"]
+        assert {row.state for row in tools} == {StepState.SUCCEEDED}
+    finally:
+        runner.close()

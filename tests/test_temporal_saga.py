@@ -136,14 +136,19 @@ def test_temporal_worker_killed_in_the_compensation_is_finished_by_a_fresh_worke
     assert trip.state() is SagaState.COMPENSATED
 
 
-def test_temporal_a_completed_run_keeps_its_effects(
+def test_temporal_a_completed_run_of_parallel_activities_keeps_its_effects(
     temporal: str, services: Services, tmp_path: Path
 ) -> None:
-    trip = Trip(temporal, tmp_path)
+    trip = Trip(temporal, tmp_path)  # books and charges in two activities at once
     out = json.loads(kit.ok(trip.worker("start", kit.child_env(services, tmp_path, mode="complete"))))
     assert out == {"result": "flight-1"}
     assert services.seen() == {"bookings": 1, "charges": 1}
-    assert trip.state() is SagaState.COMPLETED
+    found = kit.snapshot(tmp_path, trip.run_id)
+    assert found.saga.state is SagaState.COMPLETED
+    tools = sorted(row.name.split(".")[1] for row in found.steps if row.name.startswith("tool."))
+    assert tools == ["book_hotel_activity", "charge"]  # each registered once, neither overwritten
+    assert [row.index for row in found.steps] == list(range(len(found.steps)))
+    assert all(row.state is StepState.SUCCEEDED for row in found.steps if row.name.startswith("tool."))
 
 
 @pytest.mark.slow
