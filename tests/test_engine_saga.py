@@ -260,3 +260,14 @@ def test_two_steps_of_one_run_at_once_never_overlap_nor_share_a_row() -> None:
         assert {row.state for row in tools} == {StepState.SUCCEEDED}
     finally:
         runner.close()
+
+
+def test_a_workflow_cancelled_after_its_pivot_undoes_only_what_came_after_it(world: World) -> None:
+    world.book(call_id="1")
+    world.engine.call(RUN, "sign", lambda: "contract", {}, call_id="2", declaration=changes_world(pivot=True))
+    world.charge(call_id="3")
+    outcome = world.engine.end(RUN, Ending.CANCEL, "the workflow was cancelled")
+    assert world.log == ["book", "charge 420", "refund 420"]  # the booking before the pivot is kept
+    found = world.journal.load(RUN)
+    assert found is not None and not found.saga.cancel_requested  # refused past the pivot
+    assert outcome.state is found.saga.state is SagaState.COMPENSATED
