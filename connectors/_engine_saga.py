@@ -25,14 +25,14 @@ from typing import Any, TypeVar
 
 import tenacity
 
-from connectors.declare import ToolDeclaration, tool_options
+from connectors.declare import ToolDeclaration, declaration_of, tool_options
 from idempotency.errors import ConfigurationError
 from saga import cancel
 from saga.agent import AgentRun, AgentRunCancelled, AgentRunEnded, AgentRunner, AgentSaga, AgentSagaError
 from saga.errors import SagaInProgress
 from saga.records import FINAL_STATES, SagaOutcome, SagaState
 
-__all__ = ["AgentRunStopped", "EngineSaga", "Ending", "call_arguments", "return_type"]
+__all__ = ["AgentRunStopped", "EngineSaga", "EngineTools", "Ending", "call_arguments", "return_type"]
 
 T = TypeVar("T")
 
@@ -260,3 +260,35 @@ class EngineSaga:
         if outcome.state in FINAL_STATES or outcome.state is SagaState.NEEDS_ATTENTION:
             return outcome
         raise SagaInProgress(run_id)  # parked again (it was not compensating after all): look again
+
+
+class EngineTools:
+    """What the DBOS and Temporal adapters share: the engine's run, the tools' declarations.
+
+    Args:
+        runner: opens the runs (use a short ``lease``, e.g. 5 s: a step re-run after a crash waits
+            out the dead holder's lease).
+        agent: the runs' saga type; register it with the ``sagaguard sagas worker`` too.
+        declare: tool name to declaration, for tools not declared where they are defined.
+        hold_wait: as for :class:`EngineSaga`.
+    """
+
+    def __init__(
+        self,
+        runner: AgentRunner,
+        agent: AgentSaga,
+        *,
+        declare: Mapping[str, ToolDeclaration] | None = None,
+        hold_wait: float | None = None,
+    ) -> None:
+        self.engine = EngineSaga(runner, agent, hold_wait=hold_wait)
+        self.declare = dict(declare or {})
+        self._register_end()
+
+    def _register_end(self) -> None:
+        """Register the engine's step (activity) that ends a run; the adapter's own."""
+
+    def declared(self, fn: Callable[..., Any], name: str | None) -> tuple[str, ToolDeclaration, Any]:
+        """A tool function's name (``name`` or its own), declaration and stored result type."""
+        tool = name or fn.__name__
+        return tool, declaration_of(fn, tool, self.declare), return_type(fn)

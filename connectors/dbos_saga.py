@@ -37,18 +37,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar, overload
 
 from dbos import DBOS
 from dbos import error as dbos_errors
 
-from connectors._engine_saga import AgentRunStopped, Ending, EngineSaga, call_arguments, return_type
+from connectors._engine_saga import AgentRunStopped, Ending, EngineTools, call_arguments
 from connectors.dbos import dbos_scope
-from connectors.declare import ToolDeclaration, declaration_of
 from idempotency.errors import ConfigurationError
-from saga.agent import AgentRunner, AgentSaga
 from saga.records import SagaState
 
 __all__ = ["AgentRunStopped", "DbosSagaTools", "dbos_run_id"]
@@ -81,29 +79,16 @@ def _cancelled(workflow_id: str) -> bool:
     return status is not None and status.status == "CANCELLED"
 
 
-class DbosSagaTools:
+class DbosSagaTools(EngineTools):
     """Tool steps and the workflow wrapper of one agent saga type's DBOS runs.
 
     Create it at import, before ``DBOS.launch()``: it registers the run's end step with DBOS.
-
-    Args:
-        runner: opens the runs (use a short ``lease``, e.g. 5 s: a step re-run after a crash waits
-            out the dead holder's lease).
-        agent: the runs' saga type; register it with the worker too.
-        declare: tool name to declaration, for tools not declared where they are defined.
-        hold_wait: as for :class:`~connectors._engine_saga.EngineSaga`.
+    Arguments as for :class:`~connectors._engine_saga.EngineTools` (``runner``, ``agent``,
+    ``declare=``, ``hold_wait=``).
     """
 
-    def __init__(
-        self,
-        runner: AgentRunner,
-        agent: AgentSaga,
-        *,
-        declare: Mapping[str, ToolDeclaration] | None = None,
-        hold_wait: float | None = None,
-    ) -> None:
-        self.engine = EngineSaga(runner, agent, hold_wait=hold_wait)
-        self.declare = dict(declare or {})
+    def _register_end(self) -> None:
+        agent = self.engine.agent
 
         def end_run(run_id: str, how: str, cause: str | None) -> str:
             return self.engine.end(run_id, how, cause).state.value
@@ -136,9 +121,7 @@ class DbosSagaTools:
             return lambda f: self.tool(f, name=name)
         if inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"{fn.__name__}: an async DBOS step cannot be an agent saga tool yet")
-        tool_name = name or fn.__name__
-        declaration = declaration_of(fn, tool_name, self.declare)
-        result_type = return_type(fn)
+        tool_name, declaration, result_type = self.declared(fn, name)
 
         @functools.wraps(fn)
         def step(*args: Any, **kwargs: Any) -> Any:

@@ -54,7 +54,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
@@ -62,11 +62,9 @@ from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, FailureError, is_cancelled_exception
 
-from connectors._engine_saga import AgentRunStopped, Ending, EngineSaga, call_arguments, return_type
-from connectors.declare import ToolDeclaration, declaration_of
+from connectors._engine_saga import AgentRunStopped, Ending, EngineTools, call_arguments
 from connectors.temporal import activity_scope
 from idempotency.errors import ConfigurationError
-from saga.agent import AgentRunner, AgentSaga
 
 __all__ = [
     "AgentRunStopped",
@@ -115,28 +113,16 @@ def _stopped(exc: AgentRunStopped) -> ApplicationError:
     return ApplicationError(str(exc), exc.reason, type="AgentRunStopped", non_retryable=True)
 
 
-class TemporalSagaTools:
+class TemporalSagaTools(EngineTools):
     """Tool activities and the end activity of one agent saga type's Temporal runs.
 
-    Args:
-        runner: opens the runs (use a short ``lease``, e.g. 5 s: an activity retried after a
-            worker died waits out the dead holder's lease).
-        agent: the runs' saga type; register it with the ``sagaguard sagas worker`` too.
-        declare: tool name to declaration, for tools not declared where they are defined.
-        hold_wait: as for :class:`~connectors._engine_saga.EngineSaga`.
+    Arguments as for :class:`~connectors._engine_saga.EngineTools` (``runner``: use a short
+    ``lease``, e.g. 5 s, as an activity retried after a worker died waits out the dead holder's
+    lease; ``agent``, ``declare=``, ``hold_wait=``).
     """
 
-    def __init__(
-        self,
-        runner: AgentRunner,
-        agent: AgentSaga,
-        *,
-        declare: Mapping[str, ToolDeclaration] | None = None,
-        hold_wait: float | None = None,
-    ) -> None:
-        self.engine = EngineSaga(runner, agent, hold_wait=hold_wait)
-        self.declare = dict(declare or {})
-        engine = self.engine
+    def _register_end(self) -> None:
+        engine, agent = self.engine, self.engine.agent
 
         async def end(how: str, cause: str | None) -> str:
             info = _info()
@@ -176,9 +162,7 @@ class TemporalSagaTools:
         """
         if fn is None:
             return lambda f: self.tool(f, name=name)
-        tool_name = name or fn.__name__
-        declaration = declaration_of(fn, tool_name, self.declare)
-        result_type = return_type(fn)
+        tool_name, declaration, result_type = self.declared(fn, name)
 
         def call(info: activity.Info, body: Callable[[], Any], arguments: dict[str, Any]) -> Any:
             with activity_scope(info):
