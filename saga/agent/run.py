@@ -17,6 +17,9 @@ While the run is open its lease is renewed (a :class:`~saga.renewer.LeaseRenewer
 dies stops renewing, and once the lease runs out the worker parks the run WAITING for the agent.
 Opening the same run id again (a resumed process) attaches to it, taking it back from the worker if
 it was parked; the framework runs one process per run id at a time, as its checkpointer assumes.
+Where two processes may hold one run at once (durable-execution engines), each opens it with
+``exclusive=True``: opening a run whose lease another open run holds is then refused
+(:class:`~saga.errors.SagaInProgress`), so one place at a time appends the run's rows.
 """
 
 from __future__ import annotations
@@ -120,10 +123,14 @@ class AgentRun:
       ``TimeoutError``, an exception, at the block's end).
     """
 
-    def __init__(self, runner: AgentRunner, agent: AgentSaga, run_id: str) -> None:
+    def __init__(
+        self, runner: AgentRunner, agent: AgentSaga, run_id: str, *, exclusive: bool = False
+    ) -> None:
         self.runner = runner
         self.agent = agent
         self.run_id = run_id
+        self.exclusive = exclusive
+        """Opening refuses a run another open run holds (see ``AgentRunner.run(exclusive=True)``)."""
         self._input: RunInput = {"run": run_id}
         self._fingerprint = fingerprint({"input": self._input})
         self._lock = threading.RLock()
@@ -227,6 +234,10 @@ class AgentRun:
             if record.fingerprint != self._fingerprint:
                 raise SagaConflict(self.run_id, record.fingerprint, self._fingerprint)
             if record.state is SagaState.RUNNING:
+                if self.exclusive:
+                    # Its lease is live (else the start took it over): another open run holds it,
+                    # and sharing its token would let both write rows at the same indexes.
+                    raise SagaInProgress(self.run_id)
                 self._own(snapshot)  # our own run, resumed before its lease ran out
                 return
             if record.state is not SagaState.WAITING or record.waiting_for is None:
