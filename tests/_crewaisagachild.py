@@ -18,6 +18,7 @@ checkpoint), ``flight`` (``ok``, ``fail``, or ``vanish``: a BaseException, as a 
 booking tool cancels the run once it booked, as an operator would from another terminal),
 ``leave`` (``on_failure="leave"``), ``async`` (``akickoff``) and ``crash`` (the kill point:
 ``before_flight``, after the charge, in the next tool; ``in_refund``, in the compensation).
+``action: example`` runs the docs example ``example`` in the fork instead.
 
 Prints one JSON line per kickoff that returned or raised: what it raised, the run's id, its saga's
 state and its rows.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import runpy
 import sys
 from pathlib import Path
 from typing import Any
@@ -145,6 +147,11 @@ def rows(journal: Any, run_id: str | None) -> tuple[str | None, list[dict[str, A
 def play(config: dict[str, Any]) -> None:
     folder = Path(config["dir"])
     folder.mkdir(parents=True, exist_ok=True)
+    if config["action"] == "example":  # a docs example, in this fork: CrewAI is imported already
+        os.chdir(folder)
+        runpy.run_path(config["example"], run_name="__main__")
+        print(json.dumps({"step": config["step"], "run": config["run"], "example": "ran"}), flush=True)
+        return
     os.environ["CREW_API"], os.environ["CREW_STRIPE"] = config["api"], config["stripe"]
     os.environ["CREW_MARKS"] = str(folder)
     db = config["db"] = f"sqlite:///{folder / 'agent.db'}"

@@ -36,7 +36,8 @@ CHILD = ROOT / "tests" / "_crewaisagachild.py"
 
 pytestmark = pytest.mark.timeout(300)
 
-FAIL, LEAVE, COMPLETE, REJECT, CANCEL, ASYNC, VANISH, KILLED, RESUMED, KILLED_THEN_CANCELLED = range(10)
+FAIL, LEAVE, COMPLETE, REJECT, CANCEL, ASYNC, VANISH, KILLED, RESUMED, ORPHANED, EXAMPLE = range(11)
+EXAMPLE_FILE = ROOT / "docs" / "examples" / "crewai_saga.py"
 
 
 @dataclass
@@ -123,7 +124,8 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
         spec(VANISH, flight="vanish"),
         spec(KILLED, flight="fail", crash="before_flight"),
         spec(RESUMED, action="resume", crash="in_refund"),
-        spec(KILLED_THEN_CANCELLED, flight="fail", crash="before_flight"),
+        spec(ORPHANED, flight="fail", crash="before_flight"),
+        spec(EXAMPLE, action="example", example=str(EXAMPLE_FILE)),
     ]
     with LocalChatModel() as model:
         config = {"model": model.base_url, "api": servers.api.url, "stripe": servers.stripe.api_base,
@@ -248,15 +250,22 @@ def test_killed_after_the_charge_restored_from_its_checkpoint_killed_mid_undo_th
 def test_killed_after_the_charge_then_cancelled_by_the_cli_is_undone_once_by_a_worker_killed_mid_undo(
     played: Played, servers: Servers
 ) -> None:
-    trip = played.trip(KILLED_THEN_CANCELLED)
-    assert played.ended(KILLED_THEN_CANCELLED)["signal"] == signal.SIGKILL
+    trip = played.trip(ORPHANED)
+    assert played.ended(ORPHANED)["signal"] == signal.SIGKILL
     assert servers.trip(trip) == {"bookings": 1, "cancellations": 0, "charges": 1, "refunds": 0}
-    db = played.db(KILLED_THEN_CANCELLED)
+    db = played.db(ORPHANED)
     run_id = _run_id(db)
     cancelled = _run(_cli("sagas", "cancel", run_id, "--journal", db), _worker_env(servers, played, 0))
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    env = _worker_env(servers, played, KILLED_THEN_CANCELLED, crash="in_refund")
+    env = _worker_env(servers, played, ORPHANED, crash="in_refund")
     worker_until_done(env, db, kill_expected=True, app="_crewaisaga:registry", run_id=run_id)
-    assert (played.folder / str(KILLED_THEN_CANCELLED) / "killed-in_refund").exists()
+    assert (played.folder / str(ORPHANED) / "killed-in_refund").exists()
     assert _state(db, run_id) is SagaState.COMPENSATED
     assert servers.trip(trip) == ONE_EACH
+
+
+def test_the_docs_example_runs_in_the_crewai_environment(played: Played) -> None:
+    """docs/examples/crewai_saga.py needs crewai: test_docs_examples (main environment) only sees it
+    skip itself; here it runs for real (its own asserts check the undos and the saga's state)."""
+    assert played.report(EXAMPLE)["example"] == "ran"
+    assert "['book Ritz', 'charge 420', 'refund 420', 'cancel bk-Ritz']" in played.done.stdout
