@@ -103,8 +103,10 @@ def _named(run: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, 
         kind = bound.signature.parameters[name].kind
         if kind is inspect.Parameter.VAR_KEYWORD:
             named.update(value)
-        else:
-            named[name] = list(value) if kind is inspect.Parameter.VAR_POSITIONAL else value
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            named[name] = value
+        elif value:
+            named[name] = list(value)
     return named
 
 
@@ -224,6 +226,10 @@ class CrewSaga:
                   options: Mapping[str, Any]) -> BaseTool:  # fmt: skip
         """Make ``tool``'s runs steps of the current kickoff's run, in place; returns it."""
         run_fn = tool._run
+        # A tool made with @tool runs its function through _run(*args, **kwargs): name the
+        # arguments after the function's own parameters.
+        func = getattr(tool, "func", None)
+        signature_of = func if callable(func) else run_fn
         name = str(tool.name)
         effect = crew_guard.tool_prefix + name
         store, on_doubt = crew_guard.guard.store, crew_guard.on_doubt
@@ -239,7 +245,7 @@ class CrewSaga:
             def call() -> Any:
                 with scope(unit):  # effects inside the tool are keyed on the call, as elsewhere
                     return run.call(
-                        name, body, _named(run_fn, args, kwargs), undo=declaration.undo,
+                        name, body, _named(signature_of, args, kwargs), undo=declaration.undo,
                         pivot=declaration.pivot, call_id=key, record=tool_output, options=options,
                     )  # fmt: skip
 

@@ -150,13 +150,17 @@ def play(config: dict[str, Any]) -> None:
     if config["action"] == "example":  # a docs example, in this fork: CrewAI is imported already
         os.chdir(folder)
         runpy.run_path(config["example"], run_name="__main__")
-        print(json.dumps({"step": config["step"], "run": config["run"], "example": "ran"}), flush=True)
+        import connectors.crewai_saga
+
+        exports = sorted(connectors.crewai_saga.__all__)
+        report = {"step": config["step"], "run": config["run"], "example": "ran", "exports": exports}
+        print(json.dumps(report), flush=True)
         return
     os.environ["CREW_API"], os.environ["CREW_STRIPE"] = config["api"], config["stripe"]
     os.environ["CREW_MARKS"] = str(folder)
     db = config["db"] = f"sqlite:///{folder / 'agent.db'}"
     journal, store = open_journal(db), open_store(db)
-    guard = Guard(store, lease=1.0)
+    guard = Guard(store)  # the defaults: a process restarted at once takes a dead one's claims over
     agent = AgentSaga("trip_crew", undos, on_failure="leave") if config.get("leave") else trip_crew
     runner = AgentRunner(journal, guard, lease=1.0, sleep=lambda _s: None)
     crew_saga = CrewSaga(runner, agent)

@@ -269,3 +269,8 @@ def test_the_docs_example_runs_in_the_crewai_environment(played: Played) -> None
     skip itself; here it runs for real (its own asserts check the undos and the saga's state)."""
     assert played.report(EXAMPLE)["example"] == "ran"
     assert "['book Ritz', 'charge 420', 'refund 420', 'cancel bk-Ritz']" in played.done.stdout
+
+
+def test_public_api_is_locked(played: Played) -> None:
+    """connectors.crewai_saga's public names (read in the CrewAI environment)."""
+    assert played.report(EXAMPLE)["exports"] == ["CrewSaga", "KickoffRejected", "tool_output"]
