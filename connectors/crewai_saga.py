@@ -32,9 +32,9 @@ declared tool call (:class:`~saga.agent.errors.AgentRunCancelled`) and undoes it
 a run whose process is gone. A human who says no at an approval (:meth:`CrewSaga.approval`, a task
 guardrail) undoes the run at once, and :meth:`CrewSaga.reject` undoes it from any process.
 
-Sync tool runs (``_run``, which CrewAI's agents call in ``kickoff`` and in ``akickoff`` alike) are
-steps. A declared tool's own ``_arun`` (only a direct ``await tool.arun(...)`` reaches it) is
-refused with :class:`~idempotency.errors.ConfigurationError` until agent runs have an async path.
+A declared tool's runs are steps through ``_run`` (which CrewAI's agents call, in ``kickoff`` and
+``akickoff`` alike) and through its own ``_arun`` where it has one (a direct ``await
+tool.arun(...)``: :meth:`AgentRun.acall <saga.agent.AgentRun.acall>`, journal writes off the loop).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from crewai.tools import BaseTool
 
 from connectors.crewai import _MARK, _mark, _set, kickoff_id
 from connectors.declare import ToolDeclaration
-from connectors.in_doubt import Pending, settle
+from connectors.in_doubt import Pending, asettle, settle
 from idempotency.errors import ConfigurationError
 from idempotency.keys import scope
 from saga.agent import AgentRun, AgentRunner, AgentRunRejected, AgentSaga, current_run
@@ -253,14 +253,26 @@ class CrewSaga:
 
         _mark(step_run)
         _set(tool, "_run", step_run)
+        # _arun only where the tool has one: BaseTool's raises NotImplementedError.
         if type(tool)._arun is not BaseTool._arun:
+            arun_fn = tool._arun
 
-            @functools.wraps(tool._arun)
+            @functools.wraps(arun_fn)
             async def step_arun(*args: Any, **kwargs: Any) -> Any:
-                raise ConfigurationError(
-                    f"tool {name!r} is a step of an agent saga: its async body is not yet supported "
-                    "(CrewAI's agents call its sync _run, in kickoff and akickoff alike)"
-                )
+                _arguments, key, unit = crew_guard._tool_identity(effect, args, kwargs)
+                run = await asyncio.to_thread(self.current)  # opening the run writes the journal
+
+                async def body() -> Any:
+                    return await arun_fn(*args, **kwargs)
+
+                async def call() -> Any:
+                    with scope(unit):
+                        return await run.acall(
+                            name, body, _named(arun_fn, args, kwargs), undo=declaration.undo,
+                            pivot=declaration.pivot, call_id=key, record=tool_output, options=options,
+                        )  # fmt: skip
+
+                return await asettle(call, on_doubt, store, Pending.as_json)
 
             _mark(step_arun)
             _set(tool, "_arun", step_arun)

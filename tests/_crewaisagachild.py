@@ -18,7 +18,8 @@ checkpoint), ``flight`` (``ok``, ``fail``, or ``vanish``: a BaseException, as a 
 booking tool cancels the run once it booked, as an operator would from another terminal),
 ``leave`` (``on_failure="leave"``), ``async`` (``akickoff``) and ``crash`` (the kill point:
 ``before_flight``, after the charge, in the next tool; ``in_refund``, in the compensation).
-``action: example`` runs the docs example ``example`` in the fork instead.
+``action: example`` runs the docs example ``example`` in the fork instead; ``action: arun`` awaits a
+declared tool's async body in an open run (``async with``), which then fails.
 
 Prints one JSON line per kickoff that returned or raised: what it raised, the run's id, its saga's
 state and its rows.
@@ -89,6 +90,36 @@ class Charge(BaseTool):
             {"idempotency_key": current_effect().provider_key},
         )  # fmt: skip
         return json.dumps({"id": intent.id, "amount": intent.amount, "run": self.trip})
+
+
+class BookHotelAsync(BaseTool):
+    """Books the hotel with an async body (reached by ``await tool.arun()``)."""
+
+    name: str = "book_hotel_async"
+    description: str = "Book the hotel for the trip, asynchronously."
+    hotel: str
+
+    async def _arun(self, nights: int = 3) -> str:
+        body = {"hotel": self.hotel, "nights": nights}
+        return json.dumps(await asyncio.to_thread(post, "/bookings", body, f"book-{self.hotel}"))
+
+    def _run(self, nights: int = 3) -> str:
+        raise NotImplementedError("async only")
+
+
+async def book_async(crew_guard: CrewGuard, runner: AgentRunner, run_id: str, hotel: str) -> str:
+    """A declared tool's async body as a step: ``await tool.arun()`` in an open run, then a failure."""
+    from idempotency.keys import scope
+
+    tool = crew_guard.guard_tool(changes_world(undo="cancel_booking")(BookHotelAsync(hotel=hotel)))
+    try:
+        with scope(run_id):  # outside a kickoff, a scope stands for it (connectors.crewai)
+            async with runner.run(trip_crew, run_id):
+                await tool.arun()
+                raise RuntimeError("the flight failed")
+    except RuntimeError as exc:
+        return type(exc).__name__
+    return "nothing raised"
 
 
 class Vanished(BaseException):
@@ -167,6 +198,11 @@ def play(config: dict[str, Any]) -> None:
     crew_guard = CrewGuard(guard, saga=crew_saga, declare={"charge": changes_world(undo="refund")})
     report: dict[str, Any] = {"step": config["step"], "run": config["run"], "raised": None}
     try:
+        if config["action"] == "arun":
+            report["raised"] = asyncio.run(book_async(crew_guard, runner, config["run"], config["run"]))
+            report["run_id"] = config["run"]
+            report["state"], report["rows"] = rows(journal, config["run"])
+            return
         if config["action"] == "resume":
             newest = checkpoints(folder)[-1]
             crew = crew_guard.protect(Crew.from_checkpoint(CheckpointConfig(restore_from=str(newest))))
@@ -193,7 +229,7 @@ def play(config: dict[str, Any]) -> None:
         guard.close()
         store.close()
         journal.close()
-    print(json.dumps(report), flush=True)
+        print(json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":

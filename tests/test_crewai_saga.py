@@ -36,7 +36,7 @@ CHILD = ROOT / "tests" / "_crewaisagachild.py"
 
 pytestmark = pytest.mark.timeout(300)
 
-FAIL, LEAVE, COMPLETE, REJECT, CANCEL, ASYNC, VANISH, KILLED, RESUMED, ORPHANED, EXAMPLE = range(11)
+FAIL, LEAVE, COMPLETE, REJECT, CANCEL, ASYNC, VANISH, KILLED, RESUMED, ORPHANED, EXAMPLE, ARUN = range(12)
 EXAMPLE_FILE = ROOT / "docs" / "examples" / "crewai_saga.py"
 
 
@@ -126,6 +126,7 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
         spec(RESUMED, action="resume", crash="in_refund"),
         spec(ORPHANED, flight="fail", crash="before_flight"),
         spec(EXAMPLE, action="example", example=str(EXAMPLE_FILE)),
+        spec(ARUN, action="arun"),
     ]
     with LocalChatModel() as model:
         config = {"model": model.base_url, "api": servers.api.url, "stripe": servers.stripe.api_base,
@@ -197,6 +198,16 @@ def test_the_adapters_reject_undoes_a_run_left_open(played: Played, servers: Ser
     assert (report["raised"], report["rejected"]) == ("Vanished", "compensated")
     assert report["state"] == "compensated"
     assert servers.trip(played.trip(VANISH)) == ONE_EACH
+
+
+def test_a_declared_tools_async_body_is_a_step_too(played: Played, servers: Servers) -> None:
+    """``await tool.arun()`` in ``async with runner.run(...)``: registered, run, then undone."""
+    report = played.report(ARUN)
+    assert (report["raised"], report["state"]) == ("RuntimeError", "compensated")
+    assert _tools(report) == [("tool.book_hotel_async.0", "compensated")]
+    assert report["rows"][0]["call"]["arguments"] == {"nights": 3}
+    trip = servers.trip(played.trip(ARUN))
+    assert (trip["bookings"], trip["cancellations"]) == (1, 1)
 
 
 def _worker_env(servers: Servers, played: Played, step: int, crash: str = "") -> dict[str, str]:
