@@ -33,6 +33,9 @@ differ) rather than replay the wrong answer. CrewAI writes checkpoints from its 
 so the last one before a crash may be missing: the restore then goes back one more checkpoint, and
 the keys, which do not depend on it, still match.
 
+With ``CrewGuard(guard, saga=CrewSaga(...))`` each kickoff is also an agent saga run, and the calls
+of tools declared with an undo or as the pivot are its steps (:mod:`connectors.crewai_saga`).
+
 Objects are guarded in place (their ``_run`` / ``call`` are replaced on the instance), so a crew's
 checkpoint is the same with sagaguard or without; a restored crew holds fresh objects, hence
 ``protect`` again after ``from_checkpoint``.

@@ -3,8 +3,8 @@ step of the kickoff's run, registered before the tool runs.
 
 ::
 
-    class BookHotel(BaseTool): ...
-    book = changes_world(undo="cancel_booking")(BookHotel())     # a name in the saga's UndoRegistry
+    @changes_world(undo="cancel_booking")     # a name in the saga's UndoRegistry; on the class, it
+    class BookHotel(BaseTool): ...            # survives Crew.from_checkpoint (new tool objects)
 
     trip_crew = AgentSaga("trip_crew", undos)                     # register it with the worker too
     crew_saga = CrewSaga(AgentRunner(journal, guard), trip_crew)
