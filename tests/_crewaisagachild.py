@@ -3,7 +3,7 @@
 
 One agent (CrewAI's own OpenAI client pointed at ``connectors.testing.LocalChatModel``: it calls the
 task's tool, then answers) and three tasks, checkpointed on ``task_started`` and
-``task_completed``: ``book`` (``book_hotel`` at the local HTTP API, declared on its class with its
+``task_completed`` in the steps that are killed (CrewAI's checkpoints cost seconds): ``book`` (``book_hotel`` at the local HTTP API, declared on its class with its
 undo), ``pay`` (``charge`` through the real ``stripe`` SDK at the local Stripe, declared by name at
 the adapter) and ``fly`` (``book_flight``: a read, which fails or not as the step says). The crew
 says ``tool_failure_policy="raise"``, so a failing tool ends the kickoff. The undos are in
@@ -158,9 +158,10 @@ def build(folder: Path, config: dict[str, Any], crew_saga: CrewSaga) -> Crew:
     fly = Task(description="Book the flight.", expected_output="A ticket.", agent=agent,
                tools=[BookFlight(mode=config.get("flight", "ok"))])  # fmt: skip
     events: list[Any] = ["task_started", "task_completed"]
+    checkpoint = CheckpointConfig(location=str(folder / "checkpoints"), on_events=events)
     return Crew(
         agents=[agent], tasks=[book, pay, fly], tool_failure_policy="raise",
-        checkpoint=CheckpointConfig(location=str(folder / "checkpoints"), on_events=events),
+        checkpoint=checkpoint if config.get("crash") else None,  # only a killed crew is restored
     )  # fmt: skip
 
 
