@@ -2,22 +2,29 @@
 ``.venv-crewai/bin/python``.
 
 One agent (CrewAI's own OpenAI client pointed at ``connectors.testing.LocalChatModel``: it calls the
-task's tool, then answers) and three tasks, checkpointed on ``task_started`` and
-``task_completed`` in the steps that are killed (CrewAI's checkpoints cost seconds): ``book`` (``book_hotel`` at the local HTTP API, declared on its class with its
-undo), ``pay`` (``charge`` through the real ``stripe`` SDK at the local Stripe, declared by name at
-the adapter) and ``fly`` (``book_flight``: a read, which fails or not as the step says). The crew
-says ``tool_failure_policy="raise"``, so a failing tool ends the kickoff. The undos are in
-``tests/_crewaisaga.py``, where the worker finds them too.
+task's tool, then answers) and three tasks: ``book`` (``book_hotel`` at the local HTTP API, declared
+on its class with its undo), ``pay`` (``charge`` through the real ``stripe`` SDK at the local Stripe,
+declared by name at the adapter) and ``fly`` (``book_flight``: a read, which fails or not as the step
+says). The crew says ``tool_failure_policy="raise"``, so a failing tool ends the kickoff; the crews
+that are killed checkpoint on ``task_started`` and ``task_completed`` (CrewAI's checkpoints cost
+seconds). The undos are in ``tests/_crewaisaga.py``, where the worker finds them too.
 
 Run as ``python tests/_crewaisagachild.py '<json>'``: ``model``, ``api``, ``stripe`` (the servers)
 and ``steps``, each played in a fresh fork (``tests/_crewaichild.py``'s :func:`main`) with ``dir``
-(the journal, the effects and the checkpoints), ``run`` (names the trip at the servers),
-``action`` (``start``: a new crew; ``resume``: ``Crew.from_checkpoint`` from the newest
-checkpoint), ``flight`` (``ok``, ``fail``, or ``vanish``: a BaseException, as a crash), ``approve``
-(the pay task's guardrail asks a stand-in human: true or a reason to reject), ``cancel`` (the
-booking tool cancels the run once it booked, as an operator would from another terminal),
-``leave`` (``on_failure="leave"``), ``async`` (``akickoff``) and ``crash`` (the kill point:
-``before_flight``, after the charge, in the next tool; ``in_refund``, in the compensation).
+(the journal, the effects and the checkpoints), ``run`` (names the trip at the servers), ``action``
+(``start``: a new crew; ``resume``: ``Crew.from_checkpoint`` from the newest checkpoint), and
+optionally:
+
+- ``flight``: ``ok``, ``fail``, or ``vanish`` (a BaseException, as a crash);
+- ``approve``: the pay task's guardrail asks a stand-in human, who answers this (true, or a reason
+  to reject);
+- ``cancel``: the booking tool cancels the run once it booked, as an operator would from another
+  terminal;
+- ``leave`` (``on_failure="leave"``), ``pivot`` (the charge is declared the pivot), ``async``
+  (``akickoff``);
+- ``crash``: the kill point, ``before_flight`` (after the charge, in the next tool) or
+  ``in_refund`` (in the compensation).
+
 ``action: example`` runs the docs example ``example`` in the fork instead; ``action: arun`` awaits a
 declared tool's async body in an open run (``async with``), which then fails.
 
@@ -196,7 +203,8 @@ def play(config: dict[str, Any]) -> None:
     agent = AgentSaga("trip_crew", undos, on_failure="leave") if config.get("leave") else trip_crew
     runner = AgentRunner(journal, guard, lease=1.0, sleep=lambda _s: None)
     crew_saga = CrewSaga(runner, agent)
-    crew_guard = CrewGuard(guard, saga=crew_saga, declare={"charge": changes_world(undo="refund")})
+    charge = changes_world(pivot=True) if config.get("pivot") else changes_world(undo="refund")
+    crew_guard = CrewGuard(guard, saga=crew_saga, declare={"charge": charge})
     report: dict[str, Any] = {"step": config["step"], "run": config["run"], "raised": None}
     try:
         if config["action"] == "arun":

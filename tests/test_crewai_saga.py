@@ -36,7 +36,8 @@ CHILD = ROOT / "tests" / "_crewaisagachild.py"
 
 pytestmark = pytest.mark.timeout(300)
 
-FAIL, LEAVE, COMPLETE, REJECT, CANCEL, ASYNC, VANISH, KILLED, RESUMED, ORPHANED, EXAMPLE, ARUN = range(12)
+FAIL, LEAVE, COMPLETE, REJECT, CANCEL, ASYNC, VANISH, PIVOT, ARUN = range(9)  # one fork each
+KILLED, RESUMED, ORPHANED, EXAMPLE = range(9, 13)
 EXAMPLE_FILE = ROOT / "docs" / "examples" / "crewai_saga.py"
 
 
@@ -122,11 +123,12 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
         spec(CANCEL, flight="ok", cancel=True),
         spec(ASYNC, flight="fail", **{"async": True}),
         spec(VANISH, flight="vanish"),
+        spec(PIVOT, flight="fail", pivot=True),
+        spec(ARUN, action="arun"),
         spec(KILLED, flight="fail", crash="before_flight"),
         spec(RESUMED, action="resume", crash="in_refund"),
         spec(ORPHANED, flight="fail", crash="before_flight"),
         spec(EXAMPLE, action="example", example=str(EXAMPLE_FILE)),
-        spec(ARUN, action="arun"),
     ]
     with LocalChatModel() as model:
         config = {"model": model.base_url, "api": servers.api.url, "stripe": servers.stripe.api_base,
@@ -198,6 +200,15 @@ def test_the_adapters_reject_undoes_a_run_left_open(played: Played, servers: Ser
     assert (report["raised"], report["rejected"]) == ("Vanished", "compensated")
     assert report["state"] == "compensated"
     assert servers.trip(played.trip(VANISH)) == ONE_EACH
+
+
+def test_a_charge_declared_the_pivot_stops_the_undo_there(played: Played, servers: Servers) -> None:
+    """``changes_world(pivot=True)`` by name at the adapter: after the charge the run only goes
+    forward, so the failure after it undoes nothing before it."""
+    report = played.report(PIVOT)
+    assert report["raised"] == "ToolExecutionFailedError"
+    assert _tools(report) == [("tool.book_hotel.0", "succeeded"), ("tool.charge.1", "succeeded")]
+    assert servers.trip(played.trip(PIVOT)) == KEPT
 
 
 def test_a_declared_tools_async_body_is_a_step_too(played: Played, servers: Servers) -> None:
