@@ -6,8 +6,9 @@ task's tool, then answers) and three tasks: ``book`` (``book_hotel`` at the loca
 on its class with its undo), ``pay`` (``charge`` through the real ``stripe`` SDK at the local Stripe,
 declared by name at the adapter) and ``fly`` (``book_flight``: a read, which fails or not as the step
 says). The crew says ``tool_failure_policy="raise"``, so a failing tool ends the kickoff; the crews
-that are killed checkpoint on ``task_started`` and ``task_completed`` (CrewAI's checkpoints cost
-seconds). The undos are in ``tests/_crewaisaga.py``, where the worker finds them too.
+that are restored (after a kill, or after their run ended) checkpoint on ``task_started`` and
+``task_completed`` (CrewAI's checkpoints cost seconds). The undos are in ``tests/_crewaisaga.py``,
+where the worker finds them too.
 
 Run as ``python tests/_crewaisagachild.py '<json>'``: ``model``, ``api``, ``stripe`` (the servers)
 and ``steps``, each played in a fresh fork (``tests/_crewaichild.py``'s :func:`main`) with ``dir``
@@ -21,7 +22,7 @@ optionally:
 - ``cancel``: the booking tool cancels the run once it booked, as an operator would from another
   terminal;
 - ``leave`` (``on_failure="leave"``), ``pivot`` (the charge is declared the pivot), ``async``
-  (``akickoff``);
+  (``akickoff``), ``again`` (then restore the crew from its newest checkpoint and kick it off);
 - ``crash``: the kill point, ``before_flight`` (after the charge, in the next tool) or
   ``in_refund`` (in the compensation).
 
@@ -168,7 +169,7 @@ def build(folder: Path, config: dict[str, Any], crew_saga: CrewSaga) -> Crew:
     checkpoint = CheckpointConfig(location=str(folder / "checkpoints"), on_events=events)
     return Crew(
         agents=[agent], tasks=[book, pay, fly], tool_failure_policy="raise",
-        checkpoint=checkpoint if config.get("crash") else None,  # only a killed crew is restored
+        checkpoint=checkpoint if config.get("crash") or config.get("again") else None,  # to restore
     )  # fmt: skip
 
 
@@ -233,6 +234,15 @@ def play(config: dict[str, Any]) -> None:
             report["rejected"] = outcome.state.value
         report["run_id"] = run_id
         report["state"], report["rows"] = rows(journal, run_id)
+        if config.get("again"):  # the ended run's crew restored from its checkpoint, kicked off again
+            crewai_event_bus.flush()
+            newest = checkpoints(folder)[-1]
+            restored = crew_guard.protect(Crew.from_checkpoint(CheckpointConfig(restore_from=str(newest))))
+            try:
+                restored.kickoff()
+                report["again"] = "ran"
+            except Exception as exc:
+                report["again"] = type(exc).__name__
     finally:
         runner.close()
         guard.close()

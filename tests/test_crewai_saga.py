@@ -116,7 +116,7 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
         return {"dir": str(folder / str(name)), "run": f"{run}-{name}", "action": "start", **more}
 
     plan = [
-        spec(FAIL, flight="fail"),
+        spec(FAIL, flight="fail", again=True),
         spec(LEAVE, flight="fail", leave=True),
         spec(COMPLETE, flight="ok", approve=True),
         spec(REJECT, flight="ok", approve="too expensive"),
@@ -155,6 +155,13 @@ def test_a_crew_whose_tool_fails_undoes_its_booking_and_charge_once(played: Play
     assert book["arguments"] == {"nights": 2}
     assert book["result"]["body"] == {"hotel": played.trip(FAIL), "nights": 2}
     assert charge["arguments"] == {"amount": 4200} and charge["result"]["id"].startswith("pi_")
+
+
+def test_a_crew_whose_run_was_undone_refuses_to_kick_off_again_from_its_checkpoint(
+    played: Played, servers: Servers
+) -> None:
+    assert played.report(FAIL)["again"] == "AgentRunEnded"
+    assert servers.trip(played.trip(FAIL)) == ONE_EACH  # nothing ran again
 
 
 def test_on_failure_leave_parks_the_failed_kickoff_for_an_operator(played: Played, servers: Servers) -> None:
