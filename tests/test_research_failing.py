@@ -48,8 +48,12 @@ NAMED = {
 """The suite's kill points for LangGraph (the full sweep kills at every point)."""
 SEED = int(os.environ.get("SAGAGUARD_RESEARCH_SEED", "16"))
 """The random kill times' seed (``$SAGAGUARD_RESEARCH_SEED``; said in every failure message)."""
-RANDOM_KILLS = 3
+RANDOM_KILLS = 2
 """Random kill times per sagaguard variant under ``-m sweep`` (trimmed to its budget)."""
+FORWARD_STRIDE = 2
+"""Under ``-m sweep``, every other point of the run from the booking to the failing tool (each
+effect has several points in a row; the bench kills at every one), and every point from the
+failing tool on: the failure and the whole compensation."""
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +98,7 @@ def test_failing_sweep(failing: Failing, world: ResearchWorld, tmp_path: Path) -
     sweep, nobody needed."""
     clean, traced, longest = clean_failing_run(world, failing.variant, tmp_path / "clean")
     assert {k: clean[k] for k in CLEAN} == CLEAN
-    points = failing.points(traced)
+    points = failing.points(traced, forward_stride=FORWARD_STRIDE)
     assert len(points) >= 25 and any(p.startswith("enter:undo:") for p in points)
     variant = failing.variant
     runs = [undo_experiment(world, variant, tmp_path / f"n{i}", point=p) for i, p in enumerate(points)]
@@ -115,11 +119,11 @@ def test_the_checkpointer_alone_leaves_the_charge_in_place(
     failing: Failing, world: ResearchWorld, tmp_path: Path
 ) -> None:
     """The contrast (reported, not a target): the framework's checkpointer alone undoes nothing,
-    and a kill between an effect and the checkpoint does it twice. Killed at every other point from
-    the first booking on."""
+    and a kill between an effect and the checkpoint does it twice. Killed at every third point from
+    the answer asking for the booking on."""
     clean, traced, _ = clean_failing_run(world, failing.variant, tmp_path / "clean")
     assert (clean["charges"], clean["refunds"], clean["bookings"], clean["cancellations"]) == (1, 0, 1, 0)
-    points = sweep_points(traced, (), failing.start)[::2]
+    points = sweep_points(traced, (), failing.start, failing.fails_at)[::3]
     variant = failing.variant
     runs = [undo_experiment(world, variant, tmp_path / f"n{i}", point=p) for i, p in enumerate(points)]
     killed = [r for r in runs if r.killed]

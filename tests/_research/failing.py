@@ -75,6 +75,7 @@ from idempotency.testing import CRASH_ENV  # noqa: E402
 __all__ = [
     "ENDED",
     "LANGGRAPH_EARLY",
+    "LANGGRAPH_FAILS_AT",
     "LANGGRAPH_FROM",
     "Failing",
     "PLUGINS",
@@ -179,16 +180,27 @@ class Undone:
         return found
 
 
-def sweep_points(traced: Sequence[str], early: Sequence[str], start: str) -> list[str]:
-    """The full sweep's kill points: ``early`` (those the clean run reached), then every traced
-    point from ``start`` on, in run order.
+def sweep_points(
+    traced: Sequence[str], early: Sequence[str], start: str, fails_at: str, *, forward_stride: int = 1
+) -> list[str]:
+    """The full sweep's kill points, in run order: ``early`` (those the clean run reached), then the
+    traced points from ``start`` up to ``fails_at`` (every ``forward_stride``-th of them), then every
+    point from ``fails_at`` on (the failing tool and the whole compensation).
 
     Raises:
-        ValueError: the clean run never reached ``start``.
+        ValueError: the clean run never reached ``start`` or ``fails_at``, or reached them out of order.
     """
-    if start not in traced:
-        raise ValueError(f"the clean run never reached {start!r}")
-    return [p for p in early if p in traced] + list(traced[traced.index(start) :])
+    for point in (start, fails_at):
+        if point not in traced:
+            raise ValueError(f"the clean run never reached {point!r}")
+    first, failing = traced.index(start), traced.index(fails_at)
+    if first > failing:
+        raise ValueError(f"{start!r} comes after {fails_at!r} in the clean run")
+    return [
+        *(p for p in early if p in traced[:first]),
+        *traced[first:failing:forward_stride],
+        *traced[failing:],
+    ]
 
 
 LANGGRAPH_EARLY = (
@@ -206,6 +218,8 @@ LANGGRAPH_FROM = "model_returned#4"
 """From here (the model node holds the answer asking for ``book_review``) the full sweep kills the
 LangGraph agent at every point its clean run traced: the booking, the charge, the failing
 ``publish`` and every point of the compensation."""
+LANGGRAPH_FAILS_AT = "enter:publish"
+"""The failing tool's first line: every point from here on is the failure and the compensation."""
 
 
 @dataclass(frozen=True)
@@ -215,21 +229,24 @@ class Failing:
     Attributes:
         variant: the child (:mod:`_research.failing_langgraph`'s protocol).
         early: kill points before the first call with an undo.
-        start: from this traced point on, every point.
+        start: from this traced point on, every point (or every n-th until ``fails_at``).
+        fails_at: from this traced point on (the failing tool), every point.
     """
 
     variant: Variant
     early: tuple[str, ...]
     start: str
+    fails_at: str
 
     @property
     def name(self) -> str:
         """The variant's name."""
         return self.variant.name
 
-    def points(self, traced: Sequence[str]) -> list[str]:
-        """The full sweep's kill points of this variant, given its clean run's trace."""
-        return sweep_points(traced, self.early, self.start)
+    def points(self, traced: Sequence[str], *, forward_stride: int = 1) -> list[str]:
+        """The full sweep's kill points of this variant, given its clean run's trace
+        (:func:`sweep_points`)."""
+        return sweep_points(traced, self.early, self.start, self.fails_at, forward_stride=forward_stride)
 
 
 def failing_variants() -> list[Failing]:
@@ -238,9 +255,9 @@ def failing_variants() -> list[Failing]:
     entry = "_research.failing_langgraph:main"
     found = [
         Failing(Variant("LangGraph + sagaguard", (sys.executable, child, "sagaguard"), guarded=True,
-                        entry=entry, preload=PRELOAD), LANGGRAPH_EARLY, LANGGRAPH_FROM),
+                        entry=entry, preload=PRELOAD), LANGGRAPH_EARLY, LANGGRAPH_FROM, LANGGRAPH_FAILS_AT),
         Failing(Variant("LangGraph alone (checkpointer)", (sys.executable, child, "plain"), entry=entry,
-                        preload=PRELOAD), LANGGRAPH_EARLY, LANGGRAPH_FROM),
+                        preload=PRELOAD), LANGGRAPH_EARLY, LANGGRAPH_FROM, LANGGRAPH_FAILS_AT),
     ]  # fmt: skip
     for name in PLUGINS:
         try:
@@ -349,15 +366,18 @@ def sweep_failing(
     stride: int = 1,
     seed: int = 16,
     random_kills: int = 0,
+    forward_stride: int = 1,
     progress: Callable[[Undone], None] | None = None,
 ) -> tuple[dict[str, int], list[str], list[Undone]]:
     """The clean run, a kill at each of ``points`` (None: :meth:`Failing.points` of the clean run's
-    trace; every ``stride``-th of them), then ``random_kills`` at seeded random times over the clean
-    run's length. Returns the clean counters, the traced points and the experiments."""
+    trace, with ``forward_stride``; every ``stride``-th of them), then ``random_kills`` at seeded
+    random times over the clean run's length. Returns the clean counters, the traced points and the
+    experiments."""
     variant = failing.variant
     with _zygote_for(variant):
         clean, traced, longest = clean_failing_run(world, variant, folder / "clean")
-        chosen = list(points if points is not None else failing.points(traced))[::stride]
+        chosen = points if points is not None else failing.points(traced, forward_stride=forward_stride)
+        chosen = list(chosen)[::stride]
         found = []
         for i, point in enumerate(chosen):
             found.append(undo_experiment(world, variant, folder / f"n{i:03d}", point=point))
@@ -464,7 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     kills = sum(row["kills"] + row["not_killed"] for row in rows)
     note = (
-        f"Produced by `{command}` (every kill point a clean run traced, then random kill times drawn "
+        f"Produced by `{command}` (the kill points a clean run traced from the answer asking for the "
+        "booking on, a few before it, then, for the sagaguard variants, random kill times drawn "
         f"with seed {seed}, uniform over a clean run's length; {kills} kills in "
         f"{time.monotonic() - started:.0f} s), {when}, {platform.python_implementation()} "
         f"{platform.python_version()}, {os.cpu_count()} CPUs, load average {load[0]:.1f} at the start and "
