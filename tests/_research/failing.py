@@ -139,11 +139,14 @@ class Undone:
         """Charges and bookings beyond the clean run's."""
         return self.more(clean, "charges") + self.more(clean, "bookings")
 
+    def duplicate_cancellations(self, clean: Mapping[str, int]) -> int:
+        """Cancellations beyond the clean run's, or (when more) those that found their booking
+        cancelled already: an undo that reached the desk twice."""
+        return max(self.more(clean, "cancellations"), self.counters.get("cancellations_repeated", 0))
+
     def duplicate_undos(self, clean: Mapping[str, int]) -> int:
-        """Refunds and cancellations beyond the clean run's, and cancellations that found their
-        booking cancelled already (an undo that reached the world twice)."""
-        repeated = self.counters.get("cancellations_repeated", 0)
-        return self.more(clean, "refunds") + self.more(clean, "cancellations") + repeated
+        """Refunds beyond the clean run's, and :meth:`duplicate_cancellations`."""
+        return self.more(clean, "refunds") + self.duplicate_cancellations(clean)
 
     @property
     def not_undone(self) -> int:
@@ -407,9 +410,7 @@ def summarize(
         "duplicate_charges": sum(r.more(clean, "charges") for r in killed),
         "duplicate_bookings": sum(r.more(clean, "bookings") for r in killed),
         "duplicate_refunds": sum(r.more(clean, "refunds") for r in killed),
-        "duplicate_cancellations": sum(
-            r.more(clean, "cancellations") + r.counters.get("cancellations_repeated", 0) for r in killed
-        ),
+        "duplicate_cancellations": sum(r.duplicate_cancellations(clean) for r in killed),
         "runs_left_undone": sum(r.not_undone > 0 for r in killed),
         "charges_left": sum(r.left.get("charges", 0) for r in killed),
         "bookings_left": sum(r.left.get("bookings", 0) for r in killed),
