@@ -23,9 +23,10 @@ driven by the world's ``TASK agent_failing`` plan (:func:`_research.world.failin
   :class:`connectors.stripe.StripeEffects` effect with its reconciler), the read-only tools run
   through the ``ToolGuard`` (the report's model call journaled with
   :class:`connectors.llm.ChatJournal`). The run is opened with ``AgentRunner.run(research_agent,
-  THREAD)`` around ``graph.invoke``; ``publish`` raises, the run's saga compensates: the charge is
-  refunded (``StripeEffects.refund``, a guarded effect with its reconciler), the booking cancelled
-  (the desk's ``Idempotency-Key`` from the undo's own effect), each undo a guarded effect of its own.
+  THREAD)`` around ``graph.invoke``; ``publish`` raises, the run's saga compensates with the undos
+  of :mod:`_research.failing_common`: the charge refunded (``StripeEffects.refund``, a guarded
+  effect with its reconciler), the booking cancelled (the desk's ``Idempotency-Key`` from the undo's
+  own effect), each undo a guarded effect of its own.
 
 The config JSON: ``dir`` (checkpoints, effects and the saga journal live there), ``action``:
 
@@ -63,10 +64,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,7 +76,6 @@ for entry in (HERE.parent.parent, HERE.parent):  # the project root and tests/, 
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
-import stripe  # noqa: E402
 from langchain_core.messages import HumanMessage, SystemMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
@@ -86,6 +83,19 @@ from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 
+from _research.failing_common import (  # noqa: E402
+    INSTRUCTIONS,
+    MODEL,
+    PublishFailed,
+    SagaSide,
+    book,
+    configure,
+    get_json,
+    on_model_response,
+    payments_client,
+    publish,
+    research_agent,
+)
 from _research.points import reach  # noqa: E402
 from _research.world import write_prompt  # noqa: E402
 from connectors.declare import changes_world  # noqa: E402
@@ -93,87 +103,13 @@ from connectors.langgraph import JournaledChatModel, ToolGuard  # noqa: E402
 from connectors.langgraph_saga import SagaTools  # noqa: E402
 from connectors.llm import ChatJournal  # noqa: E402
 from connectors.stripe import StripeEffects  # noqa: E402
-from idempotency import Guard, current_effect, scope  # noqa: E402
-from idempotency.records import Record, State  # noqa: E402
-from idempotency.stores.sql import SqlStore  # noqa: E402
-from saga import SagaRegistry, SagaState, recover  # noqa: E402
-from saga.agent import AgentRunEnded, AgentRunner, AgentSaga, UndoRegistry  # noqa: E402
-from saga.journals.sql import SqlJournal  # noqa: E402
-from saga.records import Phase, SagaRecord  # noqa: E402
+from idempotency import current_effect, scope  # noqa: E402
+from saga import SagaState  # noqa: E402
+from saga.agent import AgentRunEnded  # noqa: E402
 
 MODES = ("sagaguard", "plain")
 THREAD = "research-failing-1"
 """The graph's ``thread_id``, and the agent run's saga id."""
-MODEL = "research-model"
-INSTRUCTIONS = (
-    "TASK agent_failing. You are a research agent: search, fetch the first page, write the report, "
-    "book a reviewer, pay for the report and publish it."
-)
-LEASE = 2.0
-"""The agent runs' saga lease (``AgentRunner(lease=...)``; 30 s by default): how long after a kill
-in the middle of a compensation the worker can take the run over. Shortened so the sweep's
-kills in compensations each wait 2 s rather than 30; the effects' claims keep Guard's defaults."""
-RECOVER_FOR = 60.0
-"""Seconds a resume waits for a killed compensation's lease to run out before it gives up."""
-
-undos = UndoRegistry()
-research_agent = AgentSaga("research_agent", undos)
-registry = SagaRegistry(research_agent)
-"""What the worker is given (``sagaguard sagas worker --app _research.failing_langgraph:registry``)."""
-
-_clients: dict[str, Any] = {}
-"""The undos' clients, set by :func:`main` for the run (each run is a fresh process)."""
-
-
-class PublishFailed(RuntimeError):
-    """The publisher refused the report: the agent's run fails here."""
-
-
-# ---------------------------------------------------------------------------------- the undos
-
-
-@undos.register
-def refund(arguments: Any, result: Any | None) -> None:
-    """Refund the charge ``pay`` made: by its PaymentIntent id when the call's output is recorded,
-    else every succeeded PaymentIntent with the call's description (what its arguments say)."""
-    reach("enter:undo:refund", numbered=False)
-    payments: StripeEffects = _clients["payments"]
-    if isinstance(result, str) and result.startswith("pi_"):
-        payments.refund(result)
-    else:
-        listed = payments.client.v1.payment_intents.list({"limit": 100})
-        for intent in listed.data:
-            if intent.description == arguments["description"] and intent.status == "succeeded":
-                payments.refund(intent.id)
-    reach("undone:refund", numbered=False)
-
-
-@undos.register
-def cancel_review(arguments: Any, result: Any | None) -> None:
-    """Cancel the booking ``book_review`` made: by its id when the call's output is recorded, else
-    by the reference it was booked under. The desk's ``Idempotency-Key`` is the undo effect's own,
-    so a cancellation sent again after a crash is the same request."""
-    reach("enter:undo:cancel_review", numbered=False)
-    booking = result.get("booking") if isinstance(result, dict) else None
-    body = {"booking": booking} if booking else {"reference": arguments["reference"]}
-    _post(f"{_clients['tools_url']}/bookings/cancel", body, current_effect().provider_key)
-    reach("cancel_applied", numbered=False)
-    reach("undone:cancel_review", numbered=False)
-
-
-# ----------------------------------------------------------------------------------- plumbing
-
-
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=30) as answer:
-        return json.loads(answer.read())
-
-
-def _post(url: str, body: Mapping[str, Any], key: str | None = None) -> Any:
-    headers = {"Content-Type": "application/json", **({"Idempotency-Key": key} if key else {})}
-    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        return json.loads(answer.read())
 
 
 class HookedSaver(SqliteSaver):
@@ -185,55 +121,13 @@ class HookedSaver(SqliteSaver):
         return saved
 
 
-class HookedStore(SqlStore):
-    """The effect store with a kill point after each recorded outcome, named by its effect."""
-
-    def complete(self, key: str, token: int, result: str, retention: float) -> Record:
-        record = super().complete(key, token, result, retention)
-        reach(f"recorded:{record.name}")
-        return record
-
-
-class HookedJournal(SqlJournal):
-    """The saga journal with a kill point after each commit that writes a step or a state (lease
-    renewals alone, which come on the renewer's clock, are not numbered)."""
-
-    def commit(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:
-        record = super().commit(saga_id, token, phase)
-        if phase.steps or phase.state is not None:
-            reach("saga_commit")
-        return record
-
-
-class HookedRequestsClient(stripe.RequestsClient):
-    """The Stripe SDK's HTTP client with kill points once a charge or a refund was answered."""
-
-    def request(self, method: str, url: str, headers: Mapping[str, str] | None, post_data: Any = None) -> Any:
-        answer = super().request(method, url, headers, post_data)
-        path = urllib.parse.urlsplit(url).path
-        if method.lower() == "post" and path in ("/v1/payment_intents", "/v1/refunds"):
-            reach("charge_applied" if path == "/v1/payment_intents" else "refund_applied", numbered=False)
-        return answer
-
-
-def _on_model_response(response: httpx.Response) -> None:
-    if response.request.method == "POST" and response.request.url.path.endswith("/chat/completions"):
-        reach("model_answered")
-
-
-# ------------------------------------------------------------------------------------ the agent
-
-
 class Built:
-    """The compiled graph and what the run needs, for one mode."""
+    """The compiled graph and what the run needs, for one mode (``saga``: None for ``plain``)."""
 
-    def __init__(self, graph: Any, closers: list[Callable[[], None]]) -> None:
+    def __init__(self, graph: Any, saga: SagaSide | None, closers: list[Callable[[], None]]) -> None:
         self.graph = graph
+        self.saga = saga
         self.closers = closers
-        self.runner: AgentRunner | None = None
-        self.journal: SqlJournal | None = None
-        self.guard: Guard | None = None
-        self.store: SqlStore | None = None
 
     def close(self) -> None:
         for close in reversed(self.closers):
@@ -241,22 +135,20 @@ class Built:
 
 
 def _tools(
-    mode: str,
     config: Mapping[str, Any],
     payments: Any,
     effects: StripeEffects | None,
     ask: Callable[[str], str],
 ) -> list[Any]:
-    """The six tools of the plan: ``effects`` (sagaguard) charges as a guarded effect, else the
-    plain ``payments`` client does."""
+    """The six tools of the plan: with ``effects`` (sagaguard) the charge is a guarded effect and
+    the booking carries the tool call's key, else the plain ``payments`` client charges."""
     tools_url = config["tools_url"]
-    guarded = mode == "sagaguard"
 
     @tool
     def search(query: str) -> str:
         """Search the literature; returns the result URLs, one a line."""
         reach("enter:search", numbered=False)
-        found = _get(f"{tools_url}/search?" + urllib.parse.urlencode({"q": query}))
+        found = get_json(f"{tools_url}/search?" + urllib.parse.urlencode({"q": query}))
         reach("searched", numbered=False)
         return "\n".join(r["url"] for r in found["results"])
 
@@ -264,7 +156,7 @@ def _tools(
     def fetch(url: str) -> str:
         """Fetch a page; returns its text."""
         reach("enter:fetch", numbered=False)
-        text = str(_get(f"{tools_url}/fetch?" + urllib.parse.urlencode({"url": url}))["text"])
+        text = str(get_json(f"{tools_url}/fetch?" + urllib.parse.urlencode({"url": url}))["text"])
         reach("fetched", numbered=False)
         return text
 
@@ -283,11 +175,8 @@ def _tools(
         reach("enter:book_review", numbered=False)
         # The tool call's own effect key names the booking: a call run again after a crash sends
         # the same Idempotency-Key, and the desk answers with the first booking.
-        key = current_effect().provider_key if guarded else None
-        booking = dict(_post(f"{tools_url}/bookings", {"reviewer": reviewer, "slot": slot,
-                                                        "reference": reference}, key))  # fmt: skip
-        reach("booked", numbered=False)
-        return booking
+        key = current_effect().provider_key if effects is not None else None
+        return book(tools_url, reviewer, slot, reference, key)
 
     @tool
     @changes_world(undo="refund", policy="at_least_once")
@@ -307,34 +196,25 @@ def _tools(
         reach("exit:pay", numbered=False)
         return paid
 
-    @tool
-    def publish(reference: str, report: str) -> str:
+    @tool("publish")
+    def publish_report(reference: str, report: str) -> str:
         """Publish the report."""
         reach("enter:publish", numbered=False)
-        try:
-            _post(f"{tools_url}/publish", {"reference": reference, "report": report})
-        except urllib.error.HTTPError as exc:
-            raise PublishFailed(f"the publisher refused {reference!r}: HTTP {exc.code}") from None
-        return "published"
+        return publish(tools_url, reference, report)
 
-    return [search, fetch, write_report, book_review, pay, publish]
+    return [search, fetch, write_report, book_review, pay, publish_report]
 
 
 def build(config: Mapping[str, Any], mode: str, folder: Path) -> Built:
     """The compiled agent graph for ``mode`` and what its run needs."""
     chat = ChatOpenAI(
         model=MODEL, api_key="sk-local", base_url=config["model_base_url"], max_retries=0,  # type: ignore[arg-type]
-        http_client=httpx.Client(event_hooks={"response": [_on_model_response]}, timeout=30),
+        http_client=httpx.Client(event_hooks={"response": [on_model_response]}, timeout=30),
     )  # fmt: skip
-    payments = stripe.StripeClient(
-        config["stripe_api_key"],
-        base_addresses={"api": config["stripe_api_base"]},
-        max_network_retries=0,
-        http_client=HookedRequestsClient(timeout=30),
-    )
+    payments = payments_client(config)
     client = openai.OpenAI(
         api_key="sk-local", base_url=config["model_base_url"], max_retries=0,
-        http_client=httpx.Client(event_hooks={"response": [_on_model_response]}, timeout=30),
+        http_client=httpx.Client(event_hooks={"response": [on_model_response]}, timeout=30),
     )  # fmt: skip
     closers: list[Callable[[], None]] = [client.close]
 
@@ -342,28 +222,27 @@ def build(config: Mapping[str, Any], mode: str, folder: Path) -> Built:
         return [{"role": "system", "content": "TASK write. You are a research assistant."},
                 {"role": "user", "content": user}]  # fmt: skip
 
-    guard: Guard | None = None
-    store: SqlStore | None = None
+    saga: SagaSide | None = None
     effects: StripeEffects | None = None
     if mode == "sagaguard":
-        store = HookedStore(f"sqlite:///{folder / 'effects.db'}")
-        guard = Guard(store, namespace="research")  # Guard's defaults, as the framework pages show it
-        closers += [store.close, guard.close]
-        journal_chat = ChatJournal(guard, client)
-        effects = StripeEffects(guard, payments)
+        saga = SagaSide(folder)
+        closers.append(saga.close)
+        journal_chat = ChatJournal(saga.guard, client)
+        effects = StripeEffects(saga.guard, payments)
 
         def ask(user: str) -> str:
-            return str(journal_chat.create(model=MODEL, messages=messages(user)).choices[0].message.content)  # type: ignore[arg-type]
+            reply = journal_chat.create(model=MODEL, messages=messages(user))  # type: ignore[arg-type]
+            return str(reply.choices[0].message.content)
     else:
 
         def ask(user: str) -> str:
             reply = client.chat.completions.create(model=MODEL, messages=messages(user))  # type: ignore[arg-type]
             return str(reply.choices[0].message.content)
 
-    tools = _tools(mode, config, payments, effects, ask)
-    if guard is not None:
-        model: Any = JournaledChatModel(inner=chat.bind_tools(tools), guard=guard)
-        handler = SagaTools(inner=ToolGuard(guard)).wrap_tool_call
+    tools = _tools(config, payments, effects, ask)
+    if saga is not None:
+        model: Any = JournaledChatModel(inner=chat.bind_tools(tools), guard=saga.guard)
+        handler = SagaTools(inner=ToolGuard(saga.guard)).wrap_tool_call
         node = ToolNode(tools, wrap_tool_call=handler, handle_tool_errors=False)
     else:
         model = chat.bind_tools(tools)
@@ -382,39 +261,8 @@ def build(config: Mapping[str, Any], mode: str, folder: Path) -> Built:
     graph.add_edge("tools", "model")
     conn = sqlite3.connect(folder / "checkpoints.db", check_same_thread=False)
     closers.append(conn.close)
-    built = Built(graph.compile(checkpointer=HookedSaver(conn)), closers)
-    _clients.update(payments=effects, tools_url=config["tools_url"])
-    if guard is not None:
-        journal = HookedJournal(f"sqlite:///{folder / 'sagas.db'}")
-        built.runner = AgentRunner(journal, guard, lease=LEASE)
-        built.journal, built.guard, built.store = journal, guard, store
-        closers += [journal.close, built.runner.close]
-    return built
-
-
-def _saga_state(built: Built) -> str:
-    if built.journal is None:
-        return ""
-    found = built.journal.load(THREAD)
-    return "" if found is None else found.saga.state.value
-
-
-def _in_doubt(built: Built) -> list[str]:
-    if built.store is None:
-        return []
-    return sorted(r.name for r in built.store.list(states=[State.IN_DOUBT], limit=1000))
-
-
-def _recover_until_ended(built: Built) -> None:
-    """The worker API, until the run's compensation is no longer held by the dead process: a
-    sweep claims it once its lease ran out (:data:`LEASE`), and finishes it."""
-    assert built.journal is not None and built.guard is not None
-    deadline = time.monotonic() + RECOVER_FOR
-    while time.monotonic() < deadline:
-        recover(built.journal, built.guard, registry, lease=LEASE)
-        if _saga_state(built) not in (SagaState.RUNNING.value, SagaState.COMPENSATING.value):
-            return
-        time.sleep(0.1)  # the dead process's saga lease has not run out yet
+    configure(effects, config["tools_url"])
+    return Built(graph.compile(checkpointer=HookedSaver(conn)), saga, closers)
 
 
 def _run(built: Built, config: Mapping[str, Any]) -> tuple[str, str]:
@@ -430,19 +278,19 @@ def _run(built: Built, config: Mapping[str, Any]) -> tuple[str, str]:
         }  # fmt: skip
         graph.invoke(inputs, run, durability="sync")
 
-    if built.runner is None:
+    if built.saga is None:
         try:
             invoke()
         except PublishFailed as exc:
             return "failed", str(exc)
         return "completed", ""
     try:
-        with built.runner.run(research_agent, THREAD):
+        with built.saga.runner.run(research_agent, THREAD):
             invoke()
     except AgentRunEnded as exc:  # it ended, or is compensating, since a killed process had it
         if exc.state != SagaState.COMPENSATING.value:
             return "ended", str(exc)
-        _recover_until_ended(built)
+        built.saga.recover_until_ended(THREAD)
         return "recovered", str(exc)
     except PublishFailed as exc:  # the run's calls were undone on the way out of the block
         return "failed", str(exc)
@@ -458,14 +306,16 @@ def main(mode: str, config: Mapping[str, Any]) -> int:
     built = build(config, mode, folder)
     try:
         if config["action"] == "worker":
-            if built.journal is not None and built.guard is not None:
-                report = recover(built.journal, built.guard, registry, lease=LEASE)
-                status, error = "swept", json.dumps(dict(report.errors))
-            else:
-                status, error = "swept", ""
+            status, error = "swept", built.saga.sweep() if built.saga is not None else ""
         else:
             status, error = _run(built, config)
-        result = {"status": status, "saga": _saga_state(built), "in_doubt": _in_doubt(built), "error": error}
+        saga = built.saga
+        result = {
+            "status": status,
+            "saga": saga.state(THREAD) if saga is not None else "",
+            "in_doubt": saga.in_doubt() if saga is not None else [],
+            "error": error,
+        }
     finally:
         built.close()
     print(json.dumps(result), flush=True)
