@@ -26,7 +26,6 @@ the run and compensate it; by default ``ToolNode`` turns it into a message the m
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -34,7 +33,7 @@ from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
-from connectors.declare import ToolDeclaration, declaration_of, tool_options
+from connectors.declare import ToolDeclaration, declaration_of, recorded_output, tool_options
 from connectors.langgraph import ToolGuard
 from idempotency.errors import ConfigurationError
 from saga.agent import current_run
@@ -48,14 +47,8 @@ AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
 
 def tool_output(message: ToolMessage) -> Any:
     """What a tool returned, read back from its ``ToolMessage``: the content as JSON when it is
-    JSON, else as it is."""
-    content = message.content
-    if isinstance(content, str):
-        try:
-            return json.loads(content)
-        except ValueError:
-            return content
-    return content
+    JSON, else as it is (:func:`~connectors.declare.recorded_output`)."""
+    return recorded_output(message.content)
 
 
 def _message(result: ToolResult) -> ToolMessage:
