@@ -170,11 +170,24 @@ def on_model_response(response: httpx.Response) -> None:
 
 
 class HookedStore(SqlStore):
-    """The effect store with a kill point after each recorded outcome, named by its effect."""
+    """The effect store with a kill point after each recorded outcome, named by its effect (on
+    every path that records one: the sync, the async and the write-at-once one)."""
 
     def complete(self, key: str, token: int, result: str, retention: float) -> Record:
         record = super().complete(key, token, result, retention)
         reach(f"recorded:{record.name}")
+        return record
+
+    async def acomplete(self, key: str, token: int, result: str, retention: float) -> Record | None:
+        record = await super().acomplete(key, token, result, retention)
+        if record is not None:
+            reach(f"recorded:{record.name}")
+        return record
+
+    def complete_now(self, key: str, token: int, result: str, retention: float) -> Record | None:
+        record = super().complete_now(key, token, result, retention)
+        if record is not None:
+            reach(f"recorded:{record.name}")
         return record
 
 
