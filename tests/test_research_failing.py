@@ -4,9 +4,9 @@ anywhere in the run or in its compensation, resumed at once in a fresh process, 
 API, and counted at the world: the local Stripe (charges, refunds, what is left unrefunded) and the
 review desk (bookings, cancellations, a cancellation of a booking already cancelled).
 
-The suite kills LangGraph with sagaguard at three named points: between the charge and its record
-(forward), after Stripe refunded and before the undo's record (inside an undo), and between the two
-undos. The full sweep (``-m sweep``: every point of the run from the first call with an undo, and of
+The suite kills LangGraph with sagaguard (the Agents SDK's ``SagaTurn`` only under ``-m sweep``) at
+three named points: between the charge and its record (forward), after Stripe refunded and before
+the undo's record (inside an undo), and between the two undos. The full sweep (``-m sweep``: every point of the run from the first call with an undo, and of
 its compensation, plus seeded random kill times, per framework; and the checkpointer alone, the
 contrast) asserts the targets at every kill; ``bench/research_failing.py`` writes its table into
 docs/frameworks/research_agent.md.
