@@ -1,20 +1,11 @@
-"""An OpenAI Agents SDK trip agent in an agent saga: imported by ``tests/test_agent_saga_agents.py``,
-run as a real process for its crash tests, and imported by the worker (``--app
-_agentsagasdk:registry``), which finds its undos here.
+"""An OpenAI Agents SDK trip agent in an agent saga (the world and the undos of
+``tests/_agenttrip.py``): imported by ``tests/test_agent_saga_agents.py`` and run as a real
+process for its crash tests; the worker runs ``--app _agenttrip:registry``.
 
 A scripted model (:class:`TripModel`, a real SDK ``Model`` whose tool call ids are fresh and random,
-so "the same ids after a crash" is the journal's doing) books a hotel at a local HTTP API and
-charges a card through the real ``stripe`` SDK at the local Stripe server (two parallel tool calls
-in one answer), then books a flight, which fails (``flight="fails"``), needs a human's approval
-(``"approval"``) or succeeds (``"ok"``). The undos cancel the booking and refund the charge, each
-with an idempotency key derived from what it undoes.
-
-Configuration (the environment, read at import; the in-process tests call :func:`configure`):
-``AGENT_API`` (the HTTP API), ``STRIPE_BASE`` and ``STRIPE_KEY``, ``AGENT_DIR`` (the session and the
-saved ``RunState``), ``SAGAGUARD_STORE`` (journal and effects), ``AGENT_FLIGHT``; kill points
-(``$SAGAGUARD_CRASH_AT``, :func:`idempotency.testing.crash_point`): ``in_model`` (the model asked
-for its second answer: the booking and the charge are done and in the session) and ``in_refund``
-(right after the local Stripe server applied the refund).
+so "the same ids after a crash" is the journal's doing) asks for the hotel and the charge (two
+parallel tool calls in one answer), then for the flight. ``$AGENT_DIR`` holds the session and the
+``RunState`` saved at an approval; ``$SAGAGUARD_STORE`` the journal and the effects.
 
 ``python tests/_agentsagasdk.py run|approve|reject`` runs the turn (or goes on with it from the
 session), approves the flight and finishes, or rejects the turn; it prints one JSON line.
@@ -30,8 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
-import stripe
+import _agenttrip as trip
 from agents import Agent, RunContextWrapper, RunState, SQLiteSession, function_tool, set_tracing_disabled
 from agents.agent_output import AgentOutputSchemaBase
 from agents.handoffs import Handoff
@@ -46,41 +36,13 @@ from openai.types.responses.response_prompt_param import ResponsePromptParam
 from connectors.declare import changes_world
 from connectors.openai_agents_saga import SagaTurn
 from idempotency import Guard, open_store
-from idempotency.testing import crash_point
-from saga import SagaRegistry
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from saga.agent import AgentRunner
 from saga.journals import open_journal
 
 set_tracing_disabled(True)  # no OPENAI_API_KEY to export traces with
 
-SESSION = "trip-1"
-TEXT = "book my trip to Oslo"
-CONFIG: dict[str, str] = {
-    "api": os.environ.get("AGENT_API", "http://127.0.0.1:9"),
-    "stripe_base": os.environ.get("STRIPE_BASE", "http://127.0.0.1:9"),
-    "stripe_key": os.environ.get("STRIPE_KEY", "sk_test_local"),
-    "flight": os.environ.get("AGENT_FLIGHT", "fails"),
-}
-BOOK_AND_PAY = [("book_hotel", {"hotel": "ritz"}), ("charge", {"amount": 420, "order": "trip-1"})]
-PLAN: dict[int, list[tuple[str, dict[str, Any]]]] = {0: BOOK_AND_PAY, 2: [("book_flight", {"to": "Oslo"})]}
-
-
-def configure(**values: str) -> None:
-    """Point the tools and undos at other servers (the in-process tests)."""
-    CONFIG.update(values)
-
-
-def post(path: str, body: dict[str, Any], key: str) -> dict[str, Any]:
-    """POST to the counting HTTP API with an ``Idempotency-Key``."""
-    headers = {"Idempotency-Key": f'"{key}"'}
-    reply = httpx.post(f"{CONFIG['api']}{path}", json=body, headers=headers, timeout=10)
-    reply.raise_for_status()
-    return dict(reply.json())
-
-
-def payments() -> stripe.StripeClient:
-    """The real Stripe SDK, at the local Stripe server."""
-    return stripe.StripeClient(CONFIG["stripe_key"], base_addresses={"api": CONFIG["stripe_base"]})
+SESSION = trip.RUN
+TEXT = trip.TEXT
 
 
 class TripModel(Model):
@@ -88,7 +50,7 @@ class TripModel(Model):
     fresh random ids) or, for any other count, "done"."""
 
     def __init__(self, plan: dict[int, list[tuple[str, dict[str, Any]]]] | None = None) -> None:
-        self.plan = PLAN if plan is None else plan
+        self.plan = trip.PLAN if plan is None else plan
         self.calls = 0
         self.call_ids: list[str] = []
 
@@ -110,7 +72,7 @@ class TripModel(Model):
         items = [] if isinstance(input, str) else list(input)
         done = sum(1 for i in items if isinstance(i, dict) and i.get("type") == "function_call_output")
         if done:
-            crash_point("in_model")
+            trip.kill_once("in_model")
         usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
         calls = self.plan.get(done)
         if calls is None:
@@ -134,70 +96,28 @@ class TripModel(Model):
         raise NotImplementedError
 
 
-undos = UndoRegistry()
-
-
-@undos.register
-def cancel_booking(arguments: dict[str, Any], result: Any | None) -> None:
-    post("/cancellations", {"hotel": arguments["hotel"]}, f"cancel-{arguments['hotel']}")
-
-
-@undos.register
-def refund(arguments: dict[str, Any], result: Any | None) -> None:
-    client = payments()
-    if result is None:  # the charge's answer was never recorded: find it by its order
-        found = [p for p in client.v1.payment_intents.list() if p.metadata.get("order") == arguments["order"]]
-        if not found:
-            return
-        intent = found[0].id
-    else:
-        intent = result["payment_intent"]
-    client.v1.refunds.create({"payment_intent": intent}, {"idempotency_key": f"refund-{intent}"})
-    crash_point("in_refund")
-
-
-@undos.register
-def cancel_flight(arguments: dict[str, Any], result: Any | None) -> None:
-    post("/flight-cancellations", {"to": arguments["to"]}, f"cancel-flight-{arguments['to']}")
-
-
-trip_agent = AgentSaga("trip_agent", undos)
-registry = SagaRegistry(trip_agent)  # the worker's guard comes from $SAGAGUARD_STORE
-
-
 @function_tool(failure_error_function=None)
 @changes_world(undo="cancel_booking")  # declared next to the tool
 def book_hotel(hotel: str) -> dict[str, Any]:
     """Book a hotel."""
-    return post("/bookings", {"hotel": hotel}, f"book-{hotel}")
+    return trip.book_hotel(hotel)
 
 
 @function_tool(failure_error_function=None)
 def charge(amount: int, order: str) -> dict[str, Any]:
     """Charge the card."""
-    intent = payments().v1.payment_intents.create(
-        {"amount": amount, "currency": "eur", "payment_method": "pm_card_visa", "confirm": True,
-         "metadata": {"order": order}},
-        {"idempotency_key": f"charge-{order}"},
-    )  # fmt: skip
-    return {"payment_intent": intent.id, "amount": intent.amount}
-
-
-class NoSeats(Exception):
-    """The airline refused: nothing was booked."""
+    return trip.charge(amount, order)
 
 
 async def _flight_needs_approval(_ctx: RunContextWrapper[Any], _args: dict[str, Any], _call_id: str) -> bool:
-    return CONFIG["flight"] == "approval"
+    return trip.CONFIG["flight"] == "approval"
 
 
 @function_tool(failure_error_function=None, needs_approval=_flight_needs_approval)
-@changes_world(undo="cancel_flight", permanent=(NoSeats,))  # "no seats" is sure not to have booked
+@changes_world(undo="cancel_flight", permanent=(trip.NoSeats,))  # "no seats" is sure not to have booked
 def book_flight(to: str) -> dict[str, Any]:
     """Book a flight."""
-    if CONFIG["flight"] == "fails":
-        raise NoSeats(f"no seats to {to}")
-    return post("/flights", {"to": to}, f"fly-{to}")
+    return trip.book_flight(to)
 
 
 def build(model: Model) -> Agent[Any]:
@@ -208,7 +128,7 @@ def build(model: Model) -> Agent[Any]:
 
 def turn(runner: AgentRunner, n: int = 1) -> SagaTurn:
     """The conversation's ``n``-th turn under the trip agent's saga."""
-    return SagaTurn(runner, trip_agent, SESSION, n, declare={"charge": changes_world(undo="refund")})
+    return SagaTurn(runner, trip.trip_agent, SESSION, n, declare={"charge": changes_world(undo="refund")})
 
 
 async def main(mode: str) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import _agentsagasdk as trip
+import _agentsagasdk as sdk
+import _agenttrip as trip
 import httpx
 import pytest
 from agents import RunState
@@ -101,9 +102,9 @@ def calls(snapshot: SagaSnapshot) -> dict[str, ToolCall]:
     return found
 
 
-async def first_turn(runner: AgentRunner, model: trip.TripModel, **options: Any) -> Any:
-    async with trip.turn(runner) as opened:
-        return await opened.run(trip.build(model), trip.TEXT, **options)
+async def first_turn(runner: AgentRunner, model: sdk.TripModel, **options: Any) -> Any:
+    async with sdk.turn(runner) as opened:
+        return await opened.run(sdk.build(model), trip.TEXT, **options)
 
 
 # --------------------------------------------------------------------------- in this process
@@ -112,7 +113,7 @@ async def first_turn(runner: AgentRunner, model: trip.TripModel, **options: Any)
 def test_a_turn_that_fails_on_a_later_tool_undoes_every_booking_and_charge_once(
     stripe: LocalStripe, api: LocalIdempotentApi, runner: AgentRunner
 ) -> None:
-    model = trip.TripModel()
+    model = sdk.TripModel()
     with pytest.raises(UserError, match="no seats"):  # the SDK wraps what a tool raised
         asyncio.run(first_turn(runner, model))
     assert money(stripe) == {"charges": 1, "refunds": 1}
@@ -129,14 +130,26 @@ def test_a_turn_that_fails_on_a_later_tool_undoes_every_booking_and_charge_once(
     assert made["book_hotel"].arguments == {"hotel": "ritz"}
 
 
+def test_a_turn_opened_with_plain_with_around_run_sync_is_undone_the_same_way(
+    stripe: LocalStripe, api: LocalIdempotentApi, runner: AgentRunner
+) -> None:
+    from agents import Runner
+
+    with pytest.raises(UserError, match="no seats"), sdk.turn(runner) as opened:
+        Runner.run_sync(opened.wrap(sdk.build(sdk.TripModel())), trip.TEXT)
+    assert opened.outcome is not None and opened.outcome.state is SagaState.COMPENSATED
+    assert money(stripe) == {"charges": 1, "refunds": 1}
+    assert applied(api) == {"/bookings": 1, "/cancellations": 1}
+
+
 def test_a_turn_rejected_at_an_approval_is_undone_by_a_fresh_turn_object(
     stripe: LocalStripe, api: LocalIdempotentApi, runner: AgentRunner
 ) -> None:
     trip.configure(flight="approval")
-    result = asyncio.run(first_turn(runner, trip.TripModel()))
+    result = asyncio.run(first_turn(runner, sdk.TripModel()))
     assert [item.name for item in result.interruptions] == ["book_flight"]
     assert load(runner).saga.state is SagaState.WAITING  # paused: no process held
-    outcome = asyncio.run(trip.turn(runner).reject("the manager said no"))
+    outcome = asyncio.run(sdk.turn(runner).reject("the manager said no"))
     assert outcome.state is SagaState.COMPENSATED
     assert outcome.error is not None and outcome.error.message == "the manager said no"
     assert money(stripe) == {"charges": 1, "refunds": 1}
@@ -147,12 +160,12 @@ def test_a_turn_approved_later_completes_and_keeps_its_effects(
     stripe: LocalStripe, api: LocalIdempotentApi, runner: AgentRunner
 ) -> None:
     trip.configure(flight="approval")
-    saved = json.dumps(asyncio.run(first_turn(runner, trip.TripModel())).to_state().to_json())
-    model = trip.TripModel()  # the approval arrives in a fresh process: fresh objects
+    saved = json.dumps(asyncio.run(first_turn(runner, sdk.TripModel())).to_state().to_json())
+    model = sdk.TripModel()  # the approval arrives in a fresh process: fresh objects
 
     async def approve() -> Any:
-        async with trip.turn(runner) as opened:
-            agent = trip.build(model)
+        async with sdk.turn(runner) as opened:
+            agent = sdk.build(model)
             state = opened.resume(await RunState.from_json(opened.wrap(agent), json.loads(saved)))
             for item in state.get_interruptions():
                 state.approve(item)
@@ -175,17 +188,16 @@ def test_a_cancelled_turn_stops_at_its_next_declared_call_and_is_undone(
     stripe: LocalStripe, api: LocalIdempotentApi, runner: AgentRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trip.configure(flight="ok")
-    original = trip.post
+    original = trip.book_hotel
 
-    def post(path: str, body: dict[str, Any], key: str) -> dict[str, Any]:
-        made = original(path, body, key)
-        if path == "/bookings":
-            cancel(runner.journal, "trip-1/turn-1", reason="the customer withdrew")  # an operator
+    def book_hotel(hotel: str) -> dict[str, Any]:
+        made = original(hotel)
+        cancel(runner.journal, "trip-1/turn-1", reason="the customer withdrew")  # an operator
         return made
 
-    monkeypatch.setattr(trip, "post", post)
+    monkeypatch.setattr(trip, "book_hotel", book_hotel)
     with pytest.raises(AgentRunCancelled):
-        asyncio.run(first_turn(runner, trip.TripModel()))
+        asyncio.run(first_turn(runner, sdk.TripModel()))
     assert load(runner).saga.state is SagaState.COMPENSATED
     assert applied(api)["/flights"] == 0  # registered after the cancellation: never ran
     assert applied(api)["/cancellations"] == 1
@@ -195,9 +207,9 @@ def test_a_cancelled_turn_stops_at_its_next_declared_call_and_is_undone(
 def test_a_declared_tool_outside_an_open_turn_is_refused(
     api: LocalIdempotentApi, runner: AgentRunner
 ) -> None:
-    turn = trip.turn(runner)
+    turn = sdk.turn(runner)
     with pytest.raises(UserError) as raised:
-        asyncio.run(turn.run(trip.build(trip.TripModel()), trip.TEXT))
+        asyncio.run(turn.run(sdk.build(sdk.TripModel()), trip.TEXT))
     assert isinstance(raised.value.__cause__, ConfigurationError)
     assert applied(api)["/bookings"] == 0
     for bad in (("", 1), ("trip-1", 0)):
@@ -215,7 +227,7 @@ def test_exported_members() -> None:
 
 # ------------------------------------------------------------------ real SIGKILLs, fresh processes
 
-CHILD = Path(trip.__file__).resolve()
+CHILD = Path(sdk.__file__).resolve()
 
 
 def _env(stripe: LocalStripe, api: LocalIdempotentApi, folder: Path, **extra: str) -> dict[str, str]:
@@ -265,7 +277,7 @@ def test_an_agents_sdk_turn_killed_mid_run_and_mid_compensation_undoes_each_call
             _env(stripe, api, tmp_path),
             db,
             kill_expected=False,
-            app="_agentsagasdk:registry",
+            app="_agenttrip:registry",
             run_id="trip-1/turn-1",
         )
         assert money(stripe) == {"charges": 1, "refunds": 1}

@@ -358,7 +358,12 @@ class AgentRun:
             with self._lock:
                 call_id = f"{tool}#{next(self._ordinals.setdefault(tool, itertools.count()))}"
         kind = StepKind.PIVOT if pivot else StepKind.COMPENSATABLE
-        return _Step(ToolCall.of(tool, f"{self.run_id}/{call_id}", arguments), kind, undo)
+        return _Step(ToolCall.of(tool, self.call_key(call_id), arguments), kind, undo)
+
+    def call_key(self, call_id: str) -> str:
+        """The explicit key of the effect of the call ``call_id`` (``{run_id}/{call_id}``); the
+        framework adapters also run the tool's body in a scope of that name."""
+        return f"{self.run_id}/{call_id}"
 
     def _recorded(self, row: StepRecord, call: ToolCall, kept: Any) -> None:
         """Record what the call returned (``kept``, what the undo receives) on its row.
