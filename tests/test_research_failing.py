@@ -6,9 +6,10 @@ review desk (bookings, cancellations, a cancellation of a booking already cancel
 
 The suite kills LangGraph with sagaguard (the Agents SDK's ``SagaTurn`` only under ``-m sweep``) at
 three named points: between the charge and its record (forward), after Stripe refunded and before
-the undo's record (inside an undo), and between the two undos. The full sweep (``-m sweep``: every point of the run from the first call with an undo, and of
-its compensation, plus seeded random kill times, per framework; and the checkpointer alone, the
-contrast) asserts the targets at every kill; ``bench/research_failing.py`` writes its table into
+the undo's record (inside an undo), and between the two undos. The full sweep (``-m sweep``: every
+point from the failing tool on, the whole compensation, every other point of the run before it, and
+seeded random kill times, per framework; and each framework alone, the contrast) asserts the
+targets at every kill; ``bench/research_failing.py`` kills at every point and writes its table into
 docs/frameworks/research_agent.md.
 """
 

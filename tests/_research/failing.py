@@ -37,7 +37,6 @@ in docs/frameworks/research_agent.md.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import platform
 import shutil
@@ -66,6 +65,7 @@ from _research.sweep import (  # noqa: E402
     _run,
     _zygote,
     _zygote_for,
+    plugged,
     world_config,
 )
 from _research.world import TOPIC, ResearchWorld  # noqa: E402
@@ -256,23 +256,13 @@ def failing_variants() -> list[Failing]:
     """LangGraph with an agent saga, and LangGraph's checkpointer alone; then the plug-ins'."""
     child = str(HERE / "failing_langgraph.py")
     entry = "_research.failing_langgraph:main"
-    found = [
+    return [
         Failing(Variant("LangGraph + sagaguard", (sys.executable, child, "sagaguard"), guarded=True,
                         entry=entry, preload=PRELOAD), LANGGRAPH_EARLY, LANGGRAPH_FROM, LANGGRAPH_FAILS_AT),
         Failing(Variant("LangGraph alone (checkpointer)", (sys.executable, child, "plain"), entry=entry,
                         preload=PRELOAD), LANGGRAPH_EARLY, LANGGRAPH_FROM, LANGGRAPH_FAILS_AT),
+        *plugged(PLUGINS, "failing_variants"),
     ]  # fmt: skip
-    for name in PLUGINS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        make: Callable[[], Sequence[Failing]] | None = getattr(module, "failing_variants", None)
-        if make is not None:
-            found.extend(make())
-    return found
 
 
 def _config(world: ResearchWorld, folder: Path, action: str) -> dict[str, Any]:

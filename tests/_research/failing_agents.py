@@ -9,12 +9,15 @@ or ``worker``; the same JSON line). One ``Agent`` (``OpenAIChatCompletionsModel`
     search -> fetch -> write_report (a model call) -> book_review -> pay -> publish (raises)
 
 - ``plain``: the SDK alone with its session: plain tools (``urllib``, the ``openai`` SDK, the
-  ``stripe`` SDK with its own random idempotency key, a booking without a key); ``publish`` is
-  built with ``failure_error_function=None``, so its exception ends the run. Nothing is undone.
+  ``stripe`` SDK with its own random idempotency key, a booking without a key); the tools are
+  built with ``failure_error_function=None``, so ``publish``'s exception ends the run. Nothing is
+  undone.
 - ``sagaguard``: the turn is an agent saga, :class:`connectors.openai_agents_saga.SagaTurn`
-  (``async with``; run id ``{session}/turn-1``): loop model calls journaled, ``book_review``
-  declared ``changes_world(undo="cancel_review")`` and ``pay`` ``changes_world(undo="refund")``
-  (both ``policy="at_least_once"``, built with ``failure_error_function=None``), their insides
+  (``async with``; run id ``{session}/turn-1``): loop model calls journaled, ``book_review`` and
+  ``pay`` declared by name at the adapter (``SagaTurn(declare=DECLARE)``:
+  ``changes_world(undo="cancel_review")`` and ``changes_world(undo="refund")``, both
+  ``policy="at_least_once"``), the tools built from :class:`_research.failing_common.PlanTools`
+  with ``failure_error_function=None``, their insides
   guarded as in the LangGraph child (the booking under the tool call's ``Idempotency-Key``, the
   charge a :class:`connectors.stripe.StripeEffects` effect in the tool call's scope), the read-only
   tools guarded by the SDK adapter, the report's model call journaled
@@ -34,8 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +59,18 @@ from agents import (  # noqa: E402
 
 from _research.failing import Failing  # noqa: E402
 from _research.failing_common import (  # noqa: E402
+    DECLARE,
     INSTRUCTIONS,
     MODEL,
+    PlanTools,
     SagaSide,
-    book,
     configure,
-    get_json,
     on_model_response,
     payments_client,
-    publish,
     research_agent,
 )
 from _research.points import reach  # noqa: E402
 from _research.sweep import SDK_PRELOAD, Variant  # noqa: E402
-from _research.world import write_prompt  # noqa: E402
-from connectors.declare import changes_world  # noqa: E402
 from connectors.llm import ChatJournal  # noqa: E402
 from connectors.openai_agents_saga import SagaTurn, turn_run_id  # noqa: E402
 from connectors.stripe import StripeEffects  # noqa: E402
@@ -105,72 +104,6 @@ def failing_variants() -> list[Failing]:
         Failing(Variant("OpenAI Agents SDK alone (session)", (sys.executable, child, "plain"), entry=entry,
                         preload=PRELOAD), EARLY, START, FAILS_AT),
     ]  # fmt: skip
-
-
-def _tools(
-    config: Mapping[str, Any], payments: Any, effects: StripeEffects | None, ask: Callable[[str], str]
-) -> list[Any]:
-    """The six tools of the plan: with ``effects`` (sagaguard) the charge is a guarded effect in
-    the tool call's scope and the booking carries the tool call's key."""
-    tools_url = config["tools_url"]
-
-    @function_tool
-    def search(query: str) -> str:
-        """Search the literature; returns the result URLs, one a line."""
-        reach("enter:search", numbered=False)
-        found = get_json(f"{tools_url}/search?" + urllib.parse.urlencode({"q": query}))
-        reach("searched", numbered=False)
-        return "\n".join(r["url"] for r in found["results"])
-
-    @function_tool
-    def fetch(url: str) -> str:
-        """Fetch a page; returns its text."""
-        reach("enter:fetch", numbered=False)
-        text = str(get_json(f"{tools_url}/fetch?" + urllib.parse.urlencode({"url": url}))["text"])
-        reach("fetched", numbered=False)
-        return text
-
-    @function_tool
-    def write_report(topic: str, summaries: list[str], verdicts: list[str]) -> str:
-        """Write the report from the summaries and the verdicts."""
-        reach("enter:write_report", numbered=False)
-        report = ask(write_prompt(topic, summaries, verdicts))
-        reach("exit:write_report", numbered=False)
-        return report
-
-    @function_tool(failure_error_function=None)
-    @changes_world(undo="cancel_review", policy="at_least_once")
-    def book_review(reviewer: str, slot: str, reference: str) -> dict[str, Any]:
-        """Book a reviewer for the report; returns the booking."""
-        reach("enter:book_review", numbered=False)
-        key = current_effect().provider_key if effects is not None else None
-        return book(tools_url, reviewer, slot, reference, key)
-
-    @function_tool(failure_error_function=None)
-    @changes_world(undo="refund", policy="at_least_once")
-    def pay(amount: int, currency: str, description: str) -> str:
-        """Pay for the report (amount in cents); returns the payment id."""
-        reach("enter:pay", numbered=False)
-        if effects is not None:
-            with scope(current_effect().key):  # the charge is keyed on the tool call
-                charged = effects.charge(
-                    amount, currency, payment_method="pm_card_visa", description=description
-                )
-            paid = charged.id
-        else:
-            params = {"amount": amount, "currency": currency, "payment_method": "pm_card_visa",
-                      "confirm": True, "description": description}  # fmt: skip
-            paid = str(payments.v1.payment_intents.create(params).id)
-        reach("exit:pay", numbered=False)
-        return paid
-
-    @function_tool(name_override="publish", failure_error_function=None)
-    def publish_report(reference: str, report: str) -> str:
-        """Publish the report."""
-        reach("enter:publish", numbered=False)
-        return publish(tools_url, reference, report)
-
-    return [search, fetch, write_report, book_review, pay, publish_report]
 
 
 class HookedSession(SQLiteSession):
@@ -225,11 +158,14 @@ async def _run(mode: str, config: Mapping[str, Any], folder: Path) -> dict[str, 
                 reply = journal.create(model=MODEL, messages=messages(user))  # type: ignore[arg-type]
         return str(reply.choices[0].message.content)
 
-    configure(effects, config["tools_url"])
-    agent = Agent(
-        name="researcher", instructions=INSTRUCTIONS, model=OpenAIChatCompletionsModel(MODEL, loop_client),
-        tools=_tools(config, payments, effects, ask),
-    )  # fmt: skip
+    tools_url = config["tools_url"]
+    configure(effects, tools_url)
+    plan = PlanTools(tools_url, payments, effects, ask)
+    # failure_error_function=None: a tool's exception ends the turn (which undoes it), rather than
+    # becoming text for the model.
+    tools = [function_tool(method, failure_error_function=None) for method in plan.all()]
+    model = OpenAIChatCompletionsModel(MODEL, loop_client)
+    agent = Agent(name="researcher", instructions=INSTRUCTIONS, model=model, tools=tools)
     session = HookedSession(SESSION, str(folder / "session.db"))
     status, error = "completed", ""
     try:
@@ -246,7 +182,7 @@ async def _run(mode: str, config: Mapping[str, Any], folder: Path) -> dict[str, 
                     raise
                 status, error = "failed", str(exc)
         else:
-            turn = SagaTurn(side.runner, research_agent, SESSION, 1)
+            turn = SagaTurn(side.runner, research_agent, SESSION, 1, declare=DECLARE)
             try:
                 async with turn:
                     go_on_with = await turn.resume_turn(session, str(config["topic"]))

@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,10 @@ import httpx
 import stripe
 
 from _research.points import reach
+from _research.world import write_prompt
+from connectors.declare import ToolDeclaration, changes_world
 from connectors.stripe import StripeEffects
-from idempotency import Guard, current_effect
+from idempotency import Guard, current_effect, scope
 from idempotency.records import Record, State
 from idempotency.stores.sql import SqlStore
 from saga import SagaRegistry, SagaState, recover
@@ -41,20 +43,21 @@ from saga.journals.sql import SqlJournal
 from saga.records import Phase, SagaRecord
 
 __all__ = [
+    "DECLARE",
     "INSTRUCTIONS",
     "LEASE",
     "MODEL",
     "HookedJournal",
     "HookedRequestsClient",
     "HookedStore",
+    "PlanTools",
     "PublishFailed",
     "SagaSide",
-    "book",
     "cancel_review",
     "configure",
     "get_json",
     "on_model_response",
-    "publish",
+    "payments_client",
     "refund",
     "registry",
     "research_agent",
@@ -73,6 +76,15 @@ in the middle of a compensation the worker can take the run over. Shortened so t
 compensations each wait 2 s rather than 30; the effects' claims keep Guard's defaults."""
 RECOVER_FOR = 60.0
 """Seconds a resume waits for a killed compensation's lease to run out before it gives up."""
+
+DECLARE: dict[str, ToolDeclaration] = {
+    "book_review": changes_world(undo="cancel_review", policy="at_least_once"),
+    "pay": changes_world(undo="refund", policy="at_least_once"),
+}
+"""The steps of the agent saga, declared by name at the adapter (``SagaTools(DECLARE)``,
+``SagaTurn(declare=DECLARE)``): what the two tools do inside is guarded on its own (the booking by
+the desk's ``Idempotency-Key``, the charge a :class:`~connectors.stripe.StripeEffects` effect with its
+reconciler), so a call left in doubt by a crash runs its body again (at least once)."""
 
 undos = UndoRegistry()
 research_agent = AgentSaga("research_agent", undos)
@@ -139,25 +151,90 @@ def _post(url: str, body: Mapping[str, Any], key: str | None = None) -> Any:
         return json.loads(answer.read())
 
 
-def book(tools_url: str, reviewer: str, slot: str, reference: str, key: str | None) -> dict[str, Any]:
-    """Book a reviewer at the desk (under ``key`` as its ``Idempotency-Key``, when given)."""
-    body = {"reviewer": reviewer, "slot": slot, "reference": reference}
-    booking = dict(_post(f"{tools_url}/bookings", body, key))
-    reach("booked", numbered=False)
-    return booking
+class PlanTools:
+    """What the six tools of the ``TASK agent_failing`` plan do, the same in every framework: each
+    makes its tools from these methods (``tool(plan.search)``, ``function_tool(plan.search)``).
 
-
-def publish(tools_url: str, reference: str, report: str) -> str:
-    """Publish the report; the world's publisher is down.
-
-    Raises:
-        PublishFailed: always (HTTP 503).
+    Args:
+        tools_url: the world's search, fetch, desk and publisher.
+        payments: the plain Stripe client (the framework alone charges through it).
+        effects: sagaguard's Stripe effects (None: the framework alone); with them the charge is a
+            guarded effect in the tool call's scope and the booking carries the tool call's key.
+        ask: ``ask(user_message)``: the report's model call (``TASK write``), its text.
     """
-    try:
-        _post(f"{tools_url}/publish", {"reference": reference, "report": report})
-    except urllib.error.HTTPError as exc:
-        raise PublishFailed(f"the publisher refused {reference!r}: HTTP {exc.code}") from None
-    return "published"
+
+    def __init__(
+        self, tools_url: str, payments: Any, effects: StripeEffects | None, ask: Callable[[str], str]
+    ) -> None:
+        self.tools_url = tools_url
+        self.payments = payments
+        self.effects = effects
+        self.ask = ask
+
+    def all(self) -> list[Callable[..., Any]]:
+        """The six tools, in plan order."""
+        return [self.search, self.fetch, self.write_report, self.book_review, self.pay, self.publish]
+
+    def search(self, query: str) -> str:
+        """Search the literature; returns the result URLs, one a line."""
+        reach("enter:search", numbered=False)
+        found = get_json(f"{self.tools_url}/search?" + urllib.parse.urlencode({"q": query}))
+        reach("searched", numbered=False)
+        return "\n".join(r["url"] for r in found["results"])
+
+    def fetch(self, url: str) -> str:
+        """Fetch a page; returns its text."""
+        reach("enter:fetch", numbered=False)
+        text = str(get_json(f"{self.tools_url}/fetch?" + urllib.parse.urlencode({"url": url}))["text"])
+        reach("fetched", numbered=False)
+        return text
+
+    def write_report(self, topic: str, summaries: list[str], verdicts: list[str]) -> str:
+        """Write the report from the summaries and the verdicts."""
+        reach("enter:write_report", numbered=False)
+        report = self.ask(write_prompt(topic, summaries, verdicts))
+        reach("exit:write_report", numbered=False)
+        return report
+
+    def book_review(self, reviewer: str, slot: str, reference: str) -> dict[str, Any]:
+        """Book a reviewer for the report; returns the booking."""
+        reach("enter:book_review", numbered=False)
+        # The tool call's own effect key names the booking: a call run again after a crash sends
+        # the same Idempotency-Key, and the desk answers with the first booking.
+        key = current_effect().provider_key if self.effects is not None else None
+        body = {"reviewer": reviewer, "slot": slot, "reference": reference}
+        booking = dict(_post(f"{self.tools_url}/bookings", body, key))
+        reach("booked", numbered=False)
+        return booking
+
+    def pay(self, amount: int, currency: str, description: str) -> str:
+        """Pay for the report (amount in cents); returns the payment id."""
+        reach("enter:pay", numbered=False)
+        if self.effects is not None:
+            with scope(current_effect().key):  # the charge is keyed on the tool call
+                charged = self.effects.charge(
+                    amount, currency, payment_method="pm_card_visa", description=description
+                )
+            paid = charged.id
+        else:
+            params = {"amount": amount, "currency": currency, "payment_method": "pm_card_visa",
+                      "confirm": True, "description": description}  # fmt: skip
+            paid = str(self.payments.v1.payment_intents.create(params).id)
+        reach("exit:pay", numbered=False)
+        return paid
+
+    def publish(self, reference: str, report: str) -> str:
+        """Publish the report.
+
+        Raises:
+            PublishFailed: always: the world's publisher is down (HTTP 503).
+        """
+        reach("enter:publish", numbered=False)
+        try:
+            _post(f"{self.tools_url}/publish", {"reference": reference, "report": report})
+        except urllib.error.HTTPError as exc:
+            raise PublishFailed(f"the publisher refused {reference!r}: HTTP {exc.code}") from None
+        return "published"
 
 
 def on_model_response(response: httpx.Response) -> None:

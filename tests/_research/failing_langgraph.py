@@ -17,8 +17,9 @@ driven by the world's ``TASK agent_failing`` plan (:func:`_research.world.failin
 - ``sagaguard``: an agent saga (:mod:`saga.agent`). The model is journaled
   (:class:`connectors.langgraph.JournaledChatModel`, so a resumed run's tool calls keep their ids),
   the ``ToolNode``'s handler is :class:`connectors.langgraph_saga.SagaTools` with
-  ``inner=ToolGuard(guard)``: ``book_review`` is declared ``changes_world(undo="cancel_review")`` and
-  ``pay`` ``changes_world(undo="refund")`` (both ``policy="at_least_once"``: what they do inside is
+  ``inner=ToolGuard(guard)`` and the steps declared by name (``SagaTools(DECLARE, ...)``:
+  ``book_review`` ``changes_world(undo="cancel_review")``, ``pay`` ``changes_world(undo="refund")``,
+  both ``policy="at_least_once"``: what they do inside is
   guarded on its own, the booking by the desk's ``Idempotency-Key``, the charge as a
   :class:`connectors.stripe.StripeEffects` effect with its reconciler), the read-only tools run
   through the ``ToolGuard`` (the report's model call journaled with
@@ -64,7 +65,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
-import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,26 +84,22 @@ from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 
 from _research.failing_common import (  # noqa: E402
+    DECLARE,
     INSTRUCTIONS,
     MODEL,
+    PlanTools,
     PublishFailed,
     SagaSide,
-    book,
     configure,
-    get_json,
     on_model_response,
     payments_client,
-    publish,
     research_agent,
 )
 from _research.points import reach  # noqa: E402
-from _research.world import write_prompt  # noqa: E402
-from connectors.declare import changes_world  # noqa: E402
 from connectors.langgraph import JournaledChatModel, ToolGuard  # noqa: E402
 from connectors.langgraph_saga import SagaTools  # noqa: E402
 from connectors.llm import ChatJournal  # noqa: E402
 from connectors.stripe import StripeEffects  # noqa: E402
-from idempotency import current_effect, scope  # noqa: E402
 from saga import SagaState  # noqa: E402
 from saga.agent import AgentRunEnded  # noqa: E402
 
@@ -132,77 +128,6 @@ class Built:
     def close(self) -> None:
         for close in reversed(self.closers):
             close()
-
-
-def _tools(
-    config: Mapping[str, Any],
-    payments: Any,
-    effects: StripeEffects | None,
-    ask: Callable[[str], str],
-) -> list[Any]:
-    """The six tools of the plan: with ``effects`` (sagaguard) the charge is a guarded effect and
-    the booking carries the tool call's key, else the plain ``payments`` client charges."""
-    tools_url = config["tools_url"]
-
-    @tool
-    def search(query: str) -> str:
-        """Search the literature; returns the result URLs, one a line."""
-        reach("enter:search", numbered=False)
-        found = get_json(f"{tools_url}/search?" + urllib.parse.urlencode({"q": query}))
-        reach("searched", numbered=False)
-        return "\n".join(r["url"] for r in found["results"])
-
-    @tool
-    def fetch(url: str) -> str:
-        """Fetch a page; returns its text."""
-        reach("enter:fetch", numbered=False)
-        text = str(get_json(f"{tools_url}/fetch?" + urllib.parse.urlencode({"url": url}))["text"])
-        reach("fetched", numbered=False)
-        return text
-
-    @tool
-    def write_report(topic: str, summaries: list[str], verdicts: list[str]) -> str:
-        """Write the report from the summaries and the verdicts."""
-        reach("enter:write_report", numbered=False)
-        report = ask(write_prompt(topic, summaries, verdicts))
-        reach("exit:write_report", numbered=False)
-        return report
-
-    @tool
-    @changes_world(undo="cancel_review", policy="at_least_once")
-    def book_review(reviewer: str, slot: str, reference: str) -> dict[str, Any]:
-        """Book a reviewer for the report; returns the booking."""
-        reach("enter:book_review", numbered=False)
-        # The tool call's own effect key names the booking: a call run again after a crash sends
-        # the same Idempotency-Key, and the desk answers with the first booking.
-        key = current_effect().provider_key if effects is not None else None
-        return book(tools_url, reviewer, slot, reference, key)
-
-    @tool
-    @changes_world(undo="refund", policy="at_least_once")
-    def pay(amount: int, currency: str, description: str) -> str:
-        """Pay for the report (amount in cents); returns the payment id."""
-        reach("enter:pay", numbered=False)
-        if effects is not None:
-            with scope(current_effect().key):  # the charge is keyed on the tool call
-                charged = effects.charge(
-                    amount, currency, payment_method="pm_card_visa", description=description
-                )
-            paid = charged.id
-        else:
-            params = {"amount": amount, "currency": currency, "payment_method": "pm_card_visa",
-                      "confirm": True, "description": description}  # fmt: skip
-            paid = str(payments.v1.payment_intents.create(params).id)
-        reach("exit:pay", numbered=False)
-        return paid
-
-    @tool("publish")
-    def publish_report(reference: str, report: str) -> str:
-        """Publish the report."""
-        reach("enter:publish", numbered=False)
-        return publish(tools_url, reference, report)
-
-    return [search, fetch, write_report, book_review, pay, publish_report]
 
 
 def build(config: Mapping[str, Any], mode: str, folder: Path) -> Built:
@@ -239,10 +164,10 @@ def build(config: Mapping[str, Any], mode: str, folder: Path) -> Built:
             reply = client.chat.completions.create(model=MODEL, messages=messages(user))  # type: ignore[arg-type]
             return str(reply.choices[0].message.content)
 
-    tools = _tools(config, payments, effects, ask)
+    tools = [tool(method) for method in PlanTools(config["tools_url"], payments, effects, ask).all()]
     if saga is not None:
         model: Any = JournaledChatModel(inner=chat.bind_tools(tools), guard=saga.guard)
-        handler = SagaTools(inner=ToolGuard(saga.guard)).wrap_tool_call
+        handler = SagaTools(DECLARE, inner=ToolGuard(saga.guard)).wrap_tool_call
         node = ToolNode(tools, wrap_tool_call=handler, handle_tool_errors=False)
     else:
         model = chat.bind_tools(tools)

@@ -316,23 +316,32 @@ def _call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def agent_step(messages: Sequence[Mapping[str, Any]], *, fan_out: bool = False) -> dict[str, Any]:
-    """The ``TASK agent`` answer (an assistant message) for a conversation: the plan's next step.
-
-    With ``fan_out`` (``TASK agent_fanout``), the summaries and the claim checks are each asked for
-    in one answer, as parallel tool calls (every one still to do), instead of one per answer.
-    """
+def _conversation(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[str]
+) -> tuple[str, dict[str, list[str]]]:
+    """The topic (the first user message) and, per tool name, the results of its calls so far (tool
+    results matched to the assistant's ``tool_calls`` by ``tool_call_id``), in order."""
     users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
     topic = users[0].strip() if users else TOPIC
     names: dict[str, str] = {}
     for m in messages:
         for call in m.get("tool_calls") or ():
             names[str(call.get("id"))] = str(call.get("function", {}).get("name"))
-    results: dict[str, list[str]] = {name: [] for name in TOOL_NAMES}
+    results: dict[str, list[str]] = {name: [] for name in tools}
     for m in messages:
         if m.get("role") == "tool":
             name = names.get(str(m.get("tool_call_id")), "")
             results.setdefault(name, []).append(_text(m.get("content")))
+    return topic, results
+
+
+def agent_step(messages: Sequence[Mapping[str, Any]], *, fan_out: bool = False) -> dict[str, Any]:
+    """The ``TASK agent`` answer (an assistant message) for a conversation: the plan's next step.
+
+    With ``fan_out`` (``TASK agent_fanout``), the summaries and the claim checks are each asked for
+    in one answer, as parallel tool calls (every one still to do), instead of one per answer.
+    """
+    topic, results = _conversation(messages, TOOL_NAMES)
     urls, claims = page_urls(topic), claims_for(topic)
     done = {name: len(found) for name, found in results.items()}
     call: dict[str, Any] | None = None
@@ -373,16 +382,7 @@ def failing_report(topic: str = TOPIC) -> str:
 def failing_step(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The ``TASK agent_failing`` answer for a conversation: the next step of its plan (the module
     docstring), read off the tool results so far as :func:`agent_step` does."""
-    users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
-    topic = users[0].strip() if users else TOPIC
-    names: dict[str, str] = {}
-    for m in messages:
-        for call in m.get("tool_calls") or ():
-            names[str(call.get("id"))] = str(call.get("function", {}).get("name"))
-    results: dict[str, list[str]] = {name: [] for name in FAILING_TOOLS}
-    for m in messages:
-        if m.get("role") == "tool":
-            results.setdefault(names.get(str(m.get("tool_call_id")), ""), []).append(_text(m.get("content")))
+    topic, results = _conversation(messages, FAILING_TOOLS)
     if not results["search"]:
         return _ask("search", {"query": topic})
     if not results["fetch"]:
