@@ -285,6 +285,8 @@ def test_an_agents_sdk_turn_killed_mid_run_and_mid_compensation_undoes_each_call
     assert _state(tmp_path) is SagaState.COMPENSATED
 
 
+@pytest.mark.slow  # two fresh processes (about 20 s on a loaded machine); in-process: fresh objects
+@pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow")
 @pytest.mark.timeout(240)
 def test_an_agents_sdk_turn_paused_at_an_approval_is_rejected_from_another_process(tmp_path: Path) -> None:
     with LocalStripe() as stripe, LocalIdempotentApi() as api:

@@ -364,6 +364,7 @@ def test_a_call_still_running_when_the_run_ends_cannot_overwrite_its_rows(
         seen["returned"] = await late
 
     run(main)
-    assert seen["ended"].saga.state is SagaState.COMPENSATED
+    # COMPENSATED, or FAILED when its claim was not made yet (nothing to undo): the run has ended
+    assert seen["ended"].saga.state in (SagaState.COMPENSATED, SagaState.FAILED)
     assert seen["returned"] == {"booking": "bk-ritz"}  # the call returns to its caller...
     assert load(journal, "thread-1").steps == seen["ended"].steps  # ...and writes nothing to the run
