@@ -74,6 +74,7 @@ __all__ = [
     "all_variants",
     "experiment",
     "langgraph_variants",
+    "plugged",
     "stop_zygotes",
     "sweep",
     "world_config",
@@ -472,20 +473,26 @@ def langgraph_variants() -> list[Variant]:
     ]  # fmt: skip
 
 
-def all_variants() -> list[Variant]:
-    """The LangGraph variants and those of every importable module in :data:`PLUGINS`."""
-    found = langgraph_variants()
-    for name in PLUGINS:
+def plugged(modules: Iterable[str], function: str) -> list[Any]:
+    """What ``function()`` returns in each of ``modules`` that can be imported and defines it, in
+    order (a module that is not there is skipped; an import error inside one propagates)."""
+    found: list[Any] = []
+    for name in modules:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name != name:
                 raise
             continue
-        make: Callable[[], Sequence[Variant]] | None = getattr(module, "variants", None)
+        make: Callable[[], Sequence[Any]] | None = getattr(module, function, None)
         if make is not None:
             found.extend(make())
     return found
+
+
+def all_variants() -> list[Variant]:
+    """The LangGraph variants and those of every importable module in :data:`PLUGINS`."""
+    return [*langgraph_variants(), *plugged(PLUGINS, "variants")]
 
 
 def check_clean(result: SweepResult, topic: str = TOPIC) -> None:

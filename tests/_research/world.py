@@ -16,7 +16,11 @@
   ``metadata`` and ``GET .../chat/completions?metadata[k]=v`` as OpenAI's stored completions, so
   ``connectors.llm.ChatJournal(store_at_provider=True)`` can reconcile), ``GET {tools_url}/search?q=``
   (``{"query", "results": [{"url", "title"}] * N_PAGES}``) and ``GET {tools_url}/fetch?url=``
-  (``{"url", "text"}``: :func:`page_text`);
+  (``{"url", "text"}``: :func:`page_text`); a review desk, ``POST {tools_url}/bookings``
+  (``{"reviewer", "slot", "reference"}`` -> ``{"booking", ...}``) and ``POST
+  {tools_url}/bookings/cancel`` (``{"booking"}`` or ``{"reference"}``: every booking it names), both
+  honouring an ``Idempotency-Key`` header as Stripe does (the first answer replayed to the same
+  key); and a publisher that is down (``POST {tools_url}/publish`` answers 503);
 - a :class:`~connectors.testing.LocalStripe` in its own process (``world.stripe``: ``api_key``,
   ``api_base``);
 - a :class:`~connectors.testing.smtp.SmtpSink` in this process (``smtp_host``, ``smtp_port``;
@@ -24,7 +28,13 @@
 
 ``counters()`` merges them: ``model_calls`` (answers generated: what is paid for), ``prompt_tokens``,
 ``completion_tokens``, ``model_calls_<task>`` per task kind, ``searches``, ``fetches``, ``charges``
-(Stripe card charges), ``payment_intents``, ``emails``; ``reset()`` forgets everything everywhere.
+(Stripe card charges), ``payment_intents``, ``refunds`` (Stripe refunds made), ``emails``,
+``bookings`` (made), ``cancellations`` (cancel requests the desk carried out, replays of a key not
+counted), ``cancellations_repeated`` (those of them that found every booking they named cancelled
+already: an undo that reached the world twice), ``bookings_active`` (made and never cancelled),
+``publishes`` (publish attempts, all refused); :meth:`ResearchWorld.left_in_place` counts what was
+done and not undone (charges not fully refunded, bookings not cancelled), read off the servers.
+``reset()`` forgets everything everywhere.
 
 The model. Deterministic in content, fresh in identity (random ``chatcmpl-...`` and ``call_...`` ids,
 like a real provider: an answer asked again is a new answer with new ids). What it does is selected by
@@ -63,6 +73,15 @@ is the last ``user`` message of the request:
   calls and steps 24..38 one answer with the 15 ``check_claim`` calls, parallel tool calls (a clean
   run: 18 answers + 27 model calls in the tools = :data:`FANOUT_MODEL_CALLS`).
 
+- ``TASK agent_failing``: the failing agent (:func:`failing_step`), one tool call per answer:
+  ``search(query=<topic>)``, ``fetch(url=page_urls(topic)[0])``, ``write_report(topic=<topic>,
+  summaries=[summary_of(<fetch result>)], verdicts=[])``, ``book_review(reviewer=REVIEWER,
+  slot=REVIEW_SLOT, reference=<ref>)``, ``pay(amount=REPORT_PRICE, currency="usd",
+  description=<ref>)``, ``publish(reference=<ref>, report=<report>)``, then the final text (never
+  reached: the publisher is down, every ``POST /publish`` answers 503). ``<ref>`` is
+  ``"Research report <digest>"``. :data:`FAILING_STEPS` answers, :data:`FAILING_MODEL_CALLS` model
+  calls with the report's.
+
 - anything else: answers ``"ok"``.
 
 Usage is counted as a real server reports it: ``prompt_tokens`` is the request's messages JSON
@@ -82,6 +101,7 @@ import json
 import re
 import sys
 import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -102,12 +122,17 @@ __all__ = [
     "AGENT_MODEL_CALLS",
     "AGENT_STEPS",
     "CLEAN_MODEL_CALLS",
+    "FAILING_MODEL_CALLS",
+    "FAILING_STEPS",
+    "FAILING_TOOLS",
     "FANOUT_MODEL_CALLS",
     "FANOUT_STEPS",
     "N_CLAIMS",
     "N_PAGES",
     "RECIPIENT",
     "REPORT_PRICE",
+    "REVIEWER",
+    "REVIEW_SLOT",
     "SENDER",
     "TOOL_NAMES",
     "TOPIC",
@@ -118,6 +143,8 @@ __all__ = [
     "check_prompt",
     "claims_for",
     "expected_report",
+    "failing_report",
+    "failing_step",
     "final_answer",
     "page_text",
     "page_urls",
@@ -153,6 +180,16 @@ FANOUT_STEPS = AGENT_STEPS - (N_PAGES - 1) - (N_CLAIMS - 1)
 """The ``TASK agent_fanout`` plan's answers: the summaries and the checks one answer each."""
 FANOUT_MODEL_CALLS = FANOUT_STEPS + CLEAN_MODEL_CALLS
 """Model calls of a clean ``TASK agent_fanout`` run."""
+FAILING_TOOLS = ("search", "fetch", "write_report", "book_review", "pay", "publish")
+"""The tool names the ``TASK agent_failing`` model calls, in plan order."""
+FAILING_STEPS = len(FAILING_TOOLS)
+"""``TASK agent_failing`` answers in a run (the plan ends at ``publish``, which always fails)."""
+FAILING_MODEL_CALLS = FAILING_STEPS + 1
+"""Model calls of a ``TASK agent_failing`` run: the loop's answers plus the report's."""
+REVIEWER = "dr-ada@reviews.example"
+"""Who the failing agent books to review the report."""
+REVIEW_SLOT = "2026-12-03T10:00Z"
+"""The review slot it books."""
 
 _VOCABULARY = (
     "agent checkpoint saga compensation ledger idempotency replay crash resume journal effect "
@@ -279,23 +316,32 @@ def _call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def agent_step(messages: Sequence[Mapping[str, Any]], *, fan_out: bool = False) -> dict[str, Any]:
-    """The ``TASK agent`` answer (an assistant message) for a conversation: the plan's next step.
-
-    With ``fan_out`` (``TASK agent_fanout``), the summaries and the claim checks are each asked for
-    in one answer, as parallel tool calls (every one still to do), instead of one per answer.
-    """
+def _conversation(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[str]
+) -> tuple[str, dict[str, list[str]]]:
+    """The topic (the first user message) and, per tool name, the results of its calls so far (tool
+    results matched to the assistant's ``tool_calls`` by ``tool_call_id``), in order."""
     users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
     topic = users[0].strip() if users else TOPIC
     names: dict[str, str] = {}
     for m in messages:
         for call in m.get("tool_calls") or ():
             names[str(call.get("id"))] = str(call.get("function", {}).get("name"))
-    results: dict[str, list[str]] = {name: [] for name in TOOL_NAMES}
+    results: dict[str, list[str]] = {name: [] for name in tools}
     for m in messages:
         if m.get("role") == "tool":
             name = names.get(str(m.get("tool_call_id")), "")
             results.setdefault(name, []).append(_text(m.get("content")))
+    return topic, results
+
+
+def agent_step(messages: Sequence[Mapping[str, Any]], *, fan_out: bool = False) -> dict[str, Any]:
+    """The ``TASK agent`` answer (an assistant message) for a conversation: the plan's next step.
+
+    With ``fan_out`` (``TASK agent_fanout``), the summaries and the claim checks are each asked for
+    in one answer, as parallel tool calls (every one still to do), instead of one per answer.
+    """
+    topic, results = _conversation(messages, TOOL_NAMES)
     urls, claims = page_urls(topic), claims_for(topic)
     done = {name: len(found) for name, found in results.items()}
     call: dict[str, Any] | None = None
@@ -328,6 +374,37 @@ def agent_step(messages: Sequence[Mapping[str, Any]], *, fan_out: bool = False) 
     return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
+def failing_report(topic: str = TOPIC) -> str:
+    """The report the ``TASK agent_failing`` plan writes (from the first page only)."""
+    return report_of(write_prompt(topic, [summary_of(page_text(page_urls(topic)[0]))], []))
+
+
+def failing_step(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``TASK agent_failing`` answer for a conversation: the next step of its plan (the module
+    docstring), read off the tool results so far as :func:`agent_step` does."""
+    topic, results = _conversation(messages, FAILING_TOOLS)
+    if not results["search"]:
+        return _ask("search", {"query": topic})
+    if not results["fetch"]:
+        return _ask("fetch", {"url": page_urls(topic)[0]})
+    if not results["write_report"]:
+        summaries = [summary_of(results["fetch"][0])]
+        return _ask("write_report", {"topic": topic, "summaries": summaries, "verdicts": []})
+    report = results["write_report"][0]
+    reference = f"Research report {report_digest(report)}"
+    if not results["book_review"]:
+        return _ask("book_review", {"reviewer": REVIEWER, "slot": REVIEW_SLOT, "reference": reference})
+    if not results["pay"]:
+        return _ask("pay", {"amount": REPORT_PRICE, "currency": "usd", "description": reference})
+    if not results["publish"]:
+        return _ask("publish", {"reference": reference, "report": report})
+    return {"role": "assistant", "content": f"Done: report {report_digest(report)} published."}
+
+
+def _ask(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [_call(name, arguments)]}
+
+
 def task_of(messages: Sequence[Mapping[str, Any]]) -> str:
     """The task kind named by the first system/developer message (``"TASK agent ..."`` -> ``agent``)."""
     for m in messages:
@@ -344,6 +421,8 @@ def answer(messages: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]]:
     last = users[-1] if users else ""
     if task in ("agent", "agent_fanout"):
         return task, agent_step(messages, fan_out=task == "agent_fanout")
+    if task == "agent_failing":
+        return task, failing_step(messages)
     pure = {"summarize": summary_of, "check": verdict_of, "write": report_of}
     content = pure[task](last) if task in pure else "ok"
     return task, {"role": "assistant", "content": content}
@@ -353,9 +432,81 @@ _planned = answer  # the module's answer, for the method of the same name below
 
 
 class ResearchApp(ChatApp):
-    """The research server: the :class:`ChatApp` protocol with the research model, plus search/fetch."""
+    """The research server: the :class:`ChatApp` protocol with the research model, plus search/fetch,
+    the review desk (bookings) and the publisher (down)."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        self.bookings: dict[str, dict[str, Any]] = {}
+        self.keys: dict[str, Reply] = {}
+
+    def reset(self) -> None:
+        super().reset()
+        self.bookings.clear()
+        self.keys.clear()
+
+    def counters(self) -> dict[str, int]:
+        with self.lock:
+            found = dict(self.count)
+            found["bookings_active"] = sum(not b["cancelled"] for b in self.bookings.values())
+        return found
+
+    def _desk(self, request: Request) -> Reply:
+        """``POST /bookings`` and ``POST /bookings/cancel``: the first answer to an
+        ``Idempotency-Key`` is kept and replayed to the same key, as Stripe does."""
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            return Reply(HTTPStatus.BAD_REQUEST, {"error": "the body is not JSON"})
+        key = request.headers.get("idempotency-key")
+        with self.lock:
+            if key and key in self.keys:
+                self._inc("desk_replays")
+                return self.keys[key]
+            reply = self._book(body) if request.path == "/bookings" else self._cancel(body)
+            if key and reply.status == HTTPStatus.OK:
+                self.keys[key] = reply
+            return reply
+
+    def _book(self, body: Mapping[str, Any]) -> Reply:
+        if not body.get("reviewer") or not body.get("slot"):
+            return Reply(HTTPStatus.BAD_REQUEST, {"error": "reviewer and slot are required"})
+        booking = {
+            "booking": f"bk_{uuid.uuid4().hex[:16]}",
+            "reviewer": str(body["reviewer"]),
+            "slot": str(body["slot"]),
+            "reference": str(body.get("reference") or ""),
+            "cancelled": 0,
+        }
+        self.bookings[booking["booking"]] = booking
+        self._inc("bookings")
+        return Reply(HTTPStatus.OK, {k: v for k, v in booking.items() if k != "cancelled"})
+
+    def _cancel(self, body: Mapping[str, Any]) -> Reply:
+        if body.get("booking"):
+            named = [b for b in self.bookings.values() if b["booking"] == body["booking"]]
+        elif body.get("reference"):
+            named = [b for b in self.bookings.values() if b["reference"] == body["reference"]]
+        else:
+            return Reply(HTTPStatus.BAD_REQUEST, {"error": "booking or reference is required"})
+        if named:
+            self._inc("cancellations")
+            if all(b["cancelled"] for b in named):
+                self._inc("cancellations_repeated")
+            for b in named:
+                b["cancelled"] += 1
+        return Reply(HTTPStatus.OK, {"cancelled": [b["booking"] for b in named]})
 
     def handle(self, request: Request) -> Reply:
+        if request.method == "POST" and request.path in ("/bookings", "/bookings/cancel"):
+            with self.lock:
+                self._inc("requests")
+            return self._desk(request)
+        if request.method == "POST" and request.path == "/publish":
+            with self.lock:
+                self._inc("requests")
+                self._inc("publishes")
+            return Reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the publisher is down"})
         if request.method == "GET" and request.path in ("/search", "/fetch"):
             params = dict(urllib.parse.parse_qsl(request.query))
             with self.lock:
@@ -461,12 +612,43 @@ class ResearchWorld:
             "stored_completions": research.get("stored", 0),
             "charges": stripe.get("charges", 0),
             "payment_intents": stripe.get("payment_intents", 0),
+            "refunds": stripe.get("refunds", 0),
             "emails": self.smtp.count(),
         }
+        for name in ("bookings", "cancellations", "cancellations_repeated", "bookings_active", "publishes"):
+            found[name] = research.get(name, 0)
         for name, value in research.items():
             if name.startswith("completions_"):
                 found["model_calls_" + name.removeprefix("completions_")] = value
         return found
+
+    def left_in_place(self) -> dict[str, int]:
+        """What was done and not undone, read off the servers: ``charges`` (succeeded PaymentIntents
+        not fully refunded, listed from the local Stripe) and ``bookings`` (never cancelled)."""
+        intents = self._stripe_list("/v1/payment_intents")
+        refunded: dict[str, int] = {}
+        for refund in self._stripe_list("/v1/refunds"):
+            refunded[refund["payment_intent"]] = refunded.get(refund["payment_intent"], 0) + refund["amount"]
+        charges = sum(
+            i["status"] == "succeeded" and refunded.get(i["id"], 0) < i["amount_received"] for i in intents
+        )
+        return {"charges": charges, "bookings": self.research.counters().get("bookings_active", 0)}
+
+    def _stripe_list(self, path: str) -> list[dict[str, Any]]:
+        """Every object of a Stripe list endpoint (pages of 100)."""
+        found: list[dict[str, Any]] = []
+        params = {"limit": "100"}
+        while True:
+            request = urllib.request.Request(
+                f"{self.stripe.api_base}{path}?{urllib.parse.urlencode(params)}",
+                headers={"Authorization": f"Bearer {self.stripe.api_key}"},
+            )
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                page = json.loads(answer.read())
+            found += page["data"]
+            if not page.get("has_more") or not page["data"]:
+                return found
+            params["starting_after"] = page["data"][-1]["id"]
 
     def emails(self) -> list[Received]:
         """The messages the SMTP sink accepted, oldest first."""
