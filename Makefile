@@ -31,8 +31,11 @@ agent-demo: $(STAMP)
 	$(VENV)/bin/sagaguard demo agent
 
 # Postgres (127.0.0.1:5432) and Redis (127.0.0.1:6379) tests are skipped when absent, required when CI=true.
+# The suite runs in TEST_WORKERS processes (pytest-xdist), a test file's tests in one of them, since
+# most of its time is spent waiting for child processes and servers.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(CREW_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
