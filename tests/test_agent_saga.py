@@ -451,6 +451,42 @@ def test_a_crash_after_the_effect_undoes_it_with_no_result(
     assert world.did("refund") == [(120, None)]
 
 
+def test_an_agent_resumed_after_dying_mid_compensation_finishes_the_undo_and_never_runs_forward(
+    *,
+    journal: SagaJournal,
+    runner: AgentRunner,
+    agent: AgentSaga,
+    world: World,
+    clock: FakeClock,
+) -> None:
+    from saga.agent import current_run
+
+    dying = [True]
+
+    @agent.undos.register
+    def cancel_or_die(arguments: Any, result: Any) -> None:
+        if dying[0]:
+            raise Crash  # the process undoing the run dies here, after the refund
+        world.log.append(("cancel_booking", (arguments["hotel"], result)))
+
+    with pytest.raises(Crash), runner.run(agent, "thread-1"):
+        current_run().call("book_hotel", lambda: world.book("ritz"), {"hotel": "ritz"}, undo="cancel_or_die")
+        charge(world)
+        raise ToolFailed("no flight")
+    assert load(journal, "thread-1").saga.state is SagaState.COMPENSATING
+    dying[0] = False
+    clock.advance(LEASE + 1)  # the dead process's lease ran out; the agent is started again
+
+    ran_forward = []
+    with pytest.raises(AgentRunEnded) as ended, runner.run(agent, "thread-1"):
+        ran_forward.append(True)
+    assert ended.value.state == SagaState.COMPENSATED.value
+    assert ran_forward == []  # the agent never ran forward on a run being undone
+    assert world.did("refund") == [(120, {"charge": "ch-1", "amount": 120})]
+    assert world.did("cancel_booking") == [("ritz", {"booking": "bk-ritz"})]
+    assert load(journal, "thread-1").saga.state is SagaState.COMPENSATED
+
+
 # ------------------------------------------------------------------- decisions, table-tested
 
 S, OK, F, C = StepState.STARTED, StepState.SUCCEEDED, StepState.FAILED, StepState.COMPENSATED

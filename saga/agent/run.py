@@ -228,6 +228,11 @@ class AgentRun:
             record = snapshot.saga
             if started.outcome is not StartOutcome.EXISTING:
                 self._own(snapshot)
+                if record.state is SagaState.COMPENSATING:
+                    # Taken over in the middle of its compensation (the process undoing it died):
+                    # the agent must not run forward on a run being undone, so finish it here.
+                    outcome = self._compensate("")
+                    raise AgentRunEnded(self.run_id, outcome.state.value)
                 return
             if (record.name, record.version) != (agent.name, agent.version):
                 raise DefinitionMismatch(self.run_id, f"it was started as {record.name!r} v{record.version}")
