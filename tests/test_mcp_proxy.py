@@ -16,6 +16,7 @@ import pytest
 from _mcpkit import SERVER, TESTS, counts, in_loop, serve_http, server_env
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
 
 from connectors.mcp import IDEMPOTENCY_META_KEY, http_session
 from connectors.testing import LocalStripe
@@ -100,6 +101,17 @@ def test_the_proxy_over_http_serves_many_clients_with_the_same_rules(
                 )
 
         first, second = in_loop(call), in_loop(call)  # two clients, one key
+
+        async def reused() -> types.CallToolResult:
+            async with http_session(url) as session:
+                meta: Any = {IDEMPOTENCY_META_KEY: "order-8"}
+                return await session.call_tool(
+                    "send_email", {"to": "bob@example.com", "subject": "hi"}, meta=meta
+                )
+
+        with pytest.raises(MCPError) as refused:  # the same key with other arguments
+            in_loop(reused)
+        assert refused.value.code == types.INVALID_PARAMS
     assert first.structured_content == second.structured_content == {"sent": True, "to": "ana@example.com"}
     assert counts(stripe, sink)["emails"] == 1
 
