@@ -10,7 +10,8 @@ each gets (``pass_through``, ``resend``, ``at_most_once``) and why. ``proxy`` se
 tools to one client over stdio (default) or to many over streamable HTTP (``--http``), each call
 guarded as :mod:`connectors.mcp.proxy` says, recorded in ``--store`` (default ``$SAGAGUARD_STORE``).
 
-:func:`add_commands` adds ``mcp`` to the ``sagaguard`` command's sub-parsers; :func:`run` runs it.
+:func:`add_commands` adds ``mcp`` to the ``sagaguard`` command's sub-parsers (through the
+``sagaguard.commands`` entry point); :func:`run` runs it.
 
 Exit status: 0 done; 1 the server or the store failed; 2 bad usage.
 """
@@ -36,7 +37,7 @@ from idempotency.errors import ConfigurationError, IdempotencyError
 from idempotency.guard import Guard
 from idempotency.stores import DEFAULT_URL, open_store
 
-__all__ = ["add_commands", "describe", "main", "run"]
+__all__ = ["add_commands", "describe", "run"]
 
 PROG = "sagaguard"
 ENV_STORE = "SAGAGUARD_STORE"
@@ -176,21 +177,3 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except (IdempotencyError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_FAILED
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run ``mcp ...`` on its own; returns the exit status."""
-    parser = argparse.ArgumentParser(prog=PROG)
-    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
