@@ -27,6 +27,10 @@ from saga import SagaState
 from saga.journals import open_journal
 
 pytestmark = pytest.mark.timeout(300)  # several fresh processes each, on a shared machine
+SLOW = [
+    pytest.mark.slow,
+    pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow"),
+]
 
 CHILD = TESTS / "_mcpagentchild.py"
 RUN = "shop-run-1"
@@ -88,7 +92,7 @@ def worker_until_done(env: dict[str, str], folder: Path) -> None:
     raise AssertionError("the run never ended")
 
 
-@pytest.mark.parametrize("framework", ["langgraph", pytest.param("agents", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("framework", ["langgraph", pytest.param("agents", marks=SLOW)])
 def test_an_agent_that_fails_refunds_its_mcp_charge_once(
     framework: str, world: tuple[LocalStripe, SmtpSink], tmp_path: Path
 ) -> None:
@@ -115,21 +119,6 @@ def test_an_agent_that_completes_keeps_its_charge_and_its_email(
         pytest.param("langgraph", {"AGENT_KILL": "after_charge"}, 1, id="langgraph-agent-after-charge"),
         # charged; the server died before answering
         pytest.param("langgraph", {"server_kill": "after_charge"}, 1, id="langgraph-server-after-charge"),
-        # claimed and registered with its undo; the agent died before sending
-        pytest.param(
-            "langgraph",
-            {"AGENT_KILL": "before_charge"},
-            0,
-            marks=pytest.mark.slow,
-            id="langgraph-agent-before-charge",
-        ),
-        pytest.param(
-            "agents",
-            {"AGENT_KILL": "after_charge"},
-            1,
-            marks=pytest.mark.slow,
-            id="agents-agent-after-charge",
-        ),
     ],
 )
 def test_a_charge_left_in_doubt_by_a_kill_is_never_repeated_and_is_undone(
@@ -159,12 +148,37 @@ def test_the_agent_killed_in_its_undo_is_finished_by_a_worker_in_a_fresh_process
     assert counts(*world) == {"charges": 1, "refunds": 1, "emails": 1}
 
 
+SWEEP = [
+    # (who is killed where, what the fakes count once the run has ended: charges, refunds, emails)
+    ({"AGENT_KILL": "before_charge"}, (0, 0, 0)),
+    ({"AGENT_KILL": "after_charge"}, (1, 1, 0)),
+    ({"server_kill": "after_charge"}, (1, 1, 0)),
+    ({"AGENT_KILL": "after_send_email"}, (1, 1, 1)),
+    ({"AGENT_KILL": "after_refund"}, (1, 1, 1)),
+    ({"server_kill": "in_refund"}, (1, 1, 1)),
+]
+
+
 @pytest.mark.slow
-def test_the_server_killed_in_the_undo_is_retried_under_the_same_key(
-    world: tuple[LocalStripe, SmtpSink], tmp_path: Path
+@pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow")
+@pytest.mark.parametrize("framework", ["langgraph", "agents"])
+@pytest.mark.parametrize(("kill", "expected"), SWEEP, ids=[next(iter(k.values())) + "-" + next(iter(k))
+                                                             for k, _ in SWEEP])  # fmt: skip
+def test_kill_sweep_every_point_each_framework(
+    framework: str,
+    kill: dict[str, str],
+    expected: tuple[int, int, int],
+    world: tuple[LocalStripe, SmtpSink],
+    tmp_path: Path,
 ) -> None:
-    env = env_for(world, tmp_path, AGENT_FAIL="1", server_kill="in_refund")
-    first = agent("langgraph", env)
-    assert "compensated" in first.stdout, first.stdout + first.stderr[-3000:]
-    assert (tmp_path / "server-in_refund").exists()  # it was killed there, after refunding
-    assert counts(*world) == {"charges": 1, "refunds": 1, "emails": 1}
+    """Killed at each point, rerun (as a supervisor would) and swept by the worker until the run
+    ended: it is compensated, and the fakes saw each effect at most once and each undo once."""
+    env = env_for(world, tmp_path, AGENT_FAIL="1", **kill)
+    for _ in range(3):
+        if agent(framework, env).returncode != -signal.SIGKILL:
+            break
+    if state(tmp_path) in (SagaState.RUNNING, SagaState.COMPENSATING):
+        worker_until_done({**env, "AGENT_KILL": ""}, tmp_path)
+    assert state(tmp_path) is SagaState.COMPENSATED
+    seen = counts(*world)
+    assert (seen["charges"], seen["refunds"], seen["emails"]) == expected

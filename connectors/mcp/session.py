@@ -49,7 +49,7 @@ from connectors.mcp.policy import (
     policy_for,
 )
 from idempotency.effect import current_effect
-from idempotency.errors import ConfigurationError
+from idempotency.errors import ConfigurationError, NotApplied
 from idempotency.guard import Guard
 from idempotency.keys import EffectIdentity, current_scope
 from idempotency.telemetry import TOOL_CALL_ID
@@ -261,9 +261,14 @@ class GuardedSession:
         sent_as = EffectIdentity.explicit(namespace, f"{run.run_id}/{call_id}", f"agent.tool.{tool}")
         recorded = {"tool": name, "arguments": args, "idempotency_key": sent_as.provider_key}
 
+        async def checked() -> types.CallToolResult:
+            if current_effect().provider_key != sent_as.provider_key:  # before anything is sent
+                raise NotApplied("the agent run keyed the call otherwise than its row records: not sent")
+            return await send()
+
         async def call() -> types.CallToolResult:
             return await run.acall(
-                tool, send, recorded, undo=policy.undo,
+                tool, checked, recorded, undo=policy.undo,
                 pivot=policy.pivot, call_id=call_id, result_type=types.CallToolResult,
                 record=recorded_result, options=options,
             )  # fmt: skip
