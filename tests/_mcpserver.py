@@ -8,11 +8,13 @@ through the SMTP sink, passing on the idempotency key a client sends in the requ
   ``pm_card_chargeDeclined`` as ``customer`` is declined and answered ``isError``;
 - ``refund(payment_intent?, charge_key?)``: idempotent; finds the charge by its id, or by the key
   it was made under (its metadata) when the caller never learnt the id;
+- ``find_charge(charge_key)``: read-only; whether a charge was made under that key;
 - ``send_email(to, subject)``: destructive; ``balance()``: read-only (counts its calls).
 
 Environment: ``MCP_STRIPE`` (the Stripe server's URL), ``MCP_SMTP`` (``host:port``), ``MCP_KILL``
-(``after_charge``: SIGKILL this server once the charge is made, before it answers; ``in_refund``:
-the same after the refund) with ``MCP_MARKS`` (a folder: each kill happens once, marked there).
+(``before_charge``: SIGKILL this server as the charge starts, nothing charged; ``after_charge``:
+once the charge is made, before it answers; ``in_refund``: the same after the refund) with
+``MCP_MARKS`` (a folder: each kill happens once, marked there).
 
 ``python tests/_mcpserver.py`` serves stdio; ``python tests/_mcpserver.py http PORT`` serves
 streamable HTTP on 127.0.0.1:PORT at ``/mcp``.
@@ -65,6 +67,7 @@ def _key(ctx: Context) -> str | None:
 @server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False, open_world_hint=True))
 def charge(amount: int, customer: str, ctx: Context) -> dict[str, Any]:
     """Charge the customer's card."""
+    _kill("before_charge")
     key = _key(ctx)
     options: Any = {"idempotency_key": key} if key else {}
     try:
@@ -77,6 +80,15 @@ def charge(amount: int, customer: str, ctx: Context) -> dict[str, Any]:
         raise ToolError(f"card declined: {exc.user_message}") from exc  # an isError result
     _kill("after_charge")
     return {"id": intent.id, "amount": intent.amount, "status": intent.status}
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def find_charge(charge_key: str) -> dict[str, Any]:
+    """Whether a charge was made under this idempotency key (and which)."""
+    found = _stripe().v1.payment_intents.search(params={"query": f"metadata['mcp_key']:'{charge_key}'"})
+    if not found.data:
+        return {"found": False}
+    return {"found": True, "id": found.data[0].id, "amount": found.data[0].amount}
 
 
 @server.tool(annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=True))

@@ -16,6 +16,7 @@ from mcp.shared.exceptions import MCPError
 import connectors.mcp
 from connectors.declare import changes_world, read_only
 from connectors.mcp import (
+    LookupTool,
     Mode,
     OnToolError,
     ToolFailed,
@@ -78,6 +79,15 @@ def test_a_declaration_wins_over_the_annotations() -> None:
 def test_a_bad_on_error_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="on_error"):
         policy_for("t", None, {"t": changes_world(on_error="maybe")})
+
+
+def test_a_lookup_is_the_calls_one_way_to_ask_the_server() -> None:
+    lookup = LookupTool("find_charge")
+    assert policy_for("t", None, {"t": changes_world(lookup=lookup)}).lookup is lookup
+    with pytest.raises(ConfigurationError, match="LookupTool"):
+        policy_for("t", None, {"t": changes_world(lookup="find_charge")})
+    with pytest.raises(ConfigurationError, match="not two"):
+        policy_for("t", None, {"t": changes_world(lookup=lookup, reconciler=print)})
 
 
 def test_the_guard_options_of_each_mode() -> None:
@@ -153,7 +163,8 @@ def test_what_the_model_reads_of_a_result() -> None:
 def test_exported_members() -> None:
     """The public API of connectors.mcp, locked: a name added or dropped is a decision."""
     assert sorted(connectors.mcp.__all__) == sorted([
-        "IDEMPOTENCY_META_KEY", "GuardedSession", "McpServers", "McpUndos", "Mode", "OnToolError",
+        "IDEMPOTENCY_META_KEY", "GuardedSession", "LookupTool", "McpServers", "McpUndos", "Mode",
+        "OnToolError",
         "ToolFailed", "ToolFailedAmbiguous", "ToolPolicy", "ToolSession", "UndoFailed", "UndoTool",
         "guard_options", "http_session", "pending_result", "policy_for", "policy_from_annotations",
         "stdio_session", "undo_arguments",

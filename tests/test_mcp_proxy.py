@@ -72,8 +72,8 @@ def test_the_tools_command_says_how_each_tool_is_treated(env: dict[str, str]) ->
             subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
             for argv in ([*tools, "--", sys.executable, str(SERVER)], [*tools, "--url", url])
         ]
-    expected = {"charge": "at_most_once", "refund": "resend", "send_email": "at_most_once",
-                "balance": "pass_through"}  # fmt: skip
+    expected = {"find_charge": "pass_through", "charge": "at_most_once", "refund": "resend",
+                "send_email": "at_most_once", "balance": "pass_through"}  # fmt: skip
     for done in listed:
         assert done.returncode == 0, done.stderr
         assert {row["name"]: row["mode"] for row in json.loads(done.stdout)["tools"]} == expected

@@ -17,7 +17,7 @@ from mcp import types
 
 from connectors.declare import changes_world, read_only
 from connectors.in_doubt import ReturnPending
-from connectors.mcp import IDEMPOTENCY_META_KEY, GuardedSession, Mode, http_session, stdio_session
+from connectors.mcp import IDEMPOTENCY_META_KEY, GuardedSession, LookupTool, Mode, http_session, stdio_session
 from connectors.testing import LocalStripe
 from connectors.testing.smtp import SmtpSink
 from idempotency import Guard, open_store, scope
@@ -103,6 +103,7 @@ def test_the_tools_modes_come_from_their_annotations(world: World, guard: Guard)
 
     modes = world.http(body)
     assert modes == {
+        "find_charge": Mode.PASS_THROUGH,
         "charge": Mode.AT_MOST_ONCE, "refund": Mode.RESEND, "send_email": Mode.AT_MOST_ONCE,
         "balance": Mode.PASS_THROUGH,
     }  # fmt: skip
@@ -245,3 +246,27 @@ def test_a_declared_read_only_tool_is_never_guarded(world: World, guard: Guard) 
                 .policy("charge")).mode  # fmt: skip
 
     assert world.http(body) is Mode.PASS_THROUGH
+
+
+LOOKUP = {
+    "charge": changes_world(lookup=LookupTool("find_charge", arguments={"charge_key": "idempotency_key"}))
+}
+
+
+@pytest.mark.parametrize(("kill", "found"), [("after_charge", True), ("before_charge", False)])
+def test_a_lookup_tool_resolves_a_charge_left_in_doubt(
+    kill: str, found: bool, world: World, guard: Guard
+) -> None:
+    async def charge(session: Any) -> types.CallToolResult:
+        with scope("order-7"):
+            return await GuardedSession(session, guard, server="payments", declare=LOOKUP).call_tool(
+                "charge", CHARGE, call_id="call_1", read_timeout_seconds=30
+            )
+
+    with pytest.raises(OutcomeUnknown):
+        world.stdio(charge, kill=kill)  # the server died: no answer
+    assert world.counts()["charges"] == int(found)
+    resolved = world.http(charge)  # in doubt: the server is asked by the key the call was sent under
+    assert world.counts()["charges"] == 1  # found: recorded as made; not found: sent now, once
+    assert resolved.structured_content["id"].startswith("pi_")
+    assert world.http(charge).structured_content == resolved.structured_content  # then replayed

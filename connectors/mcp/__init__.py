@@ -21,6 +21,7 @@ Needs the ``mcp`` extra (``pip install 'sagaguard[mcp]'``).
 
 from connectors.mcp.policy import (
     IDEMPOTENCY_META_KEY,
+    LookupTool,
     Mode,
     OnToolError,
     ToolFailed,
@@ -36,6 +37,7 @@ from connectors.mcp.undo import McpServers, McpUndos, UndoFailed, UndoTool, undo
 __all__ = [
     "IDEMPOTENCY_META_KEY",
     "GuardedSession",
+    "LookupTool",
     "McpServers",
     "McpUndos",
     "Mode",

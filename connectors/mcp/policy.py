@@ -51,12 +51,14 @@ from idempotency.records import Disposition
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
+    "LookupTool",
     "Mode",
     "OnToolError",
     "ToolFailed",
     "ToolFailedAmbiguous",
     "ToolPolicy",
     "guard_options",
+    "pick",
     "policy_for",
     "policy_from_annotations",
 ]
@@ -117,6 +119,28 @@ class ToolFailedAmbiguous(Exception):
 
 
 @dataclass(frozen=True)
+class LookupTool:
+    """A read-only tool that tells whether a call left in doubt happened, by the idempotency key
+    it was sent under: ``changes_world(lookup=LookupTool("find_charge"))``.
+
+    When a call is in doubt, the session calls ``tool`` with arguments read by dotted paths from
+    ``{"arguments": <the call's arguments>, "idempotency_key": <its key>}`` (paths that find nothing
+    are left out). A result whose ``found`` path is true means the call happened: that result is
+    recorded as the call's. False means it did not: the call is sent now, under the same key. An
+    error result, or no answer, leaves the call in doubt (resend or park, as its mode says).
+    """
+
+    tool: str
+    """The lookup tool's name, on the same server."""
+    arguments: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({"idempotency_key": "idempotency_key"})
+    )
+    """Lookup argument name to a dotted path (default: ``idempotency_key`` -> the call's key)."""
+    found: str = "structuredContent.found"
+    """The path, in the lookup's result as the wire spells it, of whether the call happened."""
+
+
+@dataclass(frozen=True)
 class ToolPolicy:
     """How one tool's calls are guarded (see the module docstring)."""
 
@@ -132,6 +156,8 @@ class ToolPolicy:
     """In an agent saga: the registered name of the call's undo."""
     pivot: bool = False
     """In an agent saga: the tool is the run's pivot."""
+    lookup: LookupTool | None = None
+    """How to ask the server about a call in doubt (the call's reconciler)."""
 
     @property
     def guarded(self) -> bool:
@@ -161,10 +187,17 @@ def _from_declaration(declaration: ToolDeclaration) -> ToolPolicy:
         return ToolPolicy(Mode.PASS_THROUGH, "declared read_only")
     options = dict(declaration.options)
     on_error = OnToolError(options.pop("on_error", OnToolError.NOT_APPLIED))
+    lookup = options.pop("lookup", None)
+    if lookup is not None and not isinstance(lookup, LookupTool):
+        raise ConfigurationError(f"changes_world(lookup={lookup!r}): a LookupTool")
+    if lookup is not None and "reconciler" in options:
+        raise ConfigurationError("changes_world(lookup=..., reconciler=...): one way to ask, not two")
     resend = bool(options.get("provider_idempotent"))
     mode = Mode.RESEND if resend else Mode.AT_MOST_ONCE
     kept = MappingProxyType(options)
-    return ToolPolicy(mode, "declared changes_world", kept, on_error, declaration.undo, declaration.pivot)
+    return ToolPolicy(
+        mode, "declared changes_world", kept, on_error, declaration.undo, declaration.pivot, lookup
+    )
 
 
 def policy_for(
@@ -185,6 +218,8 @@ def policy_for(
         return found
     try:
         return _from_declaration(found)
+    except ConfigurationError:
+        raise
     except ValueError as exc:
         raise ConfigurationError(f"tool {name!r}: on_error must be 'not_applied' or 'ambiguous'") from exc
 
@@ -208,3 +243,25 @@ def guard_options(policy: ToolPolicy) -> dict[str, Any]:
     }
     options.update(policy.options)
     return options
+
+
+_MISSING = object()
+
+
+def _at(source: Any, path: str) -> Any:
+    found = source
+    for part in path.split("."):
+        if isinstance(found, Mapping) and part in found:
+            found = found[part]
+        elif isinstance(found, list) and part.isdigit() and int(part) < len(found):
+            found = found[int(part)]
+        else:
+            return _MISSING
+    return found
+
+
+def pick(paths: Mapping[str, str], source: Any) -> dict[str, Any]:
+    """``{name: the value at path in source}`` for each of ``paths`` (dotted: mapping keys and list
+    indexes); a path that finds nothing, or None, is left out."""
+    found = {name: _at(source, path) for name, path in paths.items()}
+    return {name: value for name, value in found.items() if value is not _MISSING and value is not None}

@@ -41,14 +41,24 @@ from connectors.declare import ToolDeclaration
 from connectors.in_doubt import OnDoubt, Pending, Stop, asettle
 from connectors.mcp.policy import (
     IDEMPOTENCY_META_KEY,
+    LookupTool,
     OnToolError,
     ToolFailed,
     ToolFailedAmbiguous,
     ToolPolicy,
     guard_options,
+    pick,
     policy_for,
 )
-from idempotency.effect import current_effect
+from idempotency.effect import (
+    APPLIED_UNKNOWN,
+    NOT_APPLIED,
+    Applied,
+    NotAppliedResolution,
+    ReconcileRequest,
+    Unknown,
+    current_effect,
+)
 from idempotency.errors import ConfigurationError, NotApplied
 from idempotency.guard import Guard
 from idempotency.keys import EffectIdentity, current_scope
@@ -145,6 +155,7 @@ class GuardedSession:
         self.declare = dict(declare or {})
         self.on_doubt = on_doubt
         self._tools: dict[str, types.Tool] | None = None
+        self._lookups: dict[str, Any] = {}
 
     async def list_tools(self) -> types.ListToolsResult:
         """The server's tools (and the annotations the policies are read from), cached."""
@@ -215,6 +226,32 @@ class GuardedSession:
             call = self._effect(name, args, policy, send, key, call_id)
         return await asettle(_replaying_failures(call), self.on_doubt, self.guard.store, pending_result)
 
+    def _options(self, name: str, policy: ToolPolicy) -> dict[str, Any]:
+        options = guard_options(policy)
+        if policy.lookup is not None:
+            # One reconciler per lookup, kept: the guard keeps its operations by their options.
+            found = self._lookups.get(name)
+            if found is None:
+                found = self._lookups[name] = self._reconciler(policy.lookup)
+            options["reconciler"] = found
+        return options
+
+    def _reconciler(self, lookup: LookupTool) -> Any:
+        async def reconcile(request: ReconcileRequest) -> Applied[Any] | NotAppliedResolution | Unknown:
+            source = {
+                "arguments": request.arguments.get("arguments"),
+                "idempotency_key": request.provider_key,
+            }
+            answer = await self.session.call_tool(lookup.tool, pick(lookup.arguments, source))
+            if answer.is_error:
+                return APPLIED_UNKNOWN
+            found = pick({"found": lookup.found}, recorded_result(answer)).get("found")
+            if found is None:
+                return APPLIED_UNKNOWN
+            return Applied(answer) if found else NOT_APPLIED
+
+        return reconcile
+
     def _effect(  # noqa: PLR0917 - private, one caller
         self,
         name: str,
@@ -226,7 +263,7 @@ class GuardedSession:
     ) -> Callable[[], Awaitable[types.CallToolResult]]:
         if key is None and call_id is not None:
             key = json.dumps(["mcp.tool", current_scope().id, self.server, call_id], separators=(",", ":"))
-        effect, options = self.effect_name(name), guard_options(policy)
+        effect, options = self.effect_name(name), self._options(name, policy)
         fingerprinted = {"tool": name, "arguments": args}
 
         async def call() -> types.CallToolResult:
@@ -253,7 +290,7 @@ class GuardedSession:
                 f"MCP tool {name!r} has an undo: its call needs the model's tool call id "
                 "(a framework adapter sets it) or call_id="
             )
-        options, tool = guard_options(policy), self.effect_name(name)
+        options, tool = self._options(name, policy), self.effect_name(name)
         # The row keeps the provider key the request carries (the run's key for the call, as
         # AgentRun.acall derives it), so an undo whose call's result was never recorded can still
         # ask the server for the work done under it.

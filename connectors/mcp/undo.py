@@ -52,7 +52,7 @@ from typing import Any, cast
 from mcp import ClientSession, types
 
 from connectors.declare import ToolDeclaration, changes_world
-from connectors.mcp.policy import IDEMPOTENCY_META_KEY
+from connectors.mcp.policy import IDEMPOTENCY_META_KEY, pick
 from connectors.mcp.session import SessionFactory
 from idempotency.effect import current_effect
 from idempotency.errors import ConfigurationError
@@ -61,7 +61,6 @@ from saga.agent import UndoRegistry
 __all__ = ["McpServers", "McpUndos", "UndoFailed", "UndoTool", "undo_arguments"]
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,40}")
-_MISSING = object()
 
 ArgumentBuilder = Callable[[Mapping[str, Any], Any], Mapping[str, Any]]
 """``arguments(call, result)``: the undo tool's arguments from the recorded call (``arguments``,
@@ -97,18 +96,6 @@ class UndoTool:
     arguments: Mapping[str, str] | ArgumentBuilder = field(default_factory=lambda: MappingProxyType({}))
 
 
-def _at(source: Any, path: str) -> Any:
-    found = source
-    for part in path.split("."):
-        if isinstance(found, Mapping) and part in found:
-            found = found[part]
-        elif isinstance(found, list) and part.isdigit() and int(part) < len(found):
-            found = found[int(part)]
-        else:
-            return _MISSING
-    return found
-
-
 def undo_arguments(undo: UndoTool, call: Mapping[str, Any], result: Any) -> dict[str, Any]:
     """The undo tool's arguments for a recorded ``call`` and ``result`` (None when unknown).
 
@@ -124,8 +111,7 @@ def undo_arguments(undo: UndoTool, call: Mapping[str, Any], result: Any) -> dict
         "result": result,
         "idempotency_key": call.get("idempotency_key"),
     }
-    built = {name: _at(source, path) for name, path in undo.arguments.items()}
-    return {name: value for name, value in built.items() if value is not _MISSING and value is not None}
+    return pick(undo.arguments, source)
 
 
 class McpServers:
