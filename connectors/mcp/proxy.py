@@ -7,8 +7,9 @@ For MCP clients you do not control (a desktop app, an IDE, another team's agent)
     sagaguard mcp proxy --url http://payments:8000/mcp --store ...             # an HTTP upstream
 
 Tools are listed as the server lists them; each call goes through a
-:class:`~connectors.mcp.session.GuardedSession` on the upstream session (the modes from the
-annotations, ``--declare``-free: override with :class:`McpProxy`'s ``declare=`` in code).
+:class:`~connectors.mcp.session.GuardedSession` on the upstream session: the modes come from
+the annotations (the command line takes no declarations; in code, :class:`McpProxy`'s ``declare=``
+overrides them per tool, as for the session).
 
 **What identifies a call.** A proxy sees requests, not an agent's run, so:
 
