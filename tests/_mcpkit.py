@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 from mcp.client.stdio import StdioServerParameters
 
 from connectors.testing import LocalStripe
@@ -26,6 +27,22 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 SERVER = TESTS / "_mcpserver.py"
 T = TypeVar("T")
+CLI = "import sys; from idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
+"""``python -c CLI ...`` is the ``sagaguard`` command, run by this interpreter."""
+
+
+@pytest.fixture(scope="module", name="stripe")
+def stripe_fixture() -> Iterator[LocalStripe]:
+    """The local Stripe-compatible server, one per test module (reset it per test)."""
+    with LocalStripe() as server:
+        yield server
+
+
+@pytest.fixture(scope="module", name="sink")
+def sink_fixture() -> Iterator[SmtpSink]:
+    """The SMTP sink, one per test module (reset it per test)."""
+    with SmtpSink() as server:
+        yield server
 
 
 def server_env(stripe: LocalStripe, sink: SmtpSink, marks: Path, kill: str = "") -> dict[str, str]:

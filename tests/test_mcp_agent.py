@@ -15,17 +15,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _mcpkit import TESTS, counts, server_env
+from _mcpkit import CLI, TESTS, counts, server_env, sink_fixture, stripe_fixture
 
 from connectors.testing import LocalStripe
 from connectors.testing.smtp import SmtpSink
 from saga import SagaState
 from saga.journals import open_journal
 
+__all__ = ["sink_fixture", "stripe_fixture"]  # the fixtures `sink` and `stripe`, re-used
 pytestmark = pytest.mark.timeout(300)  # several fresh processes each, on a shared machine
 SLOW = [
     pytest.mark.slow,
@@ -34,19 +34,6 @@ SLOW = [
 
 CHILD = TESTS / "_mcpagentchild.py"
 RUN = "shop-run-1"
-_CLI = "import sys; from idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-@pytest.fixture(scope="module")
-def stripe() -> Iterator[LocalStripe]:
-    with LocalStripe() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sink() -> Iterator[SmtpSink]:
-    with SmtpSink() as server:
-        yield server
 
 
 @pytest.fixture
@@ -80,7 +67,7 @@ def state(folder: Path) -> SagaState:
 def worker_until_done(env: dict[str, str], folder: Path) -> None:
     """``sagaguard sagas worker --once`` in fresh processes until the run has ended."""
     db = f"sqlite:///{folder / 'agent.db'}"
-    argv = [sys.executable, "-c", _CLI, "sagas", "worker", "--app", "_mcpagentchild:registry",
+    argv = [sys.executable, "-c", CLI, "sagas", "worker", "--app", "_mcpagentchild:registry",
             "--journal", db, "--once", "--lease", "1"]  # fmt: skip
     for _ in range(60):
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)

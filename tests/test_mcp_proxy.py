@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _mcpkit import SERVER, TESTS, counts, in_loop, serve_http, server_env
+from _mcpkit import CLI, SERVER, TESTS, counts, in_loop, serve_http, server_env, sink_fixture, stripe_fixture
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
@@ -22,22 +21,10 @@ from connectors.mcp import IDEMPOTENCY_META_KEY, http_session
 from connectors.testing import LocalStripe
 from connectors.testing.smtp import SmtpSink
 
+__all__ = ["sink_fixture", "stripe_fixture"]  # the fixtures `sink` and `stripe`, re-used
 pytestmark = pytest.mark.timeout(300)
 
-_CLI = "import sys; from idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
 CHARGE = {"amount": 420, "customer": "pm_card_visa"}
-
-
-@pytest.fixture(scope="module")
-def stripe() -> Iterator[LocalStripe]:
-    with LocalStripe() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sink() -> Iterator[SmtpSink]:
-    with SmtpSink() as server:
-        yield server
 
 
 @pytest.fixture
@@ -48,7 +35,7 @@ def env(stripe: LocalStripe, sink: SmtpSink, tmp_path: Path) -> dict[str, str]:
 
 
 def proxy_command(env: dict[str, str], *extra: str) -> list[str]:
-    return [sys.executable, "-c", _CLI, "mcp", "proxy", "--server", "payments", *extra, "--",
+    return [sys.executable, "-c", CLI, "mcp", "proxy", "--server", "payments", *extra, "--",
             sys.executable, str(SERVER)]  # fmt: skip
 
 
@@ -66,7 +53,7 @@ async def through(
 
 
 def test_the_tools_command_says_how_each_tool_is_treated(env: dict[str, str]) -> None:
-    tools = [sys.executable, "-c", _CLI, "mcp", "tools", "--json"]
+    tools = [sys.executable, "-c", CLI, "mcp", "tools", "--json"]
     with serve_http(env) as url:
         listed = [
             subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)

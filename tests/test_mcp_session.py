@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import stripe as stripe_sdk
-from _mcpkit import counts, in_loop, serve_http, server_env, server_params
+from _mcpkit import counts, in_loop, serve_http, server_env, server_params, sink_fixture, stripe_fixture
 from mcp import types
 
 from connectors.declare import changes_world, read_only
@@ -25,21 +25,10 @@ from idempotency.errors import KeyConflict, NoScope, OutcomeUnknown
 from idempotency.keys import EffectIdentity
 from idempotency.records import State
 
+__all__ = ["sink_fixture", "stripe_fixture"]  # the fixtures `sink` and `stripe`, re-used
 pytestmark = pytest.mark.timeout(120)
 
 CHARGE = {"amount": 420, "customer": "pm_card_visa"}
-
-
-@pytest.fixture(scope="module")
-def stripe() -> Iterator[LocalStripe]:
-    with LocalStripe() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sink() -> Iterator[SmtpSink]:
-    with SmtpSink() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
