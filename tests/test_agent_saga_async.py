@@ -13,14 +13,25 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Coroutine, Iterator
-from pathlib import Path
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
-from test_agent_saga import ABANDON, LEASE, TWICE, Crash, ToolFailed, World, load, sweep
+from test_agent_saga import (  # the sync tests' fixtures: every journal, the same world
+    LEASE,
+    Crash,
+    ToolFailed,
+    World,
+    agent,
+    guard,
+    journal,
+    journal_factory,
+    load,
+    runner,
+    sweep,
+    world,
+)
 
 from idempotency import Guard
 from idempotency.codec import decode_error
@@ -36,43 +47,11 @@ from saga.agent import (
 )
 from saga.journal import SagaJournal
 
+__all__ = ["agent", "guard", "journal", "journal_factory", "runner", "world"]  # the fixtures, re-used
+
 pytestmark = pytest.mark.timeout(60)
 
 T = TypeVar("T")
-
-
-@pytest.fixture(params=JOURNALS)
-def journal_factory(
-    request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
-) -> Iterator[JournalFactory]:
-    yield from factory_for(request.param, clock, tmp_path)
-
-
-@pytest.fixture
-def journal(journal_factory: JournalFactory) -> SagaJournal:
-    return journal_factory.open()
-
-
-@pytest.fixture
-def guard(journal_factory: JournalFactory) -> Guard:
-    return journal_factory.guard()
-
-
-@pytest.fixture
-def world() -> World:
-    return World()
-
-
-@pytest.fixture
-def agent(world: World) -> AgentSaga:
-    return AgentSaga("trip_agent", world.undos, abandon_after=ABANDON, compensation_retry=TWICE)
-
-
-@pytest.fixture
-def runner(journal: SagaJournal, guard: Guard) -> Iterator[AgentRunner]:
-    made = AgentRunner(journal, guard, lease=LEASE, sleep=lambda _s: None)
-    yield made
-    made.close()
 
 
 def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -359,3 +338,33 @@ def test_an_async_run_never_touches_the_journal_on_the_event_loop(
     assert {name for name, _ in seen} >= {"start", "load", "commit"}
     assert [name for name, thread in seen if thread is loop_thread[0]] == []
     assert world.did("cancel_booking") == [("ritz", {"booking": "bk-ritz"})]
+
+
+def test_a_call_still_running_when_the_run_ends_cannot_overwrite_its_rows(
+    journal: SagaJournal, runner: AgentRunner, agent: AgentSaga, world: World
+) -> None:
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def slow() -> Any:
+            await release.wait()  # still running when the run ends (nothing cancels it)
+            return world.book("ritz")
+
+        with pytest.raises(ToolFailed):
+            async with runner.run(agent, "thread-1"):
+                call = current_run().acall("book_hotel", slow, {"hotel": "ritz"}, undo="cancel_booking")
+                late = asyncio.create_task(call)
+                while not load(journal, "thread-1").steps:
+                    await asyncio.sleep(0.001)  # registered (a journal row), its claim on the way
+                raise ToolFailed("a sibling failed")
+        seen["ended"] = load(journal, "thread-1")
+        release.set()
+        seen["returned"] = await late
+
+    run(main)
+    # COMPENSATED, or FAILED when its claim was not made yet (nothing to undo): the run has ended
+    assert seen["ended"].saga.state in (SagaState.COMPENSATED, SagaState.FAILED)
+    assert seen["returned"] == {"booking": "bk-ritz"}  # the call returns to its caller...
+    assert load(journal, "thread-1").steps == seen["ended"].steps  # ...and writes nothing to the run

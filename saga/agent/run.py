@@ -1,13 +1,5 @@
 """One agent run's saga, open in this process: :class:`AgentRun`, opened by
-:meth:`AgentRunner.run <saga.agent.runner.AgentRunner.run>`.
-
-::
-
-    with runner.run(trip_agent, thread_id) as run:         # the framework's durable run identity
-        graph.invoke(...)                                  # tools call run.call(...)
-    async with runner.run(trip_agent, run_id) as run:      # or, for an async agent
-        await Runner.run(...)                              # tools await run.acall(...)
-    # returned: the saga is COMPLETED; raised: the run's tool calls were undone in reverse
+:meth:`AgentRunner.run <saga.agent.runner.AgentRunner.run>` with ``with`` or ``async with``.
 
 A compensatable call is registered before its body runs: one commit appends its row (STARTED, its
 undo's name, its arguments, its effect key), then the call is claimed and run under the guard, then
@@ -16,7 +8,7 @@ commit and the claim is safe, and for what the worker does with a run whose proc
 
 **Decide once, drive twice.** What a call is (a step or not, its key, its kind), what its row
 holds, and how leaving the block ends the run are decided by the same methods for both drivers;
-:meth:`AgentRun.call` and :meth:`AgentRun.acall` only differ in how they run the call (``Guard.run``
+:meth:`AgentRun.call` and :meth:`AgentRun.acall` differ only in how they run the call (``Guard.run``
 or ``Guard.arun``) and in where the journal is written: the async driver hands every journal call
 (the journals are sync) to a worker thread, so the event loop never waits on a commit, and the
 compensation at the end runs there too (undos are sync callables).
@@ -25,6 +17,9 @@ While the run is open its lease is renewed (a :class:`~saga.renewer.LeaseRenewer
 dies stops renewing, and once the lease runs out the worker parks the run WAITING for the agent.
 Opening the same run id again (a resumed process) attaches to it, taking it back from the worker if
 it was parked; the framework runs one process per run id at a time, as its checkpointer assumes.
+Where two processes may hold one run at once (durable-execution engines), each opens it with
+``exclusive=True``: opening a run whose lease another open run holds is then refused
+(:class:`~saga.errors.SagaInProgress`), so one place at a time appends the run's rows.
 """
 
 from __future__ import annotations
@@ -128,10 +123,14 @@ class AgentRun:
       ``TimeoutError``, an exception, at the block's end).
     """
 
-    def __init__(self, runner: AgentRunner, agent: AgentSaga, run_id: str) -> None:
+    def __init__(
+        self, runner: AgentRunner, agent: AgentSaga, run_id: str, *, exclusive: bool = False
+    ) -> None:
         self.runner = runner
         self.agent = agent
         self.run_id = run_id
+        self.exclusive = exclusive
+        """Opening refuses a run another open run holds (see ``AgentRunner.run(exclusive=True)``)."""
         self._input: RunInput = {"run": run_id}
         self._fingerprint = fingerprint({"input": self._input})
         self._lock = threading.RLock()
@@ -144,6 +143,8 @@ class AgentRun:
         self._hold: int | None = None
         self._reset: contextvars.Token[AgentRun | None] | None = None
         self._paused = False
+        self._ending = False
+        """Set (under the lock) once the run is being ended: no more rows are written for calls."""
         self.outcome: SagaOutcome | None = None
         """Where the run's saga ended, once this process ended it (completed, compensated, ...)."""
 
@@ -184,6 +185,7 @@ class AgentRun:
         """End the run as leaving the block with ``exc`` says (see the class docstring)."""
         if not self._closes(exc):
             return
+        self._stop_calls()
         if exc is None:
             if self._paused:
                 self._park()
@@ -232,6 +234,10 @@ class AgentRun:
             if record.fingerprint != self._fingerprint:
                 raise SagaConflict(self.run_id, record.fingerprint, self._fingerprint)
             if record.state is SagaState.RUNNING:
+                if self.exclusive:
+                    # Its lease is live (else the start took it over): another open run holds it,
+                    # and sharing its token would let both write rows at the same indexes.
+                    raise SagaInProgress(self.run_id)
                 self._own(snapshot)  # our own run, resumed before its lease ran out
                 return
             if record.state is not SagaState.WAITING or record.waiting_for is None:
@@ -363,7 +369,12 @@ class AgentRun:
             with self._lock:
                 call_id = f"{tool}#{next(self._ordinals.setdefault(tool, itertools.count()))}"
         kind = StepKind.PIVOT if pivot else StepKind.COMPENSATABLE
-        return _Step(ToolCall.of(tool, f"{self.run_id}/{call_id}", arguments), kind, undo)
+        return _Step(ToolCall.of(tool, self.call_key(call_id), arguments), kind, undo)
+
+    def call_key(self, call_id: str) -> str:
+        """The explicit key of the effect of the call ``call_id`` (``{run_id}/{call_id}``); the
+        framework adapters also run the tool's body in a scope of that name."""
+        return f"{self.run_id}/{call_id}"
 
     def _recorded(self, row: StepRecord, call: ToolCall, kept: Any) -> None:
         """Record what the call returned (``kept``, what the undo receives) on its row.
@@ -373,6 +384,11 @@ class AgentRun:
         """
         done = row.evolve(state=StepState.SUCCEEDED, result=call.returned(kept).encode())
         with self._lock:
+            if self._ending:
+                # A sibling call finishing after the run began to end (an async framework drains
+                # its cancelled tool tasks, whose journal writes go on in their threads): the row
+                # stays STARTED, and its undo, if it runs, reads the ledger for the call's outcome.
+                return
             self._write(Phase(steps=(done,), lease=self.runner.lease))
             self._rows[call.key] = done
 
@@ -411,10 +427,15 @@ class AgentRun:
             raise AgentRunCancelled(self.run_id)
         return row, span
 
+    def _stop_calls(self) -> None:
+        """Wait for a journal write of a call in progress, then refuse the others."""
+        with self._lock:
+            self._ending = True
+
     def _live(self) -> None:
         record = self._record
         assert record is not None, "the run is not open"
-        if self.outcome is not None or record.state is not SagaState.RUNNING:
+        if self._ending or self.outcome is not None or record.state is not SagaState.RUNNING:
             raise AgentRunEnded(self.run_id, record.state.value if self.outcome is None else "ended")
         if record.cancel_requested and not pivot_started(self._load()):
             raise AgentRunCancelled(self.run_id)
@@ -492,6 +513,7 @@ class AgentRun:
 
     def _compensate(self, cause: str) -> SagaOutcome:
         """Undo the run now, in this thread (the caller has released the run's lease hold)."""
+        self._stop_calls()
         snapshot = self._load()
         if snapshot.saga.state is SagaState.RUNNING:
             snapshot = self._fail(cause, SagaState.COMPENSATING)

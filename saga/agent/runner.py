@@ -56,16 +56,27 @@ class AgentRunner:
         self._sleep = sleep
         self.renewer = LeaseRenewer(journal, lease)
 
-    def run(self, agent: AgentSaga, run_id: str) -> AgentRun:
+    def run(self, agent: AgentSaga, run_id: str, *, exclusive: bool = False) -> AgentRun:
         """The run ``run_id`` of ``agent``, to open with ``with`` or ``async with`` (see
         :class:`~saga.agent.run.AgentRun`).
+
+        Args:
+            agent: the run's saga type.
+            run_id: the framework's durable run identity.
+            exclusive: refuse to open a run whose lease another open run holds
+                (:class:`~saga.errors.SagaInProgress`, nothing written) instead of attaching to
+                it as to this process's own run resumed before its lease ran out. For engines
+                that may run two processes for one run at once (Temporal activities of one
+                workflow on two workers, DBOS steps): each opens the run exclusively, so only
+                one appends rows at a time; a dead holder's run is taken over once its lease
+                runs out.
 
         Raises:
             ConfigurationError: an empty run id.
         """
         if not run_id:
             raise ConfigurationError("an agent run id must not be empty")
-        return AgentRun(self, agent.freeze(), run_id)
+        return AgentRun(self, agent.freeze(), run_id, exclusive=exclusive)
 
     def reject(self, agent: AgentSaga, run_id: str, reason: str = "rejected") -> SagaOutcome:
         """A human rejected the run at an approval: undo its tool calls now (see
