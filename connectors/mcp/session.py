@@ -291,11 +291,10 @@ class GuardedSession:
                 "(a framework adapter sets it) or call_id="
             )
         options, tool = self._options(name, policy), self.effect_name(name)
-        # The row keeps the provider key the request carries (the run's key for the call, as
-        # AgentRun.acall derives it), so an undo whose call's result was never recorded can still
-        # ask the server for the work done under it.
-        namespace = self.guard.namespace
-        sent_as = EffectIdentity.explicit(namespace, f"{run.run_id}/{call_id}", f"agent.tool.{tool}")
+        # The row keeps the provider key the request carries (the run's key for the call and its
+        # effect's name, agent.tool.{tool}), so an undo whose call's result was never recorded can
+        # still ask the server for the work done under it.
+        sent_as = EffectIdentity.explicit(self.guard.namespace, run.call_key(call_id), f"agent.tool.{tool}")
         recorded = {"tool": name, "arguments": args, "idempotency_key": sent_as.provider_key}
 
         async def checked() -> types.CallToolResult:
