@@ -1,0 +1,58 @@
+"""MCP tool calls that happen once, undone in reverse in an agent saga, from your own client or
+through a proxy in front of any server.
+
+::
+
+    async with stdio_session(StdioServerParameters(command="payments-server")) as session:
+        payments = GuardedSession(session, guard, server="payments")
+        result = await payments.call_tool("charge", {"amount": 420}, call_id=tool_call_id)
+
+- :mod:`connectors.mcp.policy`: a tool's mode from its annotations (``readOnlyHint``: sent as it
+  is; ``idempotentHint``: re-sent on doubt; else at most once), overridden per tool; what an
+  ``isError`` result means.
+- :mod:`connectors.mcp.session`: :class:`GuardedSession`, wrapping ``ClientSession.call_tool``.
+- :mod:`connectors.mcp.undo`: a tool's undo as another MCP tool, run by the agent saga.
+- :mod:`connectors.mcp.tools`: the session's tools as LangChain and OpenAI Agents SDK tools.
+- :mod:`connectors.mcp.proxy` and ``sagaguard mcp proxy|tools``: the same rules for clients you do
+  not control.
+
+Needs the ``mcp`` extra (``pip install 'sagaguard[mcp]'``).
+"""
+
+from connectors.mcp.policy import (
+    IDEMPOTENCY_META_KEY,
+    LookupTool,
+    Mode,
+    OnToolError,
+    ToolFailed,
+    ToolFailedAmbiguous,
+    ToolPolicy,
+    guard_options,
+    policy_for,
+    policy_from_annotations,
+)
+from connectors.mcp.session import GuardedSession, ToolSession, http_session, pending_result, stdio_session
+from connectors.mcp.undo import McpServers, McpUndos, UndoFailed, UndoTool, undo_arguments
+
+__all__ = [
+    "IDEMPOTENCY_META_KEY",
+    "GuardedSession",
+    "LookupTool",
+    "McpServers",
+    "McpUndos",
+    "Mode",
+    "OnToolError",
+    "ToolFailed",
+    "ToolFailedAmbiguous",
+    "ToolPolicy",
+    "ToolSession",
+    "UndoFailed",
+    "UndoTool",
+    "guard_options",
+    "http_session",
+    "pending_result",
+    "policy_for",
+    "policy_from_annotations",
+    "stdio_session",
+    "undo_arguments",
+]

@@ -1,0 +1,326 @@
+"""A guarded MCP client session: each call of a tool that changes the world happens once.
+
+::
+
+    async with stdio_session(StdioServerParameters(command="payments-server")) as session:
+        payments = GuardedSession(session, guard, server="payments")
+        with scope("order-42"):                       # or inside a framework adapter's tool call
+            result = await payments.call_tool("charge", {"amount": 420}, call_id="call_1")
+
+:meth:`GuardedSession.call_tool` takes what ``ClientSession.call_tool`` takes and returns a
+``CallToolResult``. The tool's :class:`~connectors.mcp.policy.ToolPolicy` (its annotations from
+``list_tools``, or your declaration) decides what happens:
+
+- ``pass_through`` (read-only): the call is sent as it is.
+- otherwise the call is a guarded effect named ``mcp.{server}.{tool}``, fingerprinted on the tool's
+  name and arguments, and keyed on the run: an explicit ``key=``; else the current scope and the
+  call id (``call_id=``, or the model's tool call id the framework adapters set); else the current
+  scope and the call's ordinal in it. The first run sends it, with the effect's provider key in the
+  request's ``_meta`` (:data:`~connectors.mcp.policy.IDEMPOTENCY_META_KEY`); a re-run returns the
+  recorded ``CallToolResult`` (stored as JSON) without reaching the server. A crash between the
+  request and its record leaves the call in doubt: re-sent under the same key (``resend``) or
+  resolved by its reconciler, else parked (``at_most_once``, ``OutcomeUnknown``, or what
+  ``on_doubt=`` says).
+- a tool declared with an undo (or as the pivot) inside an open agent run
+  (:func:`saga.agent.current_run`) is a step of the run: ``await run.acall(...)`` registers the call
+  and its undo in one journal commit before the request leaves (see :mod:`connectors.mcp.undo`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
+
+from mcp import ClientSession, types
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from connectors.declare import ToolDeclaration
+from connectors.in_doubt import OnDoubt, Pending, Stop, asettle
+from connectors.mcp.policy import (
+    IDEMPOTENCY_META_KEY,
+    LookupTool,
+    OnToolError,
+    ToolFailed,
+    ToolFailedAmbiguous,
+    ToolPolicy,
+    guard_options,
+    pick,
+    policy_for,
+)
+from idempotency.effect import (
+    APPLIED_UNKNOWN,
+    NOT_APPLIED,
+    Applied,
+    NotAppliedResolution,
+    ReconcileRequest,
+    Unknown,
+    current_effect,
+)
+from idempotency.errors import ConfigurationError, NotApplied
+from idempotency.guard import Guard
+from idempotency.keys import EffectIdentity, current_scope
+from idempotency.telemetry import TOOL_CALL_ID
+
+__all__ = ["GuardedSession", "ToolSession", "http_session", "pending_result", "stdio_session"]
+
+_STOP = Stop()
+
+
+class ToolSession(Protocol):
+    """What :class:`GuardedSession` needs of an MCP session (``mcp.ClientSession`` has it)."""
+
+    async def list_tools(self) -> types.ListToolsResult:
+        """The server's tools (one page: the first)."""
+        ...
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        *,
+        meta: Any = None,
+    ) -> types.CallToolResult:
+        """Send ``tools/call``."""
+        ...
+
+
+@asynccontextmanager
+async def stdio_session(params: StdioServerParameters) -> AsyncIterator[ClientSession]:
+    """An initialized ``ClientSession`` to a server started as a subprocess (stdio)."""
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+@asynccontextmanager
+async def http_session(url: str) -> AsyncIterator[ClientSession]:
+    """An initialized ``ClientSession`` to a streamable-HTTP server at ``url``."""
+    async with streamable_http_client(url) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+SessionFactory = Callable[[], AbstractAsyncContextManager[ClientSession]]
+"""Opens a session to one server (``lambda: stdio_session(params)``)."""
+
+
+def pending_result(pending: Pending) -> types.CallToolResult:
+    """The tool result :class:`~connectors.in_doubt.ReturnPending` hands the model: an error
+    result whose text is the pending JSON, with the same object as ``structuredContent``."""
+    text = pending.as_json()
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)]
+    return types.CallToolResult(content=content, structured_content=json.loads(text), is_error=True)
+
+
+def recorded_result(result: types.CallToolResult) -> dict[str, Any]:
+    """A result as an agent saga's row keeps it for the undo: the wire's JSON (``content``,
+    ``structuredContent``, ``isError``)."""
+    return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class GuardedSession:
+    """An MCP client session whose world-changing tool calls happen once (module docstring).
+
+    Args:
+        session: the session to the server (an initialized ``mcp.ClientSession``).
+        guard: the guard the calls run under.
+        server: the server's name in effect names (``mcp.{server}.{tool}``) and undos.
+        declare: per tool name, a :class:`~connectors.declare.ToolDeclaration` (or a
+            :class:`~connectors.mcp.policy.ToolPolicy`) that wins over the tool's annotations.
+        on_doubt: what a call left in doubt does (:mod:`connectors.in_doubt`; default: raise
+            ``OutcomeUnknown``). ``ReturnPending()`` returns :func:`pending_result`.
+
+    Raises:
+        ConfigurationError: an empty or malformed server name.
+    """
+
+    def __init__(
+        self,
+        session: ToolSession,
+        guard: Guard,
+        *,
+        server: str,
+        declare: Mapping[str, ToolDeclaration | ToolPolicy] | None = None,
+        on_doubt: OnDoubt = _STOP,
+    ) -> None:
+        if not server or not server.replace("_", "").replace("-", "").isalnum():
+            raise ConfigurationError(f"MCP server name {server!r}: letters, digits, _ and - only")
+        self.session = session
+        self.guard = guard
+        self.server = server
+        self.declare = dict(declare or {})
+        self.on_doubt = on_doubt
+        self._tools: dict[str, types.Tool] | None = None
+        self._lookups: dict[str, Any] = {}
+
+    async def list_tools(self) -> types.ListToolsResult:
+        """The server's tools (and the annotations the policies are read from), cached."""
+        result = await self.session.list_tools()
+        self._tools = {tool.name: tool for tool in result.tools}
+        return result
+
+    async def policy(self, name: str) -> ToolPolicy:
+        """The policy of the tool ``name`` (lists the server's tools the first time)."""
+        if name not in self.declare and self._tools is None:
+            await self.list_tools()
+        return policy_for(name, (self._tools or {}).get(name), self.declare)
+
+    def effect_name(self, name: str) -> str:
+        """The guarded effect's name of the tool ``name``."""
+        return f"mcp.{self.server}.{name}"
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        *,
+        key: str | None = None,
+        call_id: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> types.CallToolResult:
+        """Call the tool ``name`` as its policy says (module docstring).
+
+        Args:
+            name: the tool.
+            arguments: its arguments (JSON).
+            read_timeout_seconds: as for ``ClientSession.call_tool``.
+            key: an explicit effect key (wins over everything else).
+            call_id: the model's tool call id (default: the one the framework adapter set).
+            meta: more request ``_meta`` entries.
+
+        Returns:
+            The server's result, or the recorded one. An ``isError`` result is returned, not raised
+            (replayed as it was when it was recorded *not applied*).
+
+        Raises:
+            OutcomeUnknown: the call is in doubt and parked (with ``on_doubt=Stop()``).
+            NoScope: no key, and no scope is set (wrap the run in ``scope(...)`` or an adapter).
+            KeyConflict: the same call (key) was recorded with other arguments.
+            AgentRunCancelled, AgentRunEnded: a saga step's run was cancelled or has ended.
+        """
+        policy = await self.policy(name)
+        args = dict(arguments or {})
+        if not policy.guarded:
+            plain = dict(meta) if meta else None
+            return await self.session.call_tool(name, args, read_timeout_seconds, meta=plain)
+        call_id = call_id or TOOL_CALL_ID.get()
+
+        async def send() -> types.CallToolResult:
+            extra = {**(meta or {}), IDEMPOTENCY_META_KEY: current_effect().provider_key}
+            result = await self.session.call_tool(name, args, read_timeout_seconds, meta=extra)
+            if result.is_error:
+                if policy.on_error is OnToolError.AMBIGUOUS:
+                    raise ToolFailedAmbiguous(result)
+                raise ToolFailed(result)
+            return result
+
+        call: Callable[[], Awaitable[types.CallToolResult]]
+        if policy.undo is not None or policy.pivot:
+            call = self._step(name, args, policy, send, call_id)
+        else:
+            call = self._effect(name, args, policy, send, key, call_id)
+        return await asettle(_replaying_failures(call), self.on_doubt, self.guard.store, pending_result)
+
+    def _options(self, name: str, policy: ToolPolicy) -> dict[str, Any]:
+        options = guard_options(policy)
+        if policy.lookup is not None:
+            # One reconciler per lookup, kept: the guard keeps its operations by their options.
+            found = self._lookups.get(name)
+            if found is None:
+                found = self._lookups[name] = self._reconciler(policy.lookup)
+            options["reconciler"] = found
+        return options
+
+    def _reconciler(self, lookup: LookupTool) -> Any:
+        async def reconcile(request: ReconcileRequest) -> Applied[Any] | NotAppliedResolution | Unknown:
+            source = {
+                "arguments": request.arguments.get("arguments"),
+                "idempotency_key": request.provider_key,
+            }
+            answer = await self.session.call_tool(lookup.tool, pick(lookup.arguments, source))
+            if answer.is_error:
+                return APPLIED_UNKNOWN
+            found = pick({"found": lookup.found}, recorded_result(answer)).get("found")
+            if found is None:
+                return APPLIED_UNKNOWN
+            return Applied(answer) if found else NOT_APPLIED
+
+        return reconcile
+
+    def _effect(  # noqa: PLR0917 - private, one caller
+        self,
+        name: str,
+        args: dict[str, Any],
+        policy: ToolPolicy,
+        send: Callable[[], Awaitable[types.CallToolResult]],
+        key: str | None,
+        call_id: str | None,
+    ) -> Callable[[], Awaitable[types.CallToolResult]]:
+        if key is None and call_id is not None:
+            key = json.dumps(["mcp.tool", current_scope().id, self.server, call_id], separators=(",", ":"))
+        effect, options = self.effect_name(name), self._options(name, policy)
+        fingerprinted = {"tool": name, "arguments": args}
+
+        async def call() -> types.CallToolResult:
+            return await self.guard.arun(
+                effect, send, arguments=fingerprinted, key=key, result_type=types.CallToolResult, tool=True,
+                **options,
+            )  # fmt: skip
+
+        return call
+
+    def _step(
+        self,
+        name: str,
+        args: dict[str, Any],
+        policy: ToolPolicy,
+        send: Callable[[], Awaitable[types.CallToolResult]],
+        call_id: str | None,
+    ) -> Callable[[], Awaitable[types.CallToolResult]]:
+        from saga.agent import current_run  # the agent-saga path only
+
+        run = current_run()
+        if call_id is None:
+            raise ConfigurationError(
+                f"MCP tool {name!r} has an undo: its call needs the model's tool call id "
+                "(a framework adapter sets it) or call_id="
+            )
+        options, tool = self._options(name, policy), self.effect_name(name)
+        # The row keeps the provider key the request carries (the run's key for the call and its
+        # effect's name, agent.tool.{tool}), so an undo whose call's result was never recorded can
+        # still ask the server for the work done under it.
+        sent_as = EffectIdentity.explicit(self.guard.namespace, run.call_key(call_id), f"agent.tool.{tool}")
+        recorded = {"tool": name, "arguments": args, "idempotency_key": sent_as.provider_key}
+
+        async def checked() -> types.CallToolResult:
+            if current_effect().provider_key != sent_as.provider_key:  # before anything is sent
+                raise NotApplied("the agent run keyed the call otherwise than its row records: not sent")
+            return await send()
+
+        async def call() -> types.CallToolResult:
+            return await run.acall(
+                tool, checked, recorded, undo=policy.undo,
+                pivot=policy.pivot, call_id=call_id, result_type=types.CallToolResult,
+                record=recorded_result, options=options,
+            )  # fmt: skip
+
+        return call
+
+
+def _replaying_failures(
+    call: Callable[[], Awaitable[types.CallToolResult]],
+) -> Callable[[], Awaitable[types.CallToolResult]]:
+    """``call``, with a recorded (or fresh) *not applied* tool failure handed back as its result."""
+
+    async def run() -> types.CallToolResult:
+        try:
+            return await call()
+        except ToolFailed as failed:
+            return failed.result
+
+    return run
