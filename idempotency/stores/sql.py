@@ -200,11 +200,10 @@ class SqlStore:
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _DDL_LOCK_ID})
             METADATA.create_all(conn, tables=[self._table])
             present = {column["name"] for column in sa.inspect(conn).get_columns(self._table.name)}
+            table = conn.dialect.identifier_preparer.quote(self._table.name)
             for name in ADDED_COLUMNS:  # a table made by an earlier version
                 if name not in present:
-                    conn.execute(
-                        sa.DDL(f"ALTER TABLE %(fullname)s ADD COLUMN {name} TEXT").against(self._table)
-                    )
+                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} TEXT")
 
     # -- the contract ------------------------------------------------------------------------
 
