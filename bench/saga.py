@@ -183,6 +183,10 @@ def _count_round_trips(journal: Any, engine: Any, saga_case: Case, index: int) -
             traced(str(query))
             super().executemany(query, params_seq, **kwargs)
 
+    class CountingRaw(psycopg.RawCursor[Any]):  # the hot path's cursors (sql_driver.raw_cursor)
+        execute = Counting.execute  # type: ignore[assignment]
+        executemany = Counting.executemany  # type: ignore[assignment]
+
     def on_checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
         if sqlite:
             dbapi_conn.set_trace_callback(traced)
@@ -202,9 +206,14 @@ def _count_round_trips(journal: Any, engine: Any, saga_case: Case, index: int) -
     sa.event.listen(engine, "checkout", on_checkout)
     sa.event.listen(engine, "checkin", on_checkin)
     sa.event.listen(engine, "commit", on_commit)
+    from idempotency.stores import sql_driver
+
+    engine.dispose()  # connections made afresh, with counting cursors (the pool keeps one each)
+    hot_cursor, sql_driver.raw_cursor = sql_driver.raw_cursor, CountingRaw  # type: ignore[assignment]
     try:
         saga_case(index)
     finally:
+        sql_driver.raw_cursor = hot_cursor  # type: ignore[assignment]
         sa.event.remove(engine, "checkout", on_checkout)
         sa.event.remove(engine, "checkin", on_checkin)
         sa.event.remove(engine, "commit", on_commit)

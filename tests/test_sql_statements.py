@@ -95,7 +95,7 @@ def test_a_live_claim_in_the_way_is_read_and_nothing_is_written(
 
 
 @pytest.fixture
-def pg_traced() -> Iterator[tuple[SqlStore, list[tuple[str, bool]]]]:
+def pg_traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[SqlStore, list[tuple[str, bool]]]]:
     """A store on Postgres, and each statement its connections send from now on, with whether it
     was its own transaction (autocommit, outside ``BEGIN``): one round trip and one commit each."""
     import uuid
@@ -106,19 +106,17 @@ def pg_traced() -> Iterator[tuple[SqlStore, list[tuple[str, bool]]]]:
 
     sent: list[tuple[str, bool]] = []
 
-    class Tracing(psycopg.Cursor[Any]):
+    from idempotency.stores import sql_driver
+
+    class Tracing(psycopg.RawCursor[Any]):
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
             conn = self.connection
             alone = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
             sent.append((str(query), alone))
             return super().execute(query, params, **kwargs)
 
+    monkeypatch.setattr(sql_driver, "raw_cursor", Tracing)  # the hot path's cursors
     engine = make_engine(require_postgres())
-
-    def trace(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
-        dbapi_conn.cursor_factory = Tracing
-
-    event.listen(engine, "checkout", trace)
     table = f"sg_stmts_{uuid.uuid4().hex[:10]}"
     store = SqlStore(engine, table_name=table)
     sent.clear()  # the table's creation

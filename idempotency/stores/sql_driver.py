@@ -4,11 +4,12 @@ The SQL backends (the effects store, the saga journal, the outbox relay) each ma
 statements on every call: the claim and the record, the saga phase, the outbox claim and ack. Those
 are SQL text with ``:name`` parameters, written out and documented where they are defined, and run
 here, without SQLAlchemy's ``Connection`` between (its Python costs about what a commit costs a fast
-disk): on Postgres through psycopg's cursor, each prepared once per connection (``prepare=True``,
-psycopg's own prepared statements; ``prepare_threshold=None`` on the engine's connections, as behind
-an old PgBouncer, turns that off); on SQLite through sqlite3, which takes ``:name`` parameters itself
-and caches the compiled statement. Everything else (listing, purging, operator actions, the schema)
-goes through SQLAlchemy Core.
+disk): on Postgres through psycopg's ``RawCursor`` (``$1`` parameters, so psycopg converts no query
+text per call), each prepared once per connection (``prepare=True``, psycopg's own prepared
+statements; ``prepare_threshold=None`` on the engine's connections, as behind an old PgBouncer,
+turns that off), one cursor per connection kept in the pool's ``info`` for it; on SQLite through
+sqlite3, which takes ``:name`` parameters itself and caches the compiled statement. Everything
+else (listing, purging, operator actions, the schema) goes through SQLAlchemy Core.
 
 Connections come from the engine's SQLAlchemy pool (``Engine.raw_connection()``), one per block, and
 go back to it when the block ends; the pool's own reset-on-return rolls back what a failed block
@@ -40,6 +41,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.pool import StaticPool
 
 __all__ = ["SqlDriver", "Statement"]
@@ -60,20 +62,38 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+_NUMBERED = postgresql.psycopg.dialect(paramstyle="numeric_dollar")  # type: ignore[no-untyped-call]
+"""Renders ``:name`` parameters as ``$1``, ``$2``, ... for psycopg's ``RawCursor``."""
+_CURSOR = "sagaguard.cursor"
+"""The key of a connection's kept cursor in the pool's ``info`` for it."""
+
+
 class Statement:
     """One SQL statement with ``:name`` parameters, in the form the engine's driver takes.
 
     Args:
         text: the statement; every value a bound ``:name`` parameter.
-        dialect: the engine's dialect: sqlite3 takes the text as it is; for psycopg, SQLAlchemy
-            renders it once in psycopg's ``%(name)s`` style (literal ``%`` escaped).
+        dialect: the engine's dialect: sqlite3 takes the text as it is; for Postgres, SQLAlchemy
+            renders it once with ``$n`` parameters (:attr:`order` says which name is which).
     """
 
-    __slots__ = ("sql", "text")
+    __slots__ = ("numbered", "order", "sql", "text")
 
     def __init__(self, text: str, dialect: sa.Dialect) -> None:
         self.text = text
-        self.sql: str = text if dialect.name == "sqlite" else str(sa.text(text).compile(dialect=dialect))
+        self.sql: str = text
+        self.order: tuple[str, ...] = ()
+        """Postgres: the parameters' names, in ``$n`` order."""
+        self.numbered = dialect.name != "sqlite"
+        if self.numbered:
+            compiled: Any = sa.text(text).compile(dialect=_NUMBERED)
+            self.sql, self.order = compiled.string, tuple(compiled.positiontup or ())
+
+    def values(self, params: Mapping[str, Any]) -> Any:
+        """The parameters as the driver binds them: by name (sqlite3), or in ``$n`` order."""
+        if self.numbered:
+            return [params[name] for name in self.order]
+        return params
 
 
 class SqlDriver:
@@ -166,7 +186,9 @@ class SqlDriver:
             try:
                 if self.postgres:
                     conn.autocommit = True
-                    cursor = conn.cursor()
+                    cursor = fairy.info.get(_CURSOR)
+                    if cursor is None or cursor.connection is not conn or cursor.closed:
+                        cursor = fairy.info[_CURSOR] = raw_cursor(conn)
                     if relaxed:
                         cursor.execute("BEGIN")
                         cursor.execute("SET LOCAL synchronous_commit = off")
@@ -217,16 +239,21 @@ class SqlDriver:
     def run(self, cursor: Any, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
         """Execute a statement that returns rows (a ``SELECT``, a ``RETURNING``) and fetch them all
         (SQLite completes a ``RETURNING`` statement only then)."""
-        if self.postgres:
-            cursor.execute(statement.sql, params, prepare=True)
-        else:
-            cursor.execute(statement.sql, params)
+        self.execute(cursor, statement, params)
         return list(cursor.fetchall())
 
     def execute(self, cursor: Any, statement: Statement, params: Mapping[str, Any]) -> int:
-        """Execute a statement that returns no rows; the rows it changed."""
+        """Execute a statement; the rows it changed."""
         if self.postgres:
-            cursor.execute(statement.sql, params, prepare=True)
+            cursor.execute(statement.sql, statement.values(params), prepare=True)
         else:
             cursor.execute(statement.sql, params)
         return int(cursor.rowcount)
+
+
+def raw_cursor(conn: Any) -> Any:
+    """A psycopg ``RawCursor`` on ``conn`` (a name of its own, so a test or a bench can count
+    what the hot path sends by replacing it)."""
+    import psycopg
+
+    return psycopg.RawCursor(conn)
