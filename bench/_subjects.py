@@ -230,3 +230,40 @@ def sql_commits_floor(kind: str, url: str, tag: str, commits: int) -> Subject:
         return i
 
     return Subject(sync, base.make_async, base.close)
+
+
+def outbox_floor(kind: str, url: str, tag: str) -> Subject:
+    """The outbox series' floor: one business transaction that INSERTs an order row and a
+    two-column message row, committed together, then that message marked delivered in a second
+    commit (its delivery, one message at a time); on the bare driver, sync only."""
+    if kind == "sqlite":
+        base = sqlite_floor(url.removeprefix("sqlite:///"), tag)
+        begin, mark = "BEGIN IMMEDIATE", "?"
+    else:
+        base = postgres_floor(url, tag)
+        begin, mark = "BEGIN", "%s"
+    shared: _Shared = base.extras["shared"]
+    conn = shared.take()
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_tp_floor_orders (id TEXT PRIMARY KEY, total INTEGER)")
+    finally:
+        shared.give(conn)
+
+    def sync(i: int) -> object:
+        conn = shared.take()
+        key = f"{tag}-{i}"
+        try:
+            conn.execute(begin)
+            conn.execute(f"INSERT INTO bench_tp_floor_orders (id, total) VALUES ({mark}, {mark})", (key, i))
+            conn.execute(f"INSERT INTO bench_tp_floor (k, v) VALUES ({mark}, 'pending')", (key,))
+            conn.execute("COMMIT")
+            if kind == "sqlite":
+                conn.execute(begin)
+            conn.execute(f"UPDATE bench_tp_floor SET v = 'delivered' WHERE k = {mark}", (key,))
+            if kind == "sqlite":
+                conn.execute("COMMIT")
+        finally:
+            shared.give(conn)
+        return i
+
+    return Subject(sync, base.make_async, base.close)

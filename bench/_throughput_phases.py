@@ -78,10 +78,16 @@ class _Starts:
 
 
 def _levels(
-    subjects: dict[str, Subject], cfg: Settings, *, tasks: bool = True, threads: tuple[int, ...] = THREADS
+    subjects: dict[str, Subject],
+    cfg: Settings,
+    *,
+    tasks: bool = True,
+    threads: tuple[int, ...] = THREADS,
+    starts: _Starts | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """Every subject at every level, ``cfg.repeats`` windows each, in alternating order."""
-    starts = _Starts()
+    """Every subject at every level, ``cfg.repeats`` windows each, in alternating order (``starts``:
+    the key ranges, shared by calls that load the same subjects again)."""
+    starts = starts or _Starts()
     names = list(subjects)
     out: dict[str, dict[str, dict[str, float]]] = {}
     for name in names:  # warm-up: connections made, code paths compiled, caches filled
@@ -296,6 +302,7 @@ def sql_phase(kind: str, cfg: Settings) -> Result:
             result.counts["floor"] = _pg_counts(cfg, url, dbname, make_floor)
             result.counts["guard"] = _pg_counts(cfg, url, dbname, make_guard)
         result.rows["saga"] = _saga_levels(kind, url, cfg, tag)
+        result.rows["outbox"] = _outbox_levels(kind, url, cfg, tag)
     return result
 
 
@@ -340,6 +347,70 @@ def _saga_levels(kind: str, url: str, cfg: Settings, tag: str) -> dict[str, dict
         for summary in level.values():
             summary["rate"] *= SAGA_STEPS
             summary["cpu_us"] /= SAGA_STEPS
+    return rows
+
+
+def _outbox_levels(kind: str, url: str, cfg: Settings, tag: str) -> dict[str, dict[str, dict[str, float]]]:
+    """Outbox enqueue + relay delivery against a business transaction's floor, threads only.
+
+    sagaguard: each call is one business transaction through a SQLAlchemy ``Session`` (INSERT an
+    order row, :meth:`Outbox.enqueue` one message, commit), while one :class:`Relay` in a thread of
+    the same process delivers to a no-op handler (its own connection pool, batches of 100). The
+    floor: the same order row and a two-column message row INSERTed on the bare driver in one
+    commit, then that message marked delivered in a second commit (its delivery), per call. Each
+    summary carries ``delivered``: messages the relay delivered per second over the series.
+    """
+    import sqlalchemy as sa
+    from _subjects import outbox_floor
+    from sqlalchemy.orm import Session
+
+    from idempotency.outbox import Outbox, Relay, RelaySettings, create_tables
+    from idempotency.stores.sql import make_engine
+
+    engine = make_engine(url)
+    orders = sa.Table(
+        "bench_tp_orders", sa.MetaData(), sa.Column("id", sa.String, primary_key=True),
+        sa.Column("total", sa.Integer, nullable=False),
+    )  # fmt: skip
+    table = "bench_tp_outbox"
+    with engine.begin() as conn:
+        orders.create(conn, checkfirst=True)
+    create_tables(engine, table)
+    outbox = Outbox(table)
+    delivered = [0]
+
+    def handler(message: Any) -> None:
+        delivered[0] += 1
+
+    outbox.register("order.paid", handler)
+    relay = Relay(outbox, make_engine(url), RelaySettings(purge_every=None, poll_interval=0.05))
+
+    def enqueue(i: int) -> object:
+        with Session(engine) as session:
+            key = f"{tag}-o{i}"
+            session.execute(orders.insert().values(id=key, total=i))
+            outbox.enqueue(session, "order.paid", {"order": key}, aggregate_type="order", aggregate_id=key)
+            session.commit()
+        return i
+
+    floor = outbox_floor(kind, url, f"{tag}-of")
+    subject = Subject(enqueue, floor.make_async)
+    relay.start()
+    starts = _Starts()
+    try:
+        rows: dict[str, dict[str, dict[str, float]]] = {}
+        for clients in THREADS:
+            before, started = delivered[0], time.perf_counter()
+            subjects = {"floor": floor, "outbox": subject}
+            level = _levels(subjects, cfg, tasks=False, threads=(clients,), starts=starts)
+            rate = (delivered[0] - before) / (time.perf_counter() - started)
+            for summary in level[f"threads.{clients}"].values():
+                summary["delivered"] = rate
+            rows.update(level)
+    finally:
+        relay.close()
+        floor.close()
+        engine.dispose()
     return rows
 
 

@@ -152,12 +152,12 @@ def _count_round_trips(journal: Any, engine: Any, saga_case: Case, index: int) -
 
     The journal's hot path runs on the driver's own cursors, out of sight of SQLAlchemy's
     execution events, so every connection the engine's pool hands out meanwhile is watched
-    directly. The journal keeps the connections it took from the pool (its shelf), so they are
-    given back first, and again after: the run takes them afresh, watched, and the watch ends
-    when they go back. SQLite's trace callback sees every statement the library runs (``BEGIN``,
-    ``COMMIT``, each row of an ``executemany``); on Postgres a cursor class counts each execute
-    (one round trip) and each commit (an autocommit statement outside ``BEGIN``, or ``COMMIT``).
-    Commits SQLAlchemy makes itself are counted by its ``commit`` event.
+    directly: the journal takes a connection from the pool for each call and gives it back at
+    once, so the watch starts and ends with each checkout. SQLite's trace callback sees every
+    statement the library runs (``BEGIN``, ``COMMIT``, each row of an ``executemany``); on
+    Postgres a cursor class counts each execute (one round trip) and each commit (an autocommit
+    statement outside ``BEGIN``, or ``COMMIT``). Commits SQLAlchemy makes itself are counted by its
+    ``commit`` event.
     """
     import psycopg
     import sqlalchemy as sa
@@ -183,6 +183,10 @@ def _count_round_trips(journal: Any, engine: Any, saga_case: Case, index: int) -
             traced(str(query))
             super().executemany(query, params_seq, **kwargs)
 
+    class CountingRaw(psycopg.RawCursor[Any]):  # the hot path's cursors (sql_driver.raw_cursor)
+        execute = Counting.execute  # type: ignore[assignment]
+        executemany = Counting.executemany  # type: ignore[assignment]
+
     def on_checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
         if sqlite:
             dbapi_conn.set_trace_callback(traced)
@@ -202,12 +206,14 @@ def _count_round_trips(journal: Any, engine: Any, saga_case: Case, index: int) -
     sa.event.listen(engine, "checkout", on_checkout)
     sa.event.listen(engine, "checkin", on_checkin)
     sa.event.listen(engine, "commit", on_commit)
-    shelf = journal._driver._shelf  # the bench looks inside: no public API counts statements
-    shelf.close()
+    from idempotency.stores import sql_driver
+
+    engine.dispose()  # connections made afresh, with counting cursors (the pool keeps one each)
+    hot_cursor, sql_driver.raw_cursor = sql_driver.raw_cursor, CountingRaw  # type: ignore[assignment]
     try:
         saga_case(index)
     finally:
-        shelf.close()
+        sql_driver.raw_cursor = hot_cursor  # type: ignore[assignment]
         sa.event.remove(engine, "checkout", on_checkout)
         sa.event.remove(engine, "checkin", on_checkin)
         sa.event.remove(engine, "commit", on_commit)

@@ -1,4 +1,4 @@
-"""Helpers of the async-write tests (test_writes_now.py, test_pq_async.py)."""
+"""Helpers of the async-call tests on the SQL store (test_writes_now.py)."""
 
 from __future__ import annotations
 

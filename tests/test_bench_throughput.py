@@ -56,6 +56,12 @@ def test_quick_run_produces_every_row(tmp_path: Path) -> None:
             assert set(level) == {"floor", "saga"}
             for summary in level.values():
                 _summary_ok(summary)
+    for backend in ("postgres", "sqlite"):
+        outbox = results[backend]["rows"]["outbox"]
+        assert list(outbox) == LEVELS[:4]
+        for level in outbox.values():
+            assert set(level) == {"floor", "outbox"}
+            assert level["outbox"]["calls"] > 0 and level["outbox"]["delivered"] >= 0
     assert set(results["sqlite"]["counts"]["guard"]) == {"statements", "commits"}
     assert set(results["postgres"]["counts"]["guard"]) == {"commits", "wal_bytes"}
     # Counted, not timed: a guarded new call is two commits on each SQL backend.
@@ -64,5 +70,6 @@ def test_quick_run_produces_every_row(tmp_path: Path) -> None:
     assert list(results["memory"]["rows"]["guard"]) == ["threads.1", "tasks.64"]
     text = proc.stdout
     for heading in ("Guarded new calls against the floor", "client CPU per call",
-                    "What the database pays", "Saga steps against one-row commits"):  # fmt: skip
+                    "What the database pays", "Saga steps against one-row commits",
+                    "Outbox enqueue + relay delivery"):  # fmt: skip
         assert heading in text

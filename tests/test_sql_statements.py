@@ -89,3 +89,53 @@ def test_a_live_claim_in_the_way_is_read_and_nothing_is_written(
         "INSERT DO NOTHING", "BEGIN IMMEDIATE", "INSERT DO UPDATE", "SELECT", "COMMIT",
     ]  # fmt: skip
     assert store.get(identity.key) == again.record
+
+
+# ------------------------------------------------------------------------------ Postgres
+
+
+@pytest.fixture
+def pg_traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[SqlStore, list[tuple[str, bool]]]]:
+    """A store on Postgres, and each statement its connections send from now on, with whether it
+    was its own transaction (autocommit, outside ``BEGIN``): one round trip and one commit each."""
+    import uuid
+
+    import psycopg
+    import sqlalchemy as sa
+    from conftest import require_postgres
+
+    sent: list[tuple[str, bool]] = []
+
+    from idempotency.stores import sql_driver
+
+    class Tracing(psycopg.RawCursor[Any]):
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            conn = self.connection
+            alone = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            sent.append((str(query), alone))
+            return super().execute(query, params, **kwargs)
+
+    monkeypatch.setattr(sql_driver, "raw_cursor", Tracing)  # the hot path's cursors
+    engine = make_engine(require_postgres())
+    table = f"sg_stmts_{uuid.uuid4().hex[:10]}"
+    store = SqlStore(engine, table_name=table)
+    sent.clear()  # the table's creation
+    yield store, sent
+    store.close()
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'DROP TABLE IF EXISTS "{table}"'))
+    engine.dispose()
+
+
+def test_a_new_guarded_call_on_postgres_is_two_statements_each_its_own_commit(
+    pg_traced: tuple[SqlStore, list[tuple[str, bool]]],
+) -> None:
+    store, sent = pg_traced
+    charge = Guard(store).effect("pay.charge")(lambda amount: amount)
+    with scope("run-1"):
+        assert charge(5) == 5
+    assert [(sql.split()[0], alone) for sql, alone in sent] == [("WITH", True), ("UPDATE", True)]
+    sent.clear()
+    with scope("run-1"):
+        assert charge(5) == 5  # a replay: the claim alone, which finds the record
+    assert [(sql.split()[0], alone) for sql, alone in sent] == [("WITH", True)]

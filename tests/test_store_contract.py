@@ -1200,3 +1200,35 @@ def test_threads_race_one_take_over(store: IdempotencyStore, monkeypatch: pytest
     rec = store.get(identity.key)
     assert rec is not None
     assert (rec.token, rec.attempts) == (old.token + 1, 2) == (won[0].token, won[0].attempts)
+
+
+# ----------------------------------------------------- the record complete() returns is the one stored
+
+
+@pytest.mark.parametrize("heartbeat", [False, True], ids=["plain", "after-heartbeat"])
+def test_complete_returns_what_was_stored(store: IdempotencyStore, clock: FakeClock, heartbeat: bool) -> None:
+    identity = ident(scope=str(uuid.uuid4()))
+    claimed = store.claim(identity, FP, LEASE).record
+    if heartbeat:
+        clock.advance(3)
+        store.heartbeat(identity.key, claimed.token, LEASE * 2)
+    clock.advance(2)
+    done = store.complete(identity.key, claimed.token, '{"ok":true}', RETENTION)
+    assert store.get(identity.key) == done
+
+
+def test_complete_after_a_take_over_returns_what_was_stored(
+    shared_store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    first, second = shared_store_factory.open(), shared_store_factory.open()
+    identity = ident(scope=str(uuid.uuid4()))
+    zombie = first.claim(identity, FP, LEASE).record
+    clock.advance(LEASE + 1)
+    took = second.claim(identity, FP, LEASE).record
+    assert took.token == zombie.token + 1
+    done = second.complete(identity.key, took.token, "1", RETENTION)
+    assert second.get(identity.key) == done
+    assert done.attempts == 2 and done.token == took.token
+    with pytest.raises(LostOwnership):
+        first.complete(identity.key, zombie.token, "2", RETENTION)
+    assert second.get(identity.key) == done

@@ -26,20 +26,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.pool import StaticPool
-from sqlalchemy.sql.compiler import SQLCompiler
 
 from idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
 from idempotency.outbox.model import DEFAULT_TABLE, MessageStatus, check_table_name
+from idempotency.stores.sql_driver import SqlDriver, Statement
 
 __all__ = ["Claimed", "OutboxDb", "Settle"]
 
@@ -87,20 +84,6 @@ class Settle:
     """Give the message back untried: its attempt is not counted."""
 
 
-class _Statement:
-    """SQL compiled once for the driver's parameter style, to run on a raw DBAPI cursor."""
-
-    __slots__ = ("_order", "sql")
-
-    def __init__(self, text: str, dialect: sa.Dialect) -> None:
-        compiled: SQLCompiler = cast(Any, sa.text(text).compile(dialect=dialect))
-        self.sql = compiled.string
-        self._order = compiled.positiontup
-
-    def args(self, params: dict[str, Any]) -> Any:
-        return params if self._order is None else tuple(params[k] for k in self._order)
-
-
 def _settle_json(o: Settle) -> dict[str, Any]:
     item: dict[str, Any] = {"id": str(o.ref), "s": o.status}
     if o.release:
@@ -114,6 +97,14 @@ def _settle_json(o: Settle) -> dict[str, Any]:
 
 def _uuid_text(ref: Any) -> str:
     return str(ref if isinstance(ref, uuid.UUID) else uuid.UUID(hex=str(ref)))
+
+
+def _unavailable(text: str) -> StoreUnavailable:
+    return StoreUnavailable(f"outbox database unavailable: {text}")
+
+
+def _error(text: str) -> StoreError:
+    return StoreError(f"outbox database error: {text}")
 
 
 class OutboxDb:
@@ -154,20 +145,8 @@ class OutboxDb:
         self.poison_blocks_aggregate = poison_blocks_aggregate
         self.synchronous_commit = synchronous_commit
         self.quoted = dialect.identifier_preparer.quote(table_name)
-        dbapi = dialect.loaded_dbapi
-        self._dbapi_error: type[Exception] = dbapi.Error
-        self._transient = (
-            sa_exc.OperationalError,
-            sa_exc.InterfaceError,
-            sa_exc.DisconnectionError,
-            sa_exc.TimeoutError,
-            dbapi.OperationalError,
-            dbapi.InterfaceError,
-        )
-        self._lock: contextlib.AbstractContextManager[Any] = (
-            threading.RLock() if isinstance(engine.pool, StaticPool) else contextlib.nullcontext()
-        )
-        self._sql: dict[str, _Statement] = {}
+        self._driver = SqlDriver(engine, unavailable=_unavailable, error=_error)
+        self._sql: dict[str, Statement] = {}
         self._build()
 
     # -- SQL ---------------------------------------------------------------------------------
@@ -229,7 +208,6 @@ class OutboxDb:
                 updated_at = c.now
             FROM c WHERE {ours}
             RETURNING CAST(m.id AS text)"""
-            sql["notify"] = "SELECT pg_notify(:channel, '')"
         else:
             # Serialised by BEGIN IMMEDIATE: a row is claimable when every older live row of its
             # aggregate is claimable too; ORDER BY id LIMIT n then takes a prefix of each aggregate.
@@ -256,11 +234,7 @@ class OutboxDb:
                 f"updated_at = :now WHERE {fence}"
             )
         sql["now"] = f"SELECT {_PG_NOW}" if self.postgres else "SELECT :now"
-        self._sql = {name: _Statement(text, self.engine.dialect) for name, text in sql.items()}
-
-    def statement(self, text: str) -> _Statement:
-        """Compile other SQL (operators' queries) for this driver."""
-        return _Statement(text, self.engine.dialect)
+        self._sql = {name: Statement(text, self.engine.dialect) for name, text in sql.items()}
 
     def id_param(self, message_id: str) -> Any:
         """A message id as the driver binds it.
@@ -279,50 +253,20 @@ class OutboxDb:
     @contextlib.contextmanager
     def translated(self) -> Iterator[None]:
         """Re-raise driver errors as :class:`StoreUnavailable` (transient) or :class:`StoreError`."""
-        try:
+        with self._driver.translated():
             yield
-        except (sa_exc.SQLAlchemyError, self._dbapi_error) as exc:
-            orig = getattr(exc, "orig", None) or exc
-            text = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-            if isinstance(exc, self._transient) or getattr(exc, "connection_invalidated", False):
-                raise StoreUnavailable(f"outbox database unavailable: {text}") from exc
-            raise StoreError(f"outbox database error: {text}") from exc
 
     @contextlib.contextmanager
-    def cursor(self, *, write: bool = False, relaxed: bool = False) -> Iterator[Any]:
+    def transaction(self) -> Iterator[sa.Connection]:
+        """A SQLAlchemy Core connection in one transaction (operators' calls), errors made ours."""
+        with self._driver.lock, self._driver.translated(), self.engine.begin() as conn:
+            yield conn
+
+    def cursor(self, *, write: bool = False, relaxed: bool = False) -> contextlib.AbstractContextManager[Any]:
         """A DBAPI cursor on a pooled connection: autocommit statements on Postgres, one
         transaction (``BEGIN IMMEDIATE`` when ``write``) on SQLite. ``relaxed`` (Postgres, unless
         ``synchronous_commit``): one transaction with ``SET LOCAL synchronous_commit = off``."""
-        relaxed = relaxed and self.postgres and not self.synchronous_commit
-        with self._lock, self.translated():
-            fairy = self.engine.raw_connection()
-            conn: Any = fairy.driver_connection
-            cursor: Any = None
-            restore = False
-            try:
-                if self.postgres and conn.autocommit == relaxed:
-                    conn.autocommit = not relaxed
-                    restore = True
-                cursor = conn.cursor()
-                if write and not self.postgres:
-                    cursor.execute("BEGIN IMMEDIATE")
-                elif relaxed:
-                    cursor.execute("SET LOCAL synchronous_commit = off")
-                yield cursor
-                if not self.postgres or relaxed:
-                    conn.commit()
-            except Exception as exc:
-                with contextlib.suppress(Exception):
-                    conn.rollback()
-                driver_error: Any = exc if isinstance(exc, self._dbapi_error) else None
-                if driver_error is not None and self.engine.dialect.is_disconnect(driver_error, conn, cursor):
-                    self.engine.pool._invalidate(fairy, exc)
-                raise
-            finally:
-                if restore:
-                    with contextlib.suppress(Exception):
-                        conn.autocommit = not conn.autocommit  # as we found it
-                fairy.close()
+        return self._driver.block(immediate=write, relaxed=relaxed and not self.synchronous_commit)
 
     def now_param(self) -> float | None:
         """The ``:now`` to bind: the injected clock, the machine's (SQLite), or None (Postgres's)."""
@@ -330,11 +274,11 @@ class OutboxDb:
             return float(self.clock())
         return None if self.postgres else time.time()
 
-    def run(self, cursor: Any, name_or_statement: str | _Statement, params: dict[str, Any]) -> list[Any]:
+    def run(self, cursor: Any, name_or_statement: str | Statement, params: dict[str, Any]) -> list[Any]:
         """Execute with ``:now`` bound, and fetch every row (SQLite completes RETURNING only then)."""
         statement = self._sql[name_or_statement] if isinstance(name_or_statement, str) else name_or_statement
         params.setdefault("now", self.now_param())
-        cursor.execute(statement.sql, statement.args(params))
+        self._driver.execute(cursor, statement, params)
         return list(cursor.fetchall()) if cursor.description is not None else []
 
     def now(self) -> float:
@@ -427,11 +371,6 @@ class OutboxDb:
                 if cursor.rowcount != 1:
                     lost.append(c.ref)
             return lost
-
-    def notify(self, cursor: Any) -> None:
-        """Wake listening relays (Postgres; nothing on SQLite)."""
-        if self.postgres:
-            self.run(cursor, "notify", {"channel": self.table_name})
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)

@@ -15,6 +15,7 @@ Replaying a message a relay still holds, or discarding one that is not dead, is 
 letters are the operator's to move. Replay wakes listening relays (Postgres NOTIFY). Cancelling
 withdraws a message before any relay has claimed it (its producer changed its mind, e.g. a saga
 compensating before its email went out); one a relay holds may be on its way and is left alone.
+Each call is one transaction through SQLAlchemy Core.
 """
 
 from __future__ import annotations
@@ -120,22 +121,29 @@ class OutboxControl:
                 else f"DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE id < :bound AND {settled} "
                 "ORDER BY id LIMIT :limit)"
             ),
-            "now": "SELECT CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
-            if self.db.postgres
-            else "SELECT :now",
+            "now": "SELECT CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
+            "notify": "SELECT pg_notify(:channel, '')",
         }
-        self._sql = {name: self.db.statement(sql) for name, sql in text.items()}
+        self._sql = {name: sa.text(sql) for name, sql in text.items()}
 
-    def _now(self, cursor: Any) -> float:
+    def _run(self, conn: sa.Connection, name: str, params: dict[str, Any]) -> Any:
+        """Statement ``name``: its result (rows, or the rowcount of a write)."""
+        return conn.execute(self._sql[name], params)
+
+    def _now(self, conn: sa.Connection) -> float:
         value = self.db.now_param()
         if value is not None:
             return value
-        return float(self.db.run(cursor, self._sql["now"], {})[0][0])
+        return float(self._run(conn, "now", {}).scalar_one())
+
+    def _notify(self, conn: sa.Connection) -> None:
+        if self.db.postgres:  # wake listening relays
+            self._run(conn, "notify", {"channel": self.db.table_name})
 
     def now(self) -> float:
         """The outbox's clock (injected, or the database's)."""
-        with self.db.cursor() as cursor:
-            return self._now(cursor)
+        with self.db.transaction() as conn:
+            return self._now(conn)
 
     def status(self) -> OutboxStatus:
         """Depth (pending + in flight), dead letters, the oldest pending message's age, and the
@@ -145,13 +153,12 @@ class OutboxControl:
         Raises:
             StoreUnavailable, StoreError: the database cannot be reached or failed.
         """
-        with self.db.cursor() as cursor:
-            now = self._now(cursor)
-            rows = self.db.run(cursor, self._sql["counts"], {})
-            pending, in_flight, oldest, dead, blocked = rows[0]
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            pending, in_flight, oldest, dead, blocked = self._run(conn, "counts", {}).one()
             aggregates: tuple[BlockedAggregate, ...] = ()
             if blocked:
-                found = self.db.run(cursor, self._sql["blocked"], {"limit": _BLOCKED_SHOWN})
+                found = self._run(conn, "blocked", {"limit": _BLOCKED_SHOWN})
                 aggregates = tuple(BlockedAggregate(str(r[0]), str(r[1]), int(r[2])) for r in found)
         return OutboxStatus(
             pending=int(pending or 0),
@@ -165,12 +172,12 @@ class OutboxControl:
 
     def dead_letters(self, *, limit: int = 100, after: str | None = None) -> list[DeadLetter]:
         """Dead letters in id (creation) order, a page at a time: pass the last id as ``after``."""
-        with self.db.cursor() as cursor:
+        with self.db.transaction() as conn:
             if after is None:
-                rows = self.db.run(cursor, self._sql["dead_first"], {"limit": max(0, limit)})
+                rows: list[Any] = list(self._run(conn, "dead_first", {"limit": max(0, limit)}))
             else:
                 params = {"limit": max(0, limit), "after": self.db.id_param(after)}
-                rows = self.db.run(cursor, self._sql["dead"], params)
+                rows = list(self._run(conn, "dead", params))
         return [
             DeadLetter(
                 _uuid_text(r[0]),
@@ -193,8 +200,8 @@ class OutboxControl:
             MessageNotFound: no message has this id.
             ConfigurationError: the id is not a UUID.
         """
-        with self.db.cursor() as cursor:
-            rows = self.db.run(cursor, self._sql["get"], {"id": self.db.id_param(message_id)})
+        with self.db.transaction() as conn:
+            rows: list[Any] = list(self._run(conn, "get", {"id": self.db.id_param(message_id)}))
         if not rows:
             raise MessageNotFound(message_id)
         info = dict(zip(_ALL_COLUMNS.split(", "), rows[0], strict=True))
@@ -203,14 +210,13 @@ class OutboxControl:
 
     def _dead_only(self, name: str, message_id: str) -> None:
         ident = self.db.id_param(message_id)
-        with self.db.cursor(write=True) as cursor:
-            now = self._now(cursor)
-            self.db.run(cursor, self._sql[name], {"id": ident, "nowv": now})
-            if cursor.rowcount == 1:
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            if self._run(conn, name, {"id": ident, "nowv": now}).rowcount == 1:
                 if name == "replay":
-                    self.db.notify(cursor)
+                    self._notify(conn)
                 return
-            found = self.db.run(cursor, self._sql["status_of"], {"id": ident})
+            found: list[Any] = list(self._run(conn, "status_of", {"id": ident}))
         if not found:
             raise MessageNotFound(message_id)
         raise NotDead(message_id, str(found[0][0]))
@@ -226,12 +232,11 @@ class OutboxControl:
 
     def replay_all(self) -> int:
         """Replay every dead letter; returns how many."""
-        with self.db.cursor(write=True) as cursor:
-            now = self._now(cursor)
-            self.db.run(cursor, self._sql["replay_all"], {"nowv": now})
-            count = int(cursor.rowcount)
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            count = int(self._run(conn, "replay_all", {"nowv": now}).rowcount)
             if count:
-                self.db.notify(cursor)
+                self._notify(conn)
             return count
 
     def discard(self, message_id: str) -> None:
@@ -260,12 +265,11 @@ class OutboxControl:
             ConfigurationError: the id is not a UUID.
         """
         ident = self.db.id_param(message_id)
-        with self.db.cursor(write=True) as cursor:
-            now = self._now(cursor)
-            self.db.run(cursor, self._sql["cancel"], {"id": ident, "nowv": now})
-            if cursor.rowcount == 1:
+        with self.db.transaction() as conn:
+            now = self._now(conn)
+            if self._run(conn, "cancel", {"id": ident, "nowv": now}).rowcount == 1:
                 return True
-            found = self.db.run(cursor, self._sql["status_of"], {"id": ident})
+            found: list[Any] = list(self._run(conn, "status_of", {"id": ident}))
         if not found:
             raise MessageNotFound(message_id)
         return False
@@ -289,12 +293,11 @@ class OutboxControl:
             )
         total = pages = 0
         while max_pages is None or pages < max_pages:
-            with self.db.cursor(write=True) as cursor:
-                cutoff = self._now(cursor) - float(retention)
+            with self.db.transaction() as conn:
+                cutoff = self._now(conn) - float(retention)
                 bound = uuid7_floor(cutoff + 0.001)  # every id of the cutoff's millisecond too
                 params = {"cutoff": cutoff, "limit": page, "bound": bound if self.db.postgres else bound.hex}
-                self.db.run(cursor, self._sql["purge"], params)
-                deleted = int(cursor.rowcount)
+                deleted = int(self._run(conn, "purge", params).rowcount)
             total += deleted
             pages += 1
             if deleted < page:

@@ -304,18 +304,36 @@ def _insert_sql(
 
 
 def _insert(conn: sa.Connection, table_name: str, values: dict[str, Any], text_id: str, delay: float) -> str:
-    """Insert on the caller's connection, inside its transaction, on the driver's fast path;
-    returns the message id (with a dedup key already taken: the message already there)."""
+    """Insert on the caller's connection, inside its transaction, through the driver itself (its
+    DBAPI connection: ``Connection.connection.driver_connection``; psycopg prepares the statement
+    once per connection); returns the message id (with a dedup key already taken: the message
+    already there).
+
+    The transaction is SQLAlchemy's: begun here if the connection has none yet (as the statement
+    would have begun it), so the caller's ``commit()`` commits the message with their data. The
+    insert does not pass through SQLAlchemy's execution events.
+    """
     dialect = conn.dialect
     keyed = "dedup_key" in values
     sql, order = _insert_sql(dialect, table_name, "created_at" in values, keyed)
     params = dict(values, delay=float(delay))
-    if dialect.name != "postgresql":
-        params["id"] = values["id"].hex  # what sa.Uuid stores where there is no native UUID
-    result = conn.exec_driver_sql(sql, params if order is None else tuple(params[k] for k in order))
-    # The row count says whether the upsert inserted: cheaper than RETURNING, which makes the
-    # driver build a result for one row.
-    if not keyed or result.rowcount == 1:
+    if not conn.in_transaction():
+        conn.begin()  # what executing a statement on the connection does (autobegin)
+    cursor: Any = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        if dialect.driver == "psycopg":
+            cursor.execute(sql, params, prepare=True)
+        elif dialect.name == "postgresql":
+            cursor.execute(sql, params)
+        else:
+            params["id"] = values["id"].hex  # what sa.Uuid stores where there is no native UUID
+            cursor.execute(sql, tuple(params[k] for k in order or ()))
+        # The row count says whether the upsert inserted: cheaper than RETURNING, which makes the
+        # driver build a result for one row.
+        inserted = cursor.rowcount == 1
+    finally:
+        cursor.close()
+    if not keyed or inserted:
         return text_id
     return _existing(conn.execute(_lookup(table_name, values["dedup_key"])).first(), values)
 

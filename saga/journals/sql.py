@@ -7,8 +7,9 @@ primitive is one transaction; :meth:`SqlJournal.commit` (the atomic phase) is on
 phase is written entirely or not at all: on Postgres one statement (the upserts in a data-modifying
 ``WITH`` fed by the update's ``RETURNING``, so a refused fence writes no step row) in autocommit, one
 round trip; on SQLite one ``BEGIN IMMEDIATE`` transaction. Those calls a saga makes on every step
-(:meth:`~SqlJournal.start`, :meth:`~SqlJournal.commit`) run precompiled SQL on the driver's own
-cursor (:mod:`saga.journals.sql_driver`); the rest goes through SQLAlchemy.
+(:meth:`~SqlJournal.start`, :meth:`~SqlJournal.commit`) run their SQL text on the driver itself
+(:mod:`idempotency.stores.sql_driver`: psycopg's prepared statements, sqlite3); the rest goes
+through SQLAlchemy Core.
 :meth:`SqlJournal.claim` is one conditional
 ``UPDATE .. RETURNING``: of two workers racing for a saga, the second finds it no longer due. The
 engine comes from :func:`idempotency.stores.sql.make_engine`: SQLite in WAL mode with
@@ -23,21 +24,17 @@ instant as ``julianday('now')``, to the microsecond, without a clock expression 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
-import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import fields
 from typing import Any, Final, cast
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.pool import StaticPool
 
 from idempotency.errors import ConfigurationError
-from idempotency.stores.sql import make_engine
+from idempotency.stores.sql_driver import SqlDriver, Statement
+from idempotency.stores.sql_engine import make_engine
 from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
-from saga.journals.sql_driver import Compiled, Driver
 from saga.journals.sql_schema import (
     DEFAULT_PREFIX,
     SAGA_COLUMNS,
@@ -67,25 +64,12 @@ __all__ = ["DEFAULT_PREFIX", "SCHEMA_VERSION", "SqlJournal", "journal_models"]
 _DIALECTS = ("postgresql", "sqlite")
 
 
-@contextlib.contextmanager
-def _translated() -> Iterator[None]:
-    """Re-raise driver errors as ours; the message is the driver's own, never the parameters."""
-    try:
-        yield
-    except (sa_exc.SQLAlchemyError, sqlite3.Error, OSError) as exc:
-        orig = getattr(exc, "orig", None) or exc
-        text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-        transient = isinstance(
-            exc,
-            sa_exc.OperationalError
-            | sa_exc.InterfaceError
-            | sa_exc.TimeoutError
-            | sqlite3.OperationalError
-            | OSError,
-        ) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
-        if transient:
-            raise JournalUnavailable(f"SQL journal unavailable: {text}") from exc
-        raise JournalError(f"SQL journal error: {text}") from exc
+def _unavailable(text: str) -> JournalUnavailable:
+    return JournalUnavailable(f"SQL journal unavailable: {text}")
+
+
+def _error(text: str) -> JournalError:
+    return JournalError(f"SQL journal error: {text}")
 
 
 _SAGA_STATES: Final = {state.value: state for state in SagaState}
@@ -146,24 +130,6 @@ def _step_values(step: StepRecord, suffix: str, **extra: Any) -> dict[str, Any]:
     return values
 
 
-_STEP_ROW_ORDER: Final = (
-    "saga_id", "idx", "name", "kind", "state", "compensation", "result", "error", "not_applied",
-    "compensation_error", "attempts", "compensation_attempts", "stamp", "stamp", "trace", "resolution",
-)  # fmt: skip
-"""The positional parameters of the SQLite step upsert, in the order :func:`_step_row` gives them."""
-
-
-def _step_row(step: StepRecord, saga_id: str, stamp: float) -> tuple[Any, ...]:
-    """SQLite: a step row's values in :data:`_STEP_ROW_ORDER`, straight from the record (what
-    ``_step_values`` and the statement's picker give, without the dict between; sqlite3 binds a
-    ``StrEnum`` member as the text of its value)."""
-    return (
-        saga_id, step.index, step.name, step.kind, step.state, step.compensation, step.result,
-        step.error, step.not_applied, step.compensation_error, step.attempts,
-        step.compensation_attempts, stamp, stamp, step.trace, step.resolution,
-    )  # fmt: skip
-
-
 class SqlJournal:
     """A :class:`~saga.journal.SagaJournal` on SQLite or PostgreSQL. Thread-safe.
 
@@ -199,28 +165,22 @@ class SqlJournal:
         self._postgres = dialect == "postgresql"
         # What "now" is bound from: the injected clock, else on SQLite (in-process) the host's.
         self._clock = clock if clock is not None or self._postgres else time.time
-        self._lock: contextlib.AbstractContextManager[Any] = (
-            threading.RLock() if isinstance(engine.pool, StaticPool) else contextlib.nullcontext()
-        )
+        self._driver = SqlDriver(engine, unavailable=_unavailable, error=_error)
         quote = engine.dialect.identifier_preparer.quote
         sagas, steps, signals = (quote(t.name) for t in self._tables)
         self._sql = Statements(sagas, steps, signals, dialect, injected_clock=self._clock is not None)
-        self._driver = Driver(engine, self._lock)
         hot = dict(self._sql.text)
         if self._postgres:
             hot["start_with_step"] = self._sql.start_with_step()
-        self._hot = {name: Compiled(text, engine.dialect) for name, text in hot.items()}
-        # The SQLite phase binds step rows as tuples built straight from the records: checked here
-        # against the compiled statement's own parameter order, so the two cannot drift apart.
-        if not self._postgres and self._hot["upsert_step"].order != _STEP_ROW_ORDER:
-            raise AssertionError("the step upsert's parameters are no longer in _step_row's order")
-        self._phases: dict[tuple[str, int], Compiled] = {}
+        self._hot = {name: Statement(text, engine.dialect) for name, text in hot.items()}
+        self._phases: dict[tuple[str, int], Statement] = {}
         if create:
             self.create_tables()
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sa.Connection]:
-        with self._lock, _translated(), self._engine.connect() as conn, conn.begin():
+        driver = self._driver
+        with driver.lock, driver.translated(), self._engine.connect() as conn, conn.begin():
             yield conn
 
     def _params(self, **params: Any) -> dict[str, Any]:
@@ -301,7 +261,7 @@ class SqlJournal:
         if first is not None and self._postgres:
             statement = hot["start_with_step"]
             params.update(_step_values(first, "0"))
-        with self._driver.cursor(write=True) as cursor:
+        with self._driver.block(immediate=True) as cursor:
             rows = run(cursor, statement, params)
             if rows:
                 saga = _saga(rows[0])
@@ -372,18 +332,19 @@ class SqlJournal:
             saga = _saga(rows[0])
             if steps and not self._postgres:
                 stamp = saga.updated_at
-                values = [_step_row(step, saga_id, stamp) for step in steps]
+                values = [_step_values(step, "", saga_id=saga_id, stamp=stamp) for step in steps]
                 cursor.executemany(self._hot["upsert_step"].sql, values)
             return saga
 
-        return self._driver.write(work)
+        with self._driver.block(immediate=True) as cursor:
+            return work(cursor)
 
-    def _phase(self, update: str, rows: int) -> Compiled:
+    def _phase(self, update: str, rows: int) -> Statement:
         """Postgres: the one-statement phase for ``rows`` step rows, compiled once."""
         key = (update, rows)
         found = self._phases.get(key)
         if found is None:
-            found = self._phases[key] = Compiled(self._sql.phase(update, rows), self._engine.dialect)
+            found = self._phases[key] = Statement(self._sql.phase(update, rows), self._engine.dialect)
         return found
 
     def _park(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:
@@ -474,9 +435,8 @@ class SqlJournal:
             return [_saga(row) for row in conn.execute(query)]
 
     def close(self) -> None:
-        """Give the journal's connections back to the pool, and dispose the engine the journal made
-        (a given engine is left alone)."""
-        self._driver.close()
+        """Dispose the engine the journal made (a given engine is left alone; the journal holds no
+        connection between calls)."""
         if self._owned:
             self._engine.dispose()
 

@@ -211,7 +211,7 @@ class Statements:
             "move": f"UPDATE {sagas} SET state = :state, error = :error, lease_until = {lease}, "
             f"updated_at = {at}{source} WHERE {fence} RETURNING {SAGA_COLUMNS}",
         }
-        """The statements of the hot path (:mod:`saga.journals.sql_driver`), as text."""
+        """The statements of the hot path (run by :mod:`idempotency.stores.sql_driver`), as text."""
         # Parking: due at once when the awaited signal is already recorded or a cancel is pending.
         self.park = sa.text(
             f"UPDATE {sagas} SET state = 'waiting', error = :error, waiting_for = :waiting_for, "
