@@ -451,6 +451,32 @@ def test_a_crash_after_the_effect_undoes_it_with_no_result(
     assert world.did("refund") == [(120, None)]
 
 
+def test_an_undo_knows_the_call_it_undoes_even_with_no_result(
+    *, journal: SagaJournal, guard: Guard, runner: AgentRunner, agent: AgentSaga, world: World, clock: FakeClock
+) -> None:
+    from saga.agent import current_run, undoing
+
+    seen: list[tuple[str, str, str, Any]] = []
+
+    @agent.undos.register
+    def refund_by_key(arguments: Any, result: Any) -> None:
+        call = undoing()  # how an undo with no result finds the effect (its key, the body's scope)
+        seen.append((call.tool, call.effect, call.key, result))
+
+    def charge_then_die() -> Any:
+        world.charge(120)
+        raise Crash
+
+    with pytest.raises(Crash), runner.run(agent, "thread-1"):
+        current_run().call("charge", charge_then_die, {"amount": 120}, undo="refund_by_key", call_id="call_7")
+    cancel(journal, "thread-1")
+    clock.advance(LEASE + 1)
+    assert sweep(journal, guard, agent).outcomes["thread-1"].state is SagaState.COMPENSATED
+    assert seen == [("charge", "agent.tool.charge", "thread-1/call_7", None)]
+    with pytest.raises(LookupError):
+        undoing()
+
+
 def test_an_agent_resumed_after_dying_mid_compensation_finishes_the_undo_and_never_runs_forward(
     *,
     journal: SagaJournal,

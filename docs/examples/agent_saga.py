@@ -20,7 +20,8 @@ undos = UndoRegistry()  # filled at import, so the worker (another process) find
 
 @undos.register
 def cancel_booking(arguments: dict[str, Any], result: Any | None) -> None:
-    # result is None when the call's outcome was never recorded: find the booking by its key then.
+    # result is None when the call's outcome was never recorded: find the booking by its key
+    # (saga.agent.undoing().key) then.
     world.append(f"cancel {result['booking'] if result else arguments['hotel']}")
 
 

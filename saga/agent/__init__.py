@@ -31,7 +31,7 @@ from saga.agent.errors import (
 )
 from saga.agent.run import AgentRun, current_run
 from saga.agent.runner import AgentRunner
-from saga.agent.undo import Undo, UndoRegistry
+from saga.agent.undo import Undo, UndoRegistry, undoing
 
 __all__ = [
     "AgentRun",
@@ -50,4 +50,5 @@ __all__ = [
     "UnknownUndo",
     "current_run",
     "resume_signal",
+    "undoing",
 ]

@@ -45,7 +45,7 @@ from idempotency.keys import derive_explicit_key
 from idempotency.records import State
 from saga.agent.call import RUN_PREFIX, TOOL_PREFIX, ToolCall, run_step_name
 from saga.agent.errors import AgentRunAbandoned, UnknownUndo
-from saga.agent.undo import Undo, UndoRegistry
+from saga.agent.undo import Undo, UndoRegistry, undoing_call
 from saga.context import StepContext
 from saga.definition import FORWARD_RETRY, Saga, _check_timeout
 from saga.errors import DefinitionMismatch, SignalTimeout
@@ -208,9 +208,10 @@ class AgentStep(Step[RunInput, Any]):
 def _compensation(undo: Undo, call: ToolCall) -> Any:
     def compensate(_ctx: StepContext, _input: Any, result: Any) -> None:
         # The row's result once the call returned; None when the row never recorded one (the
-        # outcome is unknown: the undo finds the effect by what its arguments say).
+        # outcome is unknown: the undo finds the effect by its arguments or undoing()'s key).
         recorded = ToolCall.from_json(result) or call
-        undo(recorded.arguments, recorded.result if recorded.done else None)
+        with undoing_call(recorded):
+            undo(recorded.arguments, recorded.result if recorded.done else None)
 
     compensate.__name__ = compensate.__qualname__ = f"undo_{call.tool}"
     return compensate

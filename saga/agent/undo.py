@@ -15,19 +15,49 @@ journal says can make it import or call anything else.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from saga.agent.call import ToolCall
 from saga.errors import DefinitionError
 
-__all__ = ["Undo", "UndoRegistry"]
+__all__ = ["Undo", "UndoRegistry", "undoing"]
 
 Undo = Callable[[Any, Any], object]
 """``undo(arguments, result)``: the tool call's recorded arguments and its recorded result (None
-when the call's outcome is unknown: a crash landed between its effect and its record). It must be
-idempotent: it runs at least once (through the guard, under its own key)."""
+when the call's outcome is unknown: a crash landed between its effect and its record; the call's
+identity is then :func:`undoing`'s). It must be idempotent: it runs at least once (through the
+guard, under its own key)."""
+
+_undoing: contextvars.ContextVar[ToolCall] = contextvars.ContextVar("sagaguard_undoing")
+
+
+def undoing() -> ToolCall:
+    """The tool call the running undo undoes: its tool, effect name and key (``call.key`` is also
+    the scope the tool's body ran in, so ``StripeEffects.undo_charges(undoing().key)`` finds a
+    charge made there whose result was never recorded).
+
+    Raises:
+        LookupError: no undo is running here.
+    """
+    call = _undoing.get(None)
+    if call is None:
+        raise LookupError("undoing() is called outside an undo")
+    return call
+
+
+@contextlib.contextmanager
+def undoing_call(call: ToolCall) -> Iterator[None]:
+    """Make ``call`` what :func:`undoing` returns while the block runs (the compensation's driver)."""
+    reset = _undoing.set(call)
+    try:
+        yield
+    finally:
+        _undoing.reset(reset)
 
 F = TypeVar("F", bound=Undo)
 
