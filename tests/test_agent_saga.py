@@ -452,7 +452,13 @@ def test_a_crash_after_the_effect_undoes_it_with_no_result(
 
 
 def test_an_undo_knows_the_call_it_undoes_even_with_no_result(
-    *, journal: SagaJournal, guard: Guard, runner: AgentRunner, agent: AgentSaga, world: World, clock: FakeClock
+    *,
+    journal: SagaJournal,
+    guard: Guard,
+    runner: AgentRunner,
+    agent: AgentSaga,
+    world: World,
+    clock: FakeClock,
 ) -> None:
     from saga.agent import current_run, undoing
 
