@@ -1,10 +1,10 @@
-"""The store's writes tried "now", on the event loop, and what the guard's async calls do with them.
+"""The SQL store's writes tried "now", and what the guard's async calls do on SQLite.
 
-On SQLite an async guarded call tries its claim and its record on the event loop first
-(:class:`~idempotency.store.AsyncWrites`): only when it can start at once (an idle kept connection,
-the write lock free). Anything that would wait goes to a worker thread, so the loop never waits for
-another writer's lock. These tests hold the lock with a second, raw sqlite3 connection, the way
-another process would. Postgres awaits its writes instead (tests/test_pq_async.py).
+The store's ``claim_now``/``complete_now`` answer only when they can start at once (an idle kept
+connection, the write lock free). The guard calls none of them: its async calls run the store's
+blocking calls in a worker thread, so the loop never waits for another writer's lock nor for an
+fsync. These tests hold the lock with a second, raw sqlite3 connection, the way another process
+would.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from conftest import FakeClock, require_postgres
 import idempotency.stores.sql as sql_module
 from idempotency import ClaimOutcome, Guard, State, scope
 from idempotency.records import Record
-from idempotency.store import AsyncWrites
 from idempotency.stores.sql import SqlStore
 
 LEASE, RETENTION = 30.0, 3600.0
@@ -67,10 +66,6 @@ def store(path: Path, clock: FakeClock) -> Iterator[Spy]:
     s.get("warm-up")  # a fresh store has no idle connection yet: its first write goes to a thread
     yield s
     s.close()
-
-
-def test_sql_store_offers_writes_now(store: Spy) -> None:
-    assert isinstance(store, AsyncWrites)
 
 
 def test_a_fresh_store_writes_now_only_once_a_connection_is_kept(path: Path, clock: FakeClock) -> None:
@@ -184,7 +179,9 @@ def test_postgres_has_no_sync_write_now(clock: FakeClock) -> None:
 # ------------------------------------------------------------------------- through the guard
 
 
-def test_async_call_on_sqlite_writes_on_the_loop_when_nothing_waits(store: Spy) -> None:
+def test_async_call_on_sqlite_makes_its_writes_in_a_thread(store: Spy) -> None:
+    """An fsync on the event loop would stall every other task: the guard's async calls run the
+    store's blocking calls in a worker thread, whether or not the write lock is free."""
     guard = Guard(store, lease=LEASE, retention=RETENTION)
     runs: list[int] = []
     charge = charge_effect(guard, runs)
@@ -201,7 +198,7 @@ def test_async_call_on_sqlite_writes_on_the_loop_when_nothing_waits(store: Spy) 
     finally:
         guard.close()
     assert runs == [5]
-    assert store.blocking == []  # claim, record and the replay's claim: none went to a thread
+    assert store.blocking == ["claim", "complete", "claim"]  # claim, record, the replay's claim
 
 
 def test_async_call_on_sqlite_never_waits_for_the_write_lock_on_the_loop(store: Spy, path: Path) -> None:
