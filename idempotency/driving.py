@@ -16,15 +16,14 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import tenacity
 
-from idempotency.effect import NO_RETRY, ReconcileRequest, RunningEffect, Unknown, _current_effect
+from idempotency.effect import NO_RETRY, ReconcileRequest, Retry, RunningEffect, Unknown, _current_effect
 from idempotency.flow import (
     Claim,
     Complete,
-    EffectSpec,
     Execute,
     Fail,
     Flow,
@@ -44,48 +43,70 @@ from idempotency.telemetry import EffectSpan
 if TYPE_CHECKING:
     from idempotency.guard import Guard, Plan
 
-__all__ = ["AsyncDriver", "Retrier", "SyncDriver", "reconciled", "settled", "store_call"]
+__all__ = ["AsyncDriver", "Retrier", "RetryPolicy", "SyncDriver", "reconciled", "settled", "store_call"]
 
 log = logging.getLogger("sagaguard.guard")
 
 _NEVER_RETRIED = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError)
 
 
-class Retrier:
-    """In-claim retries decided by tenacity's :class:`~tenacity.Retrying`, slept by the caller.
+class RetryPolicy(Protocol):
+    """What :class:`Retrier` retries by: a budget and backoff, and which failures are retried
+    (an effect's :class:`~idempotency.flow.EffectSpec` is one)."""
 
-    The guard runs each try itself (inside the claim, under its heartbeat) and sleeps in its own
-    way, synchronously or on the event loop; so tenacity is driven through its public attempt
-    iterator: a failure is handed to the current attempt, and the iterator's next step says
-    whether to try again (after the pause tenacity hands to its ``sleep``, noted here) or to stop
-    (``RetryError``). Built on the first failure, so a call that succeeds never builds one.
+    @property
+    def retry(self) -> Retry:
+        """The stop and wait strategies."""
+        ...
+
+    def retries(self, exc: BaseException) -> bool:
+        """Whether a try that failed with ``exc`` may be tried again."""
+        ...
+
+
+class Retrier:
+    """Retries decided by tenacity's :class:`~tenacity.Retrying`, slept by the caller.
+
+    The caller runs each try itself (the guard inside the claim, under its heartbeat; the saga
+    flow as a step of its own) and sleeps in its own way, synchronously or on the event loop; so
+    tenacity is driven through its public attempt iterator: a failure is handed to the current
+    attempt, and the iterator's next step says whether to try again (after the pause tenacity
+    hands to its ``sleep``, noted here) or to stop (``RetryError``). Built on the first failure,
+    so a call that succeeds never builds one.
+
+    Args:
+        policy: the budget and which failures it covers.
+        first: the number of the first try, when earlier tries were made before (a compensation
+            retried by the recovery worker goes on from the attempts already made).
     """
 
-    __slots__ = ("_attempts", "_current", "_pause", "_spec", "attempt")
+    __slots__ = ("_attempts", "_current", "_pause", "_policy", "attempt")
 
-    def __init__(self, spec: EffectSpec[Any]) -> None:
-        self._spec = spec
+    def __init__(self, policy: RetryPolicy, *, first: int = 1) -> None:
+        self._policy = policy
         self._pause = 0.0
         retrying = tenacity.Retrying(
-            stop=spec.retry.stop,
-            wait=spec.retry.wait,
-            retry=tenacity.retry_if_exception(spec.retries),
+            stop=policy.retry.stop,
+            wait=policy.retry.wait,
+            retry=tenacity.retry_if_exception(policy.retries),
             sleep=self._note,
         )
         self._attempts = iter(retrying)
         self._current: tenacity.AttemptManager | None = next(self._attempts)
-        self.attempt = 1
-        """The number of the try about to run (1 for the first)."""
+        # The iterator counts from 1 on its one call state; the strategies read its number.
+        self._current.retry_state.attempt_number = first
+        self.attempt = first
+        """The number of the try about to run (``first`` for the first)."""
 
     def _note(self, seconds: float) -> None:
         self._pause = float(seconds)
 
     def next_pause(self, exc: BaseException) -> float | None:
         """Seconds to wait before the next try, or None to stop and report ``exc``."""
-        spec, current = self._spec, self._current
-        if current is None or isinstance(exc, _NEVER_RETRIED) or spec.retry is NO_RETRY:
+        policy, current = self._policy, self._current
+        if current is None or isinstance(exc, _NEVER_RETRIED) or policy.retry is NO_RETRY:
             return None
-        if not spec.retries(exc):
+        if not policy.retries(exc):
             return None  # decided here: tenacity would re-raise ``exc`` and add to its traceback
         current.__exit__(type(exc), exc, exc.__traceback__)  # the try failed with ``exc``
         try:
