@@ -5,8 +5,8 @@ The flow decides; a driver only answers the I/O it asks for (the httpx ``auth_fl
 the flow the answer to its last request (or throws the error that request raised) and answers the
 next one, until the flow returns the call's result or raises. The async driver differs only where
 async code must: it awaits the body, its sleeps and an async reconciler; it runs blocking store
-calls in a worker thread (``asyncio.to_thread``) unless the guard runs them inline; and a claim
-made for a call cancelled meanwhile is given back.
+calls in a worker thread (:mod:`idempotency.offload`) unless the guard runs them inline; and a
+claim made for a call cancelled meanwhile is given back.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from idempotency.flow import (
     abandon,
 )
 from idempotency.holder import is_dead_on_this_host
+from idempotency.offload import in_thread, submit
 from idempotency.records import ClaimResult
 from idempotency.store import IdempotencyStore
 from idempotency.telemetry import EffectSpan
@@ -230,8 +231,8 @@ class AsyncDriver:
     Args:
         guard: the guard whose store and heartbeat it uses.
         sleep: the event loop's sleep (inject one in tests).
-        offload: run each store call in a worker thread (``asyncio.to_thread``), so the event loop
-            never blocks on a commit; False runs them inline on the loop.
+        offload: run each store call in a worker thread (:func:`idempotency.offload.in_thread`), so
+            the event loop never blocks on a commit; False runs them inline on the loop.
     """
 
     def __init__(self, guard: Guard, sleep: Callable[[float], Awaitable[None]], offload: bool) -> None:
@@ -318,8 +319,8 @@ class AsyncDriver:
         if not self.offload:
             return store_call(store, flow, op)
         if not isinstance(op, Claim):
-            return await asyncio.to_thread(store_call, store, flow, op)
-        claiming = asyncio.ensure_future(asyncio.to_thread(store_call, store, flow, op))
+            return await in_thread(store_call, store, flow, op)
+        claiming = submit(store_call, store, flow, op)
         try:
             return await asyncio.shield(claiming)
         except asyncio.CancelledError:
@@ -327,5 +328,5 @@ class AsyncDriver:
                 claimed = await claiming
                 release = abandon(claimed) if isinstance(claimed, ClaimResult) else None
                 if release is not None:
-                    await asyncio.to_thread(store_call, store, flow, release)
+                    await in_thread(store_call, store, flow, release)
             raise

@@ -31,6 +31,7 @@ from idempotency.effect import Policy
 from idempotency.errors import CodecError, ConfigurationError, OutcomeUnknown
 from idempotency.guard import Guard
 from idempotency.keys import fingerprint, scope
+from idempotency.offload import in_thread
 from idempotency.records import Disposition
 from saga.coordinator import SagaFlow
 from saga.definition import Saga, StepContext
@@ -341,7 +342,7 @@ class SagaRunner:
                         with self._hold(flow, op):
                             await self._async_sleep(op.seconds)
                     else:
-                        answer = await asyncio.to_thread(self._journal_op, flow, op)
+                        answer = await in_thread(self._journal_op, flow, op)
                         if isinstance(op, Write):
                             run.written(op.phase.steps)
                 except BaseException as exc:
@@ -351,12 +352,12 @@ class SagaRunner:
         ctx = op.context
         step = flow.saga.steps[ctx.index]
         if not _is_async(step.action):
-            return await asyncio.to_thread(self._act, flow, op)
+            return await in_thread(self._act, flow, op)
         with scope(step_scope(ctx.saga_id, ctx.step)):
             ran = await _call_async(step.action, ctx, flow.input)
         if ctx.deadline is None and not isinstance(ran.error, SagaSuspended):
             return ran  # nothing to stamp: no need for a thread
-        return await asyncio.to_thread(self._finished, ctx, ran)
+        return await in_thread(self._finished, ctx, ran)
 
     async def _undo_async(self, flow: SagaFlow, op: Undo) -> Ran:
         ctx = op.context
@@ -364,8 +365,8 @@ class SagaRunner:
         fn = step.compensation_fn
         assert fn is not None
         if not _is_async(fn):
-            return await asyncio.to_thread(self._undo, flow, op)
-        if await asyncio.to_thread(step.never_applied):
+            return await in_thread(self._undo, flow, op)
+        if await in_thread(step.never_applied):
             return Ran(error=NothingToUndo(ctx.step))
 
         async def call() -> None:
