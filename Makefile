@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CREW_VENV ?= .venv-crewai
 CREW_STAMP := $(CREW_VENV)/.installed
 
-.PHONY: demo test lint typecheck docs bench clean slow sweep ci
+.PHONY: demo agent-demo test lint typecheck docs bench clean slow sweep ci
 
 # Create the virtualenv and install sagaguard with its dev extras, once (again when pyproject changes).
 $(STAMP): pyproject.toml
@@ -25,6 +25,10 @@ $(CREW_STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/sagaguard demo
+
+# The agent demo: a LangGraph agent's tool calls undone by an agent saga (connectors/demo/agent.py).
+agent-demo: $(STAMP)
+	$(VENV)/bin/sagaguard demo agent
 
 # Postgres (127.0.0.1:5432) and Redis (127.0.0.1:6379) tests are skipped when absent, required when CI=true.
 test: $(STAMP) $(CREW_STAMP)

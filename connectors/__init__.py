@@ -6,7 +6,7 @@ needs none of them:
 - :mod:`connectors.stripe` (``stripe``): charge, capture, cancel, refund, sync and async
   (``_async`` methods); reconciler; refund compensation.
 - :mod:`connectors.email` (standard library SMTP): send through the outbox or inline; correction
-  compensation.
+  compensation, never delivered ahead of its original (:mod:`connectors.email_correction`).
 - :mod:`connectors.http` (``httpx``): writes with the IETF ``Idempotency-Key`` header, sync and async.
 - :mod:`connectors.llm` (``openai``): journaled model calls, sync and async, and any model callable.
 - Framework adapters, each importing its framework only in its own module:

@@ -34,8 +34,10 @@ MAIL/RCPT/DATA refused with 5xx (every recipient)  ``ProviderRejected``   not ap
 connection lost or timeout after the message body  ``ProviderUnavailable``  ambiguous (policy)
 =================================================  =====================  ==========================
 
-The compensation for a sent email is a correction: :meth:`EmailEffects.correction` builds a saga
-compensation that sends one, in reply to the original ``Message-ID``.
+The compensation for a sent email is a correction, in reply to the original ``Message-ID``, and it
+never reaches anyone before the original: :meth:`EmailEffects.correction` (a saga compensation) and
+:meth:`EmailEffects.correction_undo` (an agent saga's undo) cancel an original still waiting in the
+outbox, or queue the correction behind it (:mod:`connectors.email_correction`).
 """
 
 from __future__ import annotations
@@ -273,44 +275,90 @@ class EmailEffects:
     # -- the compensation --------------------------------------------------------------------------
 
     def correction(
-        self, build: Callable[[Any, str], Email], *, effect: str | None = None, ordinal: int = 0
+        self,
+        build: Callable[[Any, str], Email],
+        *,
+        effect: str | None = None,
+        ordinal: int = 0,
+        engine: Any = None,
     ) -> Callable[[_HasStepScope, Any, Sent | str | None], None]:
-        """A saga step compensation that sends a correction for the step's email.
+        """A saga step compensation that corrects the step's email, never ahead of it.
 
-        ``build(input, original_message_id)`` makes the correction; it is sent in reply to the
-        original (``In-Reply-To``/``References``), inline, once. When the step's result is None (a
-        crash between the send and its record), the original is found by the step's identity: no
-        record or a recorded refusal means nothing was sent and nothing is corrected; an in-doubt
-        send is corrected (it may have arrived). A ``str`` result is an outbox message id (the step
-        used :meth:`send`).
+        ``build(input, original_message_id)`` makes the correction, which answers the original
+        (``In-Reply-To``/``References``). By the step's result:
+
+        - an outbox message id (the step used :meth:`send`): an original no relay has claimed yet is
+          cancelled in the outbox, and no email reaches anyone for it; otherwise the correction is
+          enqueued under the original's ordering key (its aggregate), so the relay delivers it after
+          the original, once (:mod:`connectors.email_correction`). Needs ``engine``.
+        - :class:`Sent` (the step used :meth:`send_now`): the server accepted the original before
+          the compensation began; the correction is sent inline now, once.
+        - None (a crash between the send and its record): the original is found by the step's
+          identity: no record or a recorded refusal means nothing was sent and nothing is
+          corrected; an in-doubt send is corrected inline (it may have arrived).
+
+        Args:
+            build: the correction, from the saga input and the original's ``Message-ID``.
+            effect: the send's effect name, when not this connector's ``name``.
+            ordinal: which send of the step (0: the first).
+            engine: the SQLAlchemy engine of the outbox's database (for sends through the outbox).
         """
         name = effect or self.name
 
         def compensate(ctx: _HasStepScope, input: Any, result: Sent | str | None) -> None:
+            from connectors.email_correction import correct_deferred, reply_to
+
+            if isinstance(result, str):
+                correct_deferred(self, engine, result, lambda original: build(input, original))
+                return
             if isinstance(result, Sent):
                 original = result.message_id
             else:
-                deferred = isinstance(result, str)
-                unit = f"outbox/{result}" if deferred else ctx.step_scope
-                identity = EffectIdentity.of(self.guard.namespace, unit, name, 0 if deferred else ordinal)
+                identity = EffectIdentity.of(self.guard.namespace, ctx.step_scope, name, ordinal)
                 record = self.guard.store.get(identity.key)
-                if record is None and not deferred:
-                    return  # never attempted
-                if record is not None and record.state is State.FAILED:
-                    return  # refused: nothing went out
+                if record is None or record.state is State.FAILED:
+                    return  # never attempted, or refused: nothing went out
                 original = message_id_for(identity.provider_key, self.domain)
-            fix = build(input, original)
-            refs = " ".join(r for r in (fix.headers.get("References"), original) if r)
-            self.send_now(
-                Email(
-                    to=fix.to, subject=fix.subject, text=fix.text, sender=fix.sender, cc=fix.cc,
-                    bcc=fix.bcc, html=fix.html, reply_to=fix.reply_to, in_reply_to=original,
-                    headers={**fix.headers, "References": refs},
-                )
-            )  # fmt: skip
+            self.send_now(reply_to(build(input, original), original))
 
         compensate.__name__ = f"correct_{name.replace('.', '_')}"
         return compensate
+
+    def correction_undo(
+        self, build: Callable[[Any, str], Email], *, engine: Any = None
+    ) -> Callable[[Any, Any], None]:
+        """An agent saga's undo (``undo(arguments, result)``) that corrects the email an agent's
+        tool sent, with the ordering of :meth:`correction`: register it in the agent saga's
+        ``UndoRegistry`` and name it in the tool's ``changes_world(undo=...)``.
+
+        ``build(arguments, original_message_id)`` makes the correction from the tool call's
+        arguments. The tool's result says which email it sent: the outbox message id that
+        :meth:`send_later` returned (the recipe), or a :class:`Sent` as JSON (``{"message_id": ...}``,
+        :meth:`send_now`).
+
+        Raises (when it runs):
+            OriginalUnknown: the result is None (the tool's outcome was never recorded), so the
+                run parks for an operator instead of guessing.
+            ConfigurationError: a result that names no email, or an outbox id with no ``engine``.
+        """
+
+        def undo(arguments: Any, result: Any) -> None:
+            from connectors.email_correction import OriginalUnknown, correct_deferred, reply_to
+
+            if result is None:
+                raise OriginalUnknown(f"{self.name}: the tool call's result was never recorded")
+            if isinstance(result, str):
+                correct_deferred(self, engine, result, lambda original: build(arguments, original))
+                return
+            original = result.get("message_id") if isinstance(result, dict) else None
+            if not isinstance(original, str):
+                raise ConfigurationError(
+                    f"{self.name}: the tool's result {result!r} names no email (return send_later's id)"
+                )
+            self.send_now(reply_to(build(arguments, original), original))
+
+        undo.__name__ = f"correct_{self.name.replace('.', '_')}"
+        return undo
 
     # -- SMTP ----------------------------------------------------------------------------------------
 

@@ -18,6 +18,9 @@ and restarted: it plans (and pays the model) again, charges again, and leaves tr
 unrefunded. The supervisor prints what the services counted, side by side, then each saga's
 timeline, and exits 0 only when the counts are the expected ones. ``--trace FILE`` writes the
 OpenTelemetry spans of every process as JSON lines. Also ``python -m connectors.demo``.
+
+``sagaguard demo agent`` (``make agent-demo``) runs the agent demo instead: a LangGraph agent whose
+tool calls are undone by an agent saga (:mod:`connectors.demo.agent`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Count", "main"]
+__all__ = ["Count", "main", "say_timelines"]
 
 SOLD_OUT = "sold-out-inn"
 KILL = "store.complete#2:before"
@@ -258,15 +261,23 @@ def _naive(services: _Services, base: dict[str, Any], say: Callable[[str], None]
 
 
 def _timelines(journal_url: str, guarded: _Side, say: Callable[[str], None]) -> None:
+    titled = []
+    for trip in (1, 2):
+        saga_id = guarded.saga_ids[trip]
+        titled.append((saga_id, f"timeline of {saga_id} ({_TRIPS[trip]['destination']}):"))
+    say_timelines(journal_url, titled, say)
+
+
+def say_timelines(journal_url: str, sagas: list[tuple[str, str]], say: Callable[[str], None]) -> None:
+    """Say each saga's timeline (``sagaguard sagas show``) under its title: ``(saga id, title)``."""
     from saga import render
     from saga.journals import open_journal
 
     journal = open_journal(journal_url)
     try:
-        for trip in (1, 2):
-            saga_id = guarded.saga_ids[trip]
+        for saga_id, title in sagas:
             snapshot = journal.load(saga_id)
-            say(f"timeline of {saga_id} ({_TRIPS[trip]['destination']}):")
+            say(title)
             for line in (render(snapshot) if snapshot is not None else "not found").splitlines():
                 say(f"  {line}")
     finally:
@@ -280,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         from connectors.demo._worker import run_worker
 
         return run_worker(json.loads(args_list[1]))
+    if args_list[:1] == ["agent"]:  # the agent demo (connectors.demo.agent), with its own extras
+        from connectors.demo.agent import main as agent_demo
+
+        return agent_demo(args_list[1:])
     missing = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
     if missing:  # one line naming the extra, not a traceback from a worker process
         print(f"sagaguard demo needs the 'demo' extra (missing: {', '.join(missing)}): "

@@ -10,7 +10,10 @@
 Answers are deterministic in shape and fresh in identity, like a real model's: when the request
 offers ``tools`` and the last message is not a tool result, the answer calls the first tool
 (``finish_reason="tool_calls"``) with a new random ``call_...`` id; otherwise it answers with text.
-So a test can tell a replayed answer (same ids) from a new one (new ids).
+So a test can tell a replayed answer (same ids) from a new one (new ids). With a ``script`` (a list
+of turns, each a list of ``{"name": ..., "args": {...}}`` tool calls), the answer to a request whose
+messages hold *n* assistant messages makes the tool calls of turn *n* (fresh ids), and past the
+script a text answer: a model that plans several tools in a row (``LocalChatModel(script=...)``).
 
 Usage is counted as a real server would report it: ``prompt_tokens`` is the request's JSON length
 divided by 4, ``completion_tokens`` the answer's. With ``store=true`` the completion is stored with
@@ -81,9 +84,23 @@ class ChatApp(App):
         """The assistant message for a valid request, and a label to count it under
         (``completions_{label}``; None: only ``completions``). Subclasses answer otherwise.
 
-        Here: the first offered tool is called when the last message is not a tool result (a fresh
-        ``call_...`` id each time), else a text answer.
+        Here: the script's turn when there is a script; else the first offered tool is called when
+        the last message is not a tool result (a fresh ``call_...`` id each time), else a text answer.
         """
+        script = self.config.get("script")
+        if script is not None:
+            turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+            if turn < len(script):
+                calls = [
+                    {
+                        "id": f"call_{uuid.uuid4().hex[:20]}",
+                        "type": "function",
+                        "function": {"name": c["name"], "arguments": json.dumps(c.get("args", {}))},
+                    }
+                    for c in script[turn]
+                ]
+                return {"role": "assistant", "content": None, "tool_calls": calls}, None
+            return {"role": "assistant", "content": f"done after {turn} turns"}, None
         tools = body.get("tools") or []
         last = messages[-1] if isinstance(messages[-1], dict) else {}
         if tools and last.get("role") != "tool":
@@ -174,11 +191,13 @@ class LocalChatModel(LocalService):
     """The OpenAI-compatible server, in its own process (or a thread), as a context manager.
 
     Args:
+        script: the tool calls to make, turn by turn (see the module docstring); None: call the
+            first offered tool.
         in_process: run in a thread of this process instead of its own process.
     """
 
-    def __init__(self, *, in_process: bool = False) -> None:
-        super().__init__("chat", {}, in_process=in_process)
+    def __init__(self, *, script: list[list[dict[str, Any]]] | None = None, in_process: bool = False) -> None:
+        super().__init__("chat", {} if script is None else {"script": script}, in_process=in_process)
 
     @property
     def base_url(self) -> str:

@@ -8,10 +8,13 @@
     control.replay(message_id)    # dead -> pending, attempts from 0
     control.replay_all()
     control.discard(message_id)   # dead -> discarded (purged with delivered messages)
+    control.cancel(message_id)    # pending, no relay holds it -> discarded (never delivered)
     control.purge(retention=7 * 86400)
 
 Replaying a message a relay still holds, or discarding one that is not dead, is refused: only dead
-letters are the operator's to move. Replay wakes listening relays (Postgres NOTIFY).
+letters are the operator's to move. Replay wakes listening relays (Postgres NOTIFY). Cancelling
+withdraws a message before any relay has claimed it (its producer changed its mind, e.g. a saga
+compensating before its email went out); one a relay holds may be on its way and is left alone.
 """
 
 from __future__ import annotations
@@ -100,6 +103,11 @@ class OutboxControl:
             "WHERE status = 'dead'",
             "discard": f"UPDATE {t} SET status = 'discarded', delivered_at = :nowv, updated_at = :nowv "
             "WHERE id = :id AND status = 'dead'",
+            # Unclaimed only: a claim sets worker_id in the same row, so the two are serialised by
+            # the row (Postgres) or the write lock (SQLite) and exactly one of them wins.
+            "cancel": f"UPDATE {t} SET status = 'discarded', delivered_at = :nowv, updated_at = :nowv, "
+            "last_error = COALESCE(last_error, 'cancelled before delivery') "
+            "WHERE id = :id AND status = 'pending' AND worker_id IS NULL",
             # Walks the primary key (creation order) up to the cutoff's id: a message delivered
             # before the cutoff was created before it. Postgres: a CTE, so the page is chosen
             # once (an IN (subquery) may be rescanned per row); SQLite runs the subquery once,
@@ -235,6 +243,32 @@ class OutboxControl:
             NotDead: the message is not dead.
         """
         self._dead_only("discard", message_id)
+
+    def cancel(self, message_id: str) -> bool:
+        """Withdraw a message that no relay has claimed: pending and unclaimed -> discarded, so it
+        is never delivered (and purged with delivered messages after the retention).
+
+        Atomic against the relays' claims: either this cancels the message and no relay ever
+        claims it, or a relay claimed it first and this changes nothing.
+
+        Returns:
+            True if this call withdrew it; False if it was not pending and unclaimed: a relay holds
+            it (it may be being delivered right now), or it is delivered, dead or discarded.
+
+        Raises:
+            MessageNotFound: no message has this id.
+            ConfigurationError: the id is not a UUID.
+        """
+        ident = self.db.id_param(message_id)
+        with self.db.cursor(write=True) as cursor:
+            now = self._now(cursor)
+            self.db.run(cursor, self._sql["cancel"], {"id": ident, "nowv": now})
+            if cursor.rowcount == 1:
+                return True
+            found = self.db.run(cursor, self._sql["status_of"], {"id": ident})
+        if not found:
+            raise MessageNotFound(message_id)
+        return False
 
     def purge(
         self, retention: float = DEFAULT_RETENTION, *, page: int = 1000, max_pages: int | None = None
