@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-$(CREW_STAMP): pyproject.toml
+$(CREW_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(CREW_VENV)
 	$(CREW_VENV)/bin/python -m pip install -q --upgrade pip
-	$(CREW_VENV)/bin/python -m pip install -q -e '.[crewai]'
+	$(CREW_VENV)/bin/python -m pip install -q -e '.[crewai,stripe]'
 	touch $(CREW_STAMP)
 
 demo: $(STAMP)

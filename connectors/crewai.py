@@ -33,6 +33,9 @@ differ) rather than replay the wrong answer. CrewAI writes checkpoints from its 
 so the last one before a crash may be missing: the restore then goes back one more checkpoint, and
 the keys, which do not depend on it, still match.
 
+With ``CrewGuard(guard, saga=CrewSaga(...))`` each kickoff is also an agent saga run, and the calls
+of tools declared with an undo or as the pivot are its steps (:mod:`connectors.crewai_saga`).
+
 Objects are guarded in place (their ``_run`` / ``call`` are replaced on the instance), so a crew's
 checkpoint is the same with sagaguard or without; a restored crew holds fresh objects, hence
 ``protect`` again after ``from_checkpoint``.
@@ -46,7 +49,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crewai import Crew
 from crewai.context import get_current_task_id
@@ -63,6 +66,9 @@ from idempotency.errors import CodecError, ConfigurationError, NoScope
 from idempotency.guard import Guard
 from idempotency.keys import current_scope, fingerprint, scope
 from idempotency.records import Disposition
+
+if TYPE_CHECKING:
+    from connectors.crewai_saga import CrewSaga
 
 __all__ = [
     "ANSWER_TYPES",
@@ -291,6 +297,10 @@ class CrewGuard:
             :meth:`protect`), a call's ``response_model``, the model clients' tool-call types
             (:data:`ANSWER_TYPES`) and the types of answers this guard journaled. A journaled answer
             naming any other type raises :class:`UnknownAnswerType`; it is never imported.
+        saga: run each kickoff as an agent run (:class:`~connectors.crewai_saga.CrewSaga`): the
+            calls of tools declared ``changes_world(undo=...)`` or ``changes_world(pivot=True)``
+            become its steps, undone when the kickoff fails. Without it those declarations only
+            say that the tool changes the world.
         options: any other :meth:`Guard.run` option for the tool runs (``reconciler=``, ``lease=``).
     """
 
@@ -306,9 +316,11 @@ class CrewGuard:
         llm_effect: str = "crewai.llm",
         exclude: Collection[str] = (),
         models: Iterable[type[BaseModel]] = (),
+        saga: CrewSaga | None = None,
         **options: Any,
     ) -> None:
         self.guard = guard
+        self.saga = saga
         self._models: dict[str, type[BaseModel]] = _known_answer_types()
         self._models_lock = threading.Lock()
         for model in models:
@@ -345,7 +357,8 @@ class CrewGuard:
         (and the crew's ``manager_llm``, ``function_calling_llm`` and ``planning_llm``).
 
         Call it on a new crew and on each one ``Crew.from_checkpoint`` returns (restored objects
-        are new, unguarded ones). Guarding twice is harmless.
+        are new, unguarded ones). Guarding twice is harmless. With ``saga=``, the crew's
+        ``kickoff`` and ``akickoff`` are wrapped too: each kickoff is an agent run.
 
         Returns:
             ``crew``.
@@ -366,6 +379,8 @@ class CrewGuard:
             for llm in (crew.manager_llm, crew.function_calling_llm, crew.planning_llm):
                 if isinstance(llm, BaseLLM):
                     self.journal(llm)
+        if self.saga is not None:
+            self.saga.attach(crew)
         return crew
 
     def protect_agent(self, agent: Any) -> Any:
@@ -384,13 +399,17 @@ class CrewGuard:
                 self.guard_tool(tool)
 
     def guard_tool(self, tool: BaseTool) -> BaseTool:
-        """Make ``tool``'s runs guarded effects, in place; returns it."""
+        """Make ``tool``'s runs guarded effects, in place; returns it. With ``saga=``, a tool
+        declared with an undo or as the pivot becomes a step of the kickoff's run instead
+        (:meth:`~connectors.crewai_saga.CrewSaga.step_tool`)."""
         if getattr(tool.__dict__.get("_run"), _MARK, False):
             return tool
         run = tool._run
         name = self.tool_prefix + str(tool.name)
         declaration = declaration_of(tool, str(tool.name), self.declare)
         options = {**self._options, **tool_options(declaration, self.policy)}
+        if self.saga is not None and declaration.kind != "nothing_to_undo":
+            return self.saga.step_tool(self, tool, declaration, options)
         store, on_doubt = self.guard.store, self.on_doubt
 
         @functools.wraps(run)

@@ -23,11 +23,15 @@ A tool that changes the world can also say how an agent saga undoes it (:mod:`sa
 name of its undo in the agent saga's ``UndoRegistry`` (``@changes_world(undo="cancel_booking")``,
 a compensatable step), or that it is the run's pivot (``@changes_world(pivot=True)``: after it the
 run only goes forward). The same declaration serves every framework; the adapters that run agent
-sagas (:class:`connectors.langgraph_saga.SagaTools`) read it, the others ignore it.
+sagas (:class:`connectors.langgraph_saga.SagaTools`, :class:`connectors.langchain_saga.SagaMiddleware`,
+:class:`connectors.openai_agents_saga.SagaTurn`) read it, the others ignore it. Each gives the undo
+the call's arguments and the tool's output as :func:`recorded_output` reads it, so the same undo
+serves every framework.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,7 +42,14 @@ from idempotency.effect import NO_RETRY, Policy
 from idempotency.errors import ConfigurationError, OutcomeUnknown
 from idempotency.records import Disposition
 
-__all__ = ["ToolDeclaration", "changes_world", "declaration_of", "read_only", "tool_options"]
+__all__ = [
+    "ToolDeclaration",
+    "changes_world",
+    "declaration_of",
+    "read_only",
+    "recorded_output",
+    "tool_options",
+]
 
 T = TypeVar("T")
 
@@ -145,6 +156,17 @@ def declaration_of(
         if isinstance(found, ToolDeclaration):
             return found
     return read_only
+
+
+def recorded_output(output: Any) -> Any:
+    """What an agent saga records of a tool's output for its undo: text that is JSON read back as
+    JSON (a framework hands the model a tool's dict as JSON text), anything else as it is."""
+    if isinstance(output, str):
+        try:
+            return json.loads(output)
+        except ValueError:
+            return output
+    return output
 
 
 def _not_applied(exc: BaseException) -> Disposition | None:

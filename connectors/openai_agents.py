@@ -23,14 +23,8 @@ session, ``f"{session_id}/turn-{n}"``. Without a session, rerun a crashed turn w
 input; with one, go on from the session (below).
 
 Human approval: a tool with ``needs_approval`` interrupts the run; the model calls made so far are in
-the ``RunState``. Resume with :meth:`AgentRun.resume` (it continues the model-call ordinals after
-those in the state), in this process or another::
-
-    run = AgentRun(guard, "ticket-881/turn-3")
-    wrapped = run.wrap(agent)
-    state = run.resume(await RunState.from_json(wrapped, saved))   # load against the wrapped agent
-    state.approve(state.get_interruptions()[0])
-    result = await Runner.run(wrapped, state)
+the ``RunState``. Resume it, in this process or another, with :meth:`AgentRun.resume`
+(``run.resume(await RunState.from_json(run.wrap(agent), saved))``, then ``state.approve(...)``).
 
 Sessions: the SDK saves a turn's user input to the session when the run starts and each step (a
 model answer and its tool outputs) as it finishes, so a turn killed mid-run left part of itself in the
@@ -42,18 +36,19 @@ calls' input: a ``KeyConflict``). :meth:`AgentRun.resume_turn` reads the session
     if go_on is not None:                                          # None: the turn already finished
         result = await Runner.run(run.wrap(agent), go_on, session=session)
 
-Streaming (``Runner.run_streamed``) is not journaled: a stream cannot be replayed as it was. By default
-:meth:`JournaledModel.stream_response` raises :class:`~idempotency.errors.ConfigurationError`;
-``stream="passthrough"`` streams from the wrapped model unrecorded (tools stay guarded, but a crash
-mid-turn gets new ``tool_call_id``\\ s, so tools already run would run again).
-
-A ``RunConfig(model=...)`` overrides the agent's model and so bypasses the journal: leave it unset.
+Streaming (``Runner.run_streamed``) is not journaled (see :class:`JournaledModel`). A
+``RunConfig(model=...)`` overrides the agent's model and so bypasses the journal: leave it unset.
 Only ``Agent`` handoffs are followed; a ``Handoff`` object's target is not wrapped.
+
+This ``AgentRun`` makes a run's calls happen once; it is not :class:`saga.agent.AgentRun`, the
+agent saga's run. To undo a turn's tool calls when it fails or is rejected, run it as a
+:class:`connectors.openai_agents_saga.SagaTurn` (which uses this one inside).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
@@ -92,6 +87,7 @@ __all__ = [
     "dump_response",
     "load_response",
     "model_call_key",
+    "parsed_arguments",
     "tool_call_key",
     "turn_progress",
 ]
@@ -453,32 +449,43 @@ class AgentRun:
     def _tool(self, tool: Tool) -> Tool:
         if not isinstance(tool, FunctionTool) or (self.tools is not None and tool.name not in self.tools):
             return tool
-        original = tool.on_invoke_tool
         declaration = declaration_of(tool, tool.name, self.declare)
         options = {**tool_options(declaration, self.policy), **self.tool_options.get(tool.name, {})}
-        guard, run_key, name, on_doubt = self.guard, self.run_key, tool.name, self.on_doubt
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
-            call_id = ctx.tool_call_id
-            key = tool_call_key(run_key, call_id)
-
             async def call() -> Any:
                 # The tool call's scope, fresh per attempt: effects inside the tool (Stripe, email, a
                 # journaled model) are keyed on the run and the call, with no key= of their own, and
                 # an attempt after an operator's resolution maps them to the same records.
-                with scope(key):
-                    return await guard.arun(
-                        name, lambda: original(ctx, arguments), arguments={"arguments": _parsed(arguments)},
-                        key=key, tool=True, **options,
-                    )  # fmt: skip
+                with scope(tool_call_key(self.run_key, ctx.tool_call_id)):
+                    return await self._call_tool(
+                        tool, ctx, arguments, declaration=declaration, options=options
+                    )
 
-            reset = TOOL_CALL_ID.set(call_id)
+            reset = TOOL_CALL_ID.set(ctx.tool_call_id)
             try:
-                return await asettle(call, on_doubt, guard.store, Pending.as_json)
+                return await asettle(call, self.on_doubt, self.guard.store, Pending.as_json)
             finally:
                 TOOL_CALL_ID.reset(reset)
 
         return dataclasses.replace(tool, on_invoke_tool=invoke)
+
+    async def _call_tool(
+        self,
+        tool: FunctionTool,
+        ctx: ToolContext[Any],
+        arguments: str,
+        *,
+        declaration: ToolDeclaration,
+        options: Mapping[str, Any],
+    ) -> Any:
+        """Run one call of ``tool`` (the original) as the guarded effect of its name under
+        :func:`tool_call_key`. :class:`connectors.openai_agents_saga.SagaTurn` makes the calls of
+        tools declared with an undo or as the pivot steps of its agent run here instead."""
+        key = tool_call_key(self.run_key, ctx.tool_call_id)
+        fingerprinted = {"arguments": parsed_arguments(arguments)}
+        call = functools.partial(tool.on_invoke_tool, ctx, arguments)
+        return await self.guard.arun(tool.name, call, arguments=fingerprinted, key=key, tool=True, **options)
 
 
 def _not_applied(exc: BaseException) -> Disposition | None:
@@ -486,8 +493,9 @@ def _not_applied(exc: BaseException) -> Disposition | None:
     return Disposition.RETRYABLE if isinstance(exc, Exception) else None
 
 
-def _parsed(arguments: str) -> Any:
-    # Fingerprint the arguments' meaning, not their spelling (white space, key order).
+def parsed_arguments(arguments: str) -> Any:
+    """A tool call's arguments as the model sent them (JSON text), read as JSON (as they are when
+    they are not JSON): fingerprinted by their meaning, not their spelling (white space, key order)."""
     try:
         return json.loads(arguments) if arguments else None
     except ValueError:

@@ -242,8 +242,8 @@ def step(config: dict[str, Any]) -> None:
         play({**config, "mode": mode, "dir": str(Path(config["dir"]) / mode), "run": run})
 
 
-def main(config: dict[str, Any]) -> int:
-    """Play ``config["steps"]`` in turn, each in a fork of this process.
+def main(config: dict[str, Any], play_step: Callable[[dict[str, Any]], None] = step) -> int:
+    """Play ``config["steps"]`` in turn (each with ``play_step``), each in a fork of this process.
 
     CrewAI's import costs seconds of CPU; forked after it, each step is a fresh process all the
     same (nothing has run in this one: no crew, no event bus thread), and a SIGKILL kills the
@@ -259,7 +259,7 @@ def main(config: dict[str, Any]) -> int:
                 if spec.get("crash"):
                     os.environ[CRASH_ENV] = spec["crash"]
                 os.environ["CREWAI_STORAGE_DIR"] = str(Path(spec["dir"]) / "crewai-storage")
-                step({**config, **spec, "step": index})
+                play_step({**config, **spec, "step": index})
                 crewai_event_bus.flush()
                 code = 0
             except BaseException:

@@ -57,9 +57,14 @@ def _applied(api: LocalIdempotentApi) -> Counter[str]:
 
 
 def worker_until_done(
-    env: dict[str, str], db: str, *, kill_expected: bool, app: str = "_agentsagachild:registry"
+    env: dict[str, str],
+    db: str,
+    *,
+    kill_expected: bool,
+    app: str = "_agentsagachild:registry",
+    run_id: str = "thread-1",
 ) -> None:
-    """Run ``sagaguard sagas worker --once`` in fresh processes until the run has ended."""
+    """Run ``sagaguard sagas worker --once`` in fresh processes until the run ``run_id`` has ended."""
     argv = [*_cli("sagas", "worker", "--app", app, "--journal", db), "--once"]
     argv += ["--lease", "1"]
     journal = open_journal(db)
@@ -70,7 +75,7 @@ def worker_until_done(
                 kill_expected = False
                 continue
             assert done.returncode == 0, done.stdout + done.stderr
-            found = journal.load("thread-1")
+            found = journal.load(run_id)
             assert found is not None
             if found.saga.state not in (SagaState.RUNNING, SagaState.COMPENSATING):
                 assert not kill_expected, "the worker was never killed in its compensation"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,9 @@ def _post(api: LocalIdempotentApi, path: str, body: dict[str, Any], key: str) ->
     return dict(reply.json())
 
 
-def _applied(api: LocalIdempotentApi) -> dict[str, int]:
+def _applied(api: LocalIdempotentApi) -> Counter[str]:
     found = httpx.get(f"{api.url}/resources", timeout=10).json()["resources"]
-    counts: dict[str, int] = {}
-    for resource in found:
-        counts[resource["path"]] = counts.get(resource["path"], 0) + 1
-    return counts
+    return Counter(resource["path"] for resource in found)
 
 
 class Trip:
@@ -192,7 +190,9 @@ def test_a_langgraph_agent_killed_mid_run_and_mid_compensation_undoes_each_call_
         # the process is killed right after the refund reached the API.
         resumed = _run(agent, _graph_env(api, tmp_path, "in_refund"))
         assert resumed.returncode == -signal.SIGKILL, resumed.stdout + resumed.stderr
-        assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1}
+        # The two calls ran in parallel, so either undo may have come first: the cancellation too.
+        after_kill = _applied(api)
+        assert after_kill["/refunds"] == 1 and after_kill["/cancellations"] <= 1, after_kill
         db = f"sqlite:///{tmp_path / 'agent.db'}"
         worker_until_done(_graph_env(api, tmp_path), db, kill_expected=False, app="_agentsagagraph:registry")
         assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}

@@ -292,7 +292,8 @@ def test_public_api_is_locked() -> None:
         connectors: """ConnectorError Pending ProviderBusy ProviderKeyConflict ProviderRejected
             ProviderUnavailable ProviderUnreachable ReturnPending Stop ToolDeclaration WaitForOperator
             changes_world classify read_only replayable""",
-        connectors.declare: "ToolDeclaration changes_world declaration_of read_only tool_options",
+        connectors.declare: """ToolDeclaration changes_world declaration_of read_only recorded_output
+            tool_options""",
         connectors.in_doubt: "OnDoubt Pending ReturnPending Stop WaitForOperator asettle settle",
         connectors.stripe: """CHARGE KEY_WINDOW METADATA_KEY Payment Refund StripeEffects map_error
             refund_compensation""",

@@ -12,6 +12,8 @@ rejected or is abandoned, on top of the framework's checkpointer.
     runner = AgentRunner(journal, guard)
     with runner.run(trip_agent, thread_id) as run:
         booking = run.call("book_hotel", lambda: hotel.book(...), {"hotel": h}, undo="cancel_booking")
+    async with runner.run(trip_agent, run_id) as run:    # async agents: the same, awaited
+        booking = await run.acall("book_hotel", lambda: hotel.abook(...), {"hotel": h}, undo="cancel_booking")
 
 An agent run is an ordinary saga in the journal (``sagaguard sagas list/show/cancel/retry``), whose
 steps are its compensatable and pivot tool calls, appended as they happen.
@@ -27,7 +29,8 @@ from saga.agent.errors import (
     AgentSagaError,
     UnknownUndo,
 )
-from saga.agent.run import AgentRun, AgentRunner, current_run
+from saga.agent.run import AgentRun, current_run
+from saga.agent.runner import AgentRunner
 from saga.agent.undo import Undo, UndoRegistry
 
 __all__ = [

@@ -1,21 +1,25 @@
-"""Running an agent under its saga: :class:`AgentRunner` opens an :class:`AgentRun` per run id.
-
-::
-
-    runner = AgentRunner(journal, guard)
-    with runner.run(trip_agent, thread_id) as run:         # the framework's durable run identity
-        graph.invoke(...)                                  # tools call run.call(...)
-    # returned: the saga is COMPLETED; raised: the run's tool calls were undone in reverse
+"""One agent run's saga, open in this process: :class:`AgentRun`, opened by
+:meth:`AgentRunner.run <saga.agent.runner.AgentRunner.run>` with ``with`` or ``async with``.
 
 A compensatable call is registered before its body runs: one commit appends its row (STARTED, its
 undo's name, its arguments, its effect key), then the call is claimed and run under the guard, then
 its result is recorded on the row. See :mod:`saga.agent.definition` for why a crash between the
 commit and the claim is safe, and for what the worker does with a run whose process is gone.
 
+**Decide once, drive twice.** What a call is (a step or not, its key, its kind), what its row
+holds, and how leaving the block ends the run are decided by the same methods for both drivers;
+:meth:`AgentRun.call` and :meth:`AgentRun.acall` differ only in how they run the call (``Guard.run``
+or ``Guard.arun``) and in where the journal is written: the async driver hands every journal call
+(the journals are sync) to a worker thread, so the event loop never waits on a commit, and the
+compensation at the end runs there too (undos are sync callables).
+
 While the run is open its lease is renewed (a :class:`~saga.renewer.LeaseRenewer`); a process that
 dies stops renewing, and once the lease runs out the worker parks the run WAITING for the agent.
 Opening the same run id again (a resumed process) attaches to it, taking it back from the worker if
 it was parked; the framework runs one process per run id at a time, as its checkpointer assumes.
+Where two processes may hold one run at once (durable-execution engines), each opens it with
+``exclusive=True``: opening a run whose lease another open run holds is then refused
+(:class:`~saga.errors.SagaInProgress`), so one place at a time appends the run's rows.
 """
 
 from __future__ import annotations
@@ -24,24 +28,23 @@ import contextlib
 import contextvars
 import itertools
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import trace
 
 from idempotency.codec import encode_error
 from idempotency.errors import ConfigurationError
-from idempotency.guard import Guard
 from idempotency.keys import fingerprint
+from idempotency.offload import in_thread
 from idempotency.telemetry import tracing
 from saga.agent.call import RUN_PREFIX, ToolCall, run_step_name, tool_step_name
 from saga.agent.definition import AgentSaga, OnFailure, RunInput, resume_signal
 from saga.agent.errors import AgentRunCancelled, AgentRunEnded, AgentRunRejected, UnknownUndo
 from saga.decisions import pivot_started
 from saga.errors import DefinitionMismatch, SagaCancelled, SagaConflict, SagaInProgress, SagaNotFound
-from saga.journal import SagaJournal
 from saga.records import (
     FOREVER,
     Phase,
@@ -54,11 +57,12 @@ from saga.records import (
     StepRecord,
     StepState,
 )
-from saga.renewer import LeaseRenewer
-from saga.runner import SagaRunner
 from saga.telemetry import traceparent, tracer
 
-__all__ = ["AgentRun", "AgentRunner", "current_run"]
+if TYPE_CHECKING:
+    from saga.agent.runner import AgentRunner
+
+__all__ = ["AgentRun", "current_run"]
 
 T = TypeVar("T")
 
@@ -70,68 +74,41 @@ _current: contextvars.ContextVar[AgentRun | None] = contextvars.ContextVar("saga
 
 
 def current_run() -> AgentRun:
-    """The agent run open in this context (tools and framework adapters call it).
+    """The agent run open in this context (tools and framework adapters call it), with ``with``
+    or ``async with`` (the tasks and threads the framework starts inside the block see it too).
 
     Raises:
         LookupError: no run is open.
     """
     run = _current.get(None)
     if run is None:
-        raise LookupError("no agent run is open here: wrap the agent in `with runner.run(agent, run_id)`")
+        raise LookupError("no agent run is open: wrap the agent in `[async] with runner.run(agent, run_id)`")
     return run
 
 
-class AgentRunner:
-    """Opens agent runs against a journal, with their tool calls guarded by ``guard``.
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A tool call that is a step of the run, as decided before anything runs."""
 
-    Args:
-        journal: where the runs' sagas are recorded (the worker sweeps the same one).
-        guard: runs the tool calls and the undos once each; the worker needs a guard on the same
-            store and namespace, since an undo reads the ledger for its call's record.
-        lease: seconds a run's lease lasts; renewed while the run is open, so a dead process's run
-            is found by the worker about this long after it died.
-        sleep: the sleep between undo retries (inject one in tests).
-    """
+    call: ToolCall
+    kind: StepKind
+    undo: str | None
 
-    def __init__(
-        self,
-        journal: SagaJournal,
-        guard: Guard,
-        *,
-        lease: float = 30.0,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        if lease <= 0:
-            raise ConfigurationError("lease must be > 0")
-        self.journal = journal
-        self.guard = guard
-        self.lease = lease
-        self._sleep = sleep
-        self.renewer = LeaseRenewer(journal, lease)
+    def effect(self, result_type: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The keyword arguments of ``Guard.run`` / ``Guard.arun`` for the call's effect."""
+        call = self.call
+        arguments = call.arguments if isinstance(call.arguments, dict) else {}
+        return {"arguments": arguments, "key": call.key, "result_type": result_type, **(options or {})}
 
-    def run(self, agent: AgentSaga, run_id: str) -> AgentRun:
-        """The run ``run_id`` of ``agent``, to open with ``with`` (see :class:`AgentRun`)."""
-        if not run_id:
-            raise ConfigurationError("an agent run id must not be empty")
-        return AgentRun(self, agent.freeze(), run_id)
 
-    def reject(self, agent: AgentSaga, run_id: str, reason: str = "rejected") -> SagaOutcome:
-        """A human rejected the run at an approval: undo its tool calls now (see
-        :meth:`AgentRun.reject`), from any process."""
-        with self.run(agent, run_id) as run:
-            return run.reject(reason)
-
-    def compensator(self) -> SagaRunner:
-        """A saga runner that drives one compensation in this process (closed by the caller)."""
-        return SagaRunner(self.journal, self.guard, lease=self.lease, max_recoveries=None, sleep=self._sleep)
-
-    def close(self) -> None:
-        """Stop the lease renewer's thread."""
-        self.renewer.close()
+def _in_span(span: Any) -> contextlib.AbstractContextManager[Any]:
+    """The call's span current while its effect runs (ended after it), when tracing made one."""
+    return contextlib.nullcontext() if span is None else trace.use_span(span, end_on_exit=True)
 
 
 class AgentRun:
-    """One agent run's saga, open in this process. Use it as a context manager.
+    """One agent run's saga, open in this process. Use it as a context manager (``with`` or,
+    from async code, ``async with``: the same semantics, the journal written from a worker thread).
 
     - Leaving the block normally completes the run (saga COMPLETED, effects kept), unless
       :meth:`pause` was called (a human must approve first).
@@ -140,14 +117,20 @@ class AgentRun:
       NEEDS_ATTENTION. The exception propagates either way.
     - :class:`~saga.agent.errors.AgentRunCancelled` (the run was cancelled from outside) is raised
       at the next tool call, and leaving the block then compensates.
-    - Any other BaseException (KeyboardInterrupt, a test's simulated crash) leaves the saga as a
-      crash would: the worker finds it when its lease runs out.
+    - Any other BaseException (KeyboardInterrupt, ``asyncio.CancelledError``, a test's simulated
+      crash) leaves the saga as a crash would: the worker finds it when its lease runs out. A time
+      limit that should undo the run goes inside the block (``asyncio.timeout`` there raises
+      ``TimeoutError``, an exception, at the block's end).
     """
 
-    def __init__(self, runner: AgentRunner, agent: AgentSaga, run_id: str) -> None:
+    def __init__(
+        self, runner: AgentRunner, agent: AgentSaga, run_id: str, *, exclusive: bool = False
+    ) -> None:
         self.runner = runner
         self.agent = agent
         self.run_id = run_id
+        self.exclusive = exclusive
+        """Opening refuses a run another open run holds (see ``AgentRunner.run(exclusive=True)``)."""
         self._input: RunInput = {"run": run_id}
         self._fingerprint = fingerprint({"input": self._input})
         self._lock = threading.RLock()
@@ -160,14 +143,15 @@ class AgentRun:
         self._hold: int | None = None
         self._reset: contextvars.Token[AgentRun | None] | None = None
         self._paused = False
+        self._ending = False
+        """Set (under the lock) once the run is being ended: no more rows are written for calls."""
         self.outcome: SagaOutcome | None = None
         """Where the run's saga ended, once this process ended it (completed, compensated, ...)."""
 
     # -- opening -----------------------------------------------------------------------------
 
     def __enter__(self) -> AgentRun:
-        self._attach()
-        self._hold = self.runner.renewer.enter(self.run_id, self._token)
+        self._open()
         self._reset = _current.set(self)
         return self
 
@@ -175,8 +159,33 @@ class AgentRun:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._release()
-        if self.outcome is not None:
+        self._close(exc)
+
+    async def __aenter__(self) -> AgentRun:
+        await in_thread(self._open)
+        self._reset = _current.set(self)  # in the awaiting task's context, not the thread's
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._release()
+        if self._closes(exc):
+            await in_thread(self._close, exc)
+
+    def _open(self) -> None:
+        self._attach()
+        self._hold = self.runner.renewer.enter(self.run_id, self._token)
+
+    def _closes(self, exc: BaseException | None) -> bool:
+        """Whether leaving the block with ``exc`` writes to the journal (a crash leaves it as is)."""
+        return self.outcome is None and (exc is None or isinstance(exc, (Exception, AgentRunCancelled)))
+
+    def _close(self, exc: BaseException | None) -> None:
+        """End the run as leaving the block with ``exc`` says (see the class docstring)."""
+        if not self._closes(exc):
             return
+        self._stop_calls()
         if exc is None:
             if self._paused:
                 self._park()
@@ -192,13 +201,12 @@ class AgentRun:
         if isinstance(exc, AgentRunCancelled):
             record = self._load().saga
             self._compensate(record.error or encode_error(SagaCancelled()))
-        elif isinstance(exc, Exception):
-            if self.agent.on_failure is OnFailure.LEAVE:
-                if self._load().saga.state is not SagaState.RUNNING:
-                    raise AgentRunEnded(self.run_id, "no longer running")
-                self._fail(encode_error(exc), SagaState.NEEDS_ATTENTION)
-            else:
-                self._compensate(encode_error(exc))
+        elif self.agent.on_failure is OnFailure.LEAVE:
+            if self._load().saga.state is not SagaState.RUNNING:
+                raise AgentRunEnded(self.run_id, "no longer running")
+            self._fail(encode_error(exc), SagaState.NEEDS_ATTENTION)
+        else:
+            self._compensate(encode_error(exc))
 
     def _release(self) -> None:
         if self._hold is not None:
@@ -226,6 +234,10 @@ class AgentRun:
             if record.fingerprint != self._fingerprint:
                 raise SagaConflict(self.run_id, record.fingerprint, self._fingerprint)
             if record.state is SagaState.RUNNING:
+                if self.exclusive:
+                    # Its lease is live (else the start took it over): another open run holds it,
+                    # and sharing its token would let both write rows at the same indexes.
+                    raise SagaInProgress(self.run_id)
                 self._own(snapshot)  # our own run, resumed before its lease ran out
                 return
             if record.state is not SagaState.WAITING or record.waiting_for is None:
@@ -298,8 +310,57 @@ class AgentRun:
             UnknownUndo: ``undo`` is not registered. ConfigurationError: both ``undo`` and ``pivot``.
             and whatever the guard raises (see :meth:`idempotency.guard.Guard.run`).
         """
-        if undo is None and not pivot:
+        step = self._step(tool, arguments, undo, pivot, call_id)
+        if step is None:
             return fn()
+        row, span = self._register(step)
+        with _in_span(span):
+            value = self.runner.guard.run(step.call.effect, fn, **step.effect(result_type, options))
+        if row.state is not StepState.SUCCEEDED:
+            self._recorded(row, step.call, value if record is None else record(value))
+        return value
+
+    async def acall(
+        self,
+        tool: str,
+        fn: Callable[[], Awaitable[T]],
+        arguments: Mapping[str, Any],
+        *,
+        undo: str | None = None,
+        pivot: bool = False,
+        call_id: str | None = None,
+        result_type: Any = Any,
+        record: Callable[[T], Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> T:
+        """The async twin of :meth:`call`, line for line: ``fn`` is awaited under
+        :meth:`~idempotency.guard.Guard.arun` (``options`` are its options), and the journal
+        commits (the registration before the call, the result after) run in a worker thread.
+
+        Raises:
+            the same as :meth:`call`.
+        """
+        step = self._step(tool, arguments, undo, pivot, call_id)
+        if step is None:
+            return await fn()
+        row, span = await in_thread(self._register, step)
+        with _in_span(span):
+            value = await self.runner.guard.arun(step.call.effect, fn, **step.effect(result_type, options))
+        if row.state is not StepState.SUCCEEDED:
+            await in_thread(self._recorded, row, step.call, value if record is None else record(value))
+        return value
+
+    def _step(
+        self, tool: str, arguments: Mapping[str, Any], undo: str | None, pivot: bool, call_id: str | None
+    ) -> _Step | None:
+        """What the call is (no I/O): None when it is not a step (nothing to undo), else its key
+        (the run id and the call's id), its kind and its undo.
+
+        Raises:
+            ConfigurationError, UnknownUndo: as :meth:`call` says.
+        """
+        if undo is None and not pivot:
+            return None
         if undo is not None and pivot:
             raise ConfigurationError(f"tool {tool!r}: a pivot has nothing to undo (pass undo= or pivot=)")
         if undo is not None and undo not in self.agent.undos:
@@ -307,26 +368,32 @@ class AgentRun:
         if call_id is None:
             with self._lock:
                 call_id = f"{tool}#{next(self._ordinals.setdefault(tool, itertools.count()))}"
-        call = ToolCall.of(tool, f"{self.run_id}/{call_id}", arguments)
         kind = StepKind.PIVOT if pivot else StepKind.COMPENSATABLE
-        row, span = self._register(call, kind, undo)
-        with contextlib.ExitStack() as stack:
-            if span is not None:
-                stack.enter_context(trace.use_span(span, end_on_exit=True))
-            value = self.runner.guard.run(
-                call.effect, fn, arguments=call.arguments if isinstance(call.arguments, dict) else {},
-                key=call.key, result_type=result_type, **(options or {}),
-            )  # fmt: skip
-        if row.state is not StepState.SUCCEEDED:
-            kept = value if record is None else record(value)
-            done = row.evolve(state=StepState.SUCCEEDED, result=call.returned(kept).encode())
-            with self._lock:
-                self._write(Phase(steps=(done,), lease=self.runner.lease))
-                self._rows[call.key] = done
-        # A call that fails leaves its row STARTED: its undo reads the ledger to learn what happened.
-        return value
+        return _Step(ToolCall.of(tool, self.call_key(call_id), arguments), kind, undo)
 
-    def _register(self, call: ToolCall, kind: StepKind, undo: str | None) -> tuple[StepRecord, Any]:
+    def call_key(self, call_id: str) -> str:
+        """The explicit key of the effect of the call ``call_id`` (``{run_id}/{call_id}``); the
+        framework adapters also run the tool's body in a scope of that name."""
+        return f"{self.run_id}/{call_id}"
+
+    def _recorded(self, row: StepRecord, call: ToolCall, kept: Any) -> None:
+        """Record what the call returned (``kept``, what the undo receives) on its row.
+
+        A call that fails never gets here: its row stays STARTED, and its undo reads the ledger to
+        learn what happened.
+        """
+        done = row.evolve(state=StepState.SUCCEEDED, result=call.returned(kept).encode())
+        with self._lock:
+            if self._ending:
+                # A sibling call finishing after the run began to end (an async framework drains
+                # its cancelled tool tasks, whose journal writes go on in their threads): the row
+                # stays STARTED, and its undo, if it runs, reads the ledger for the call's outcome.
+                return
+            self._write(Phase(steps=(done,), lease=self.runner.lease))
+            self._rows[call.key] = done
+
+    def _register(self, step: _Step) -> tuple[StepRecord, Any]:
+        call = step.call
         with self._lock:
             found = self._rows.get(call.key)
             if found is not None:
@@ -342,12 +409,12 @@ class AgentRun:
                         "sagaguard.saga.name": self.agent.name,
                         "sagaguard.step.name": name,
                         "sagaguard.step.index": index,
-                        "sagaguard.step.kind": kind.value,
+                        "sagaguard.step.kind": step.kind.value,
                         "gen_ai.tool.name": call.tool,
                     },
                 )
             row = StepRecord(
-                index, name, kind, StepState.STARTED, compensation=undo, result=call.encode(),
+                index, name, step.kind, StepState.STARTED, compensation=step.undo, result=call.encode(),
                 trace=None if span is None else traceparent(span),
             )  # fmt: skip
             record = self._write(Phase(steps=(row,), lease=self.runner.lease))
@@ -360,10 +427,15 @@ class AgentRun:
             raise AgentRunCancelled(self.run_id)
         return row, span
 
+    def _stop_calls(self) -> None:
+        """Wait for a journal write of a call in progress, then refuse the others."""
+        with self._lock:
+            self._ending = True
+
     def _live(self) -> None:
         record = self._record
         assert record is not None, "the run is not open"
-        if self.outcome is not None or record.state is not SagaState.RUNNING:
+        if self._ending or self.outcome is not None or record.state is not SagaState.RUNNING:
             raise AgentRunEnded(self.run_id, record.state.value if self.outcome is None else "ended")
         if record.cancel_requested and not pivot_started(self._load()):
             raise AgentRunCancelled(self.run_id)
@@ -406,8 +478,18 @@ class AgentRun:
     def reject(self, reason: str = "rejected") -> SagaOutcome:
         """A human rejected the run: undo its tool calls now, in reverse order. Returns the
         compensation's outcome (COMPENSATED, FAILED when nothing needed undoing, or
-        NEEDS_ATTENTION); leaving the block afterwards changes nothing."""
+        NEEDS_ATTENTION); leaving the block afterwards changes nothing.
+
+        Raises:
+            AgentRunEnded: the run has already ended.
+        """
+        self._release()
         return self._compensate(encode_error(AgentRunRejected(reason)))
+
+    async def areject(self, reason: str = "rejected") -> SagaOutcome:
+        """The async twin of :meth:`reject` (the compensation runs in a worker thread)."""
+        self._release()  # in the awaiting task: the run is no longer current there
+        return await in_thread(self._compensate, encode_error(AgentRunRejected(reason)))
 
     def _end(self, phase: Phase) -> None:
         with self._lock:
@@ -430,7 +512,8 @@ class AgentRun:
         return snapshot
 
     def _compensate(self, cause: str) -> SagaOutcome:
-        self._release()
+        """Undo the run now, in this thread (the caller has released the run's lease hold)."""
+        self._stop_calls()
         snapshot = self._load()
         if snapshot.saga.state is SagaState.RUNNING:
             snapshot = self._fail(cause, SagaState.COMPENSATING)

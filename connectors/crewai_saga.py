@@ -1,0 +1,326 @@
+"""CrewAI crews in an agent saga: each call of a tool declared with an undo (or as the pivot) is a
+step of the kickoff's run, registered before the tool runs.
+
+::
+
+    @changes_world(undo="cancel_booking")     # a name in the saga's UndoRegistry; on the class, it
+    class BookHotel(BaseTool): ...            # survives Crew.from_checkpoint (new tool objects)
+
+    trip_crew = AgentSaga("trip_crew", undos)                     # register it with the worker too
+    crew_saga = CrewSaga(AgentRunner(journal, guard), trip_crew)
+    crew_guard = CrewGuard(guard, saga=crew_saga, declare={"charge": changes_world(undo="refund")})
+    crew = crew_guard.protect(Crew(agents=[...], tasks=[...], checkpoint=CheckpointConfig(...)))
+    crew.kickoff()        # returned: COMPLETED, effects kept; raised: the steps undone in reverse
+
+**The run is the kickoff.** Its saga id is the kickoff's event id (``crew_kickoff_started``), which
+``Crew.from_checkpoint`` restores, so a restored crew's kickoff continues the same run: its replayed
+tool calls find their steps (and the guard replays their results). The saga is started by the
+kickoff's first step (a kickoff that calls no declared tool has no saga); a restored kickoff whose
+run is in the journal attaches to it when it starts, taking it back from the worker if the worker
+had parked it.
+
+**A call's id** is the adapter's key of the tool run (kickoff, task, tool, argument hash, n: no
+tool-call id reaches CrewAI tools, see :mod:`connectors.crewai`). The undo receives the call's
+arguments by name and the tool's output (read back as JSON when it is JSON text), as every
+framework's adapter gives them, so the same undo functions serve every framework.
+
+**Triggers.** An exception escaping ``kickoff`` undoes the run (``AgentSaga(on_failure=...)``:
+``"compensate"`` by default, ``"leave"`` parks it for an operator). A tool's own exception is
+handed to the model by CrewAI unless the crew, agent, task or tool says
+``tool_failure_policy="raise"``. ``sagaguard sagas cancel RUN`` stops a live kickoff at its next
+declared tool call (:class:`~saga.agent.errors.AgentRunCancelled`) and undoes it; the worker undoes
+a run whose process is gone. A human who says no at an approval (:meth:`CrewSaga.approval`, a task
+guardrail) undoes the run at once, and :meth:`CrewSaga.reject` undoes it from any process.
+
+A declared tool's runs are steps through ``_run`` (which CrewAI's agents call, in ``kickoff`` and
+``akickoff`` alike) and through its own ``_arun`` where it has one (a direct ``await
+tool.arun(...)``: :meth:`AgentRun.acall <saga.agent.AgentRun.acall>`, journal writes off the loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import json
+import threading
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from crewai import Crew
+from crewai.tools import BaseTool
+
+from connectors.crewai import _MARK, _mark, _set, kickoff_id
+from connectors.declare import ToolDeclaration
+from connectors.in_doubt import Pending, asettle, settle
+from idempotency.errors import ConfigurationError
+from idempotency.keys import scope
+from saga.agent import AgentRun, AgentRunner, AgentRunRejected, AgentSaga, current_run
+from saga.records import SagaOutcome
+
+if TYPE_CHECKING:
+    from connectors.crewai import CrewGuard
+
+__all__ = ["CrewSaga", "KickoffRejected", "tool_output"]
+
+_RUN_ID = "__sagaguard_run_id__"
+"""Set on a crew instance: the saga id of its latest kickoff that made a step."""
+
+
+class KickoffRejected(AgentRunRejected):
+    """A human rejected the kickoff at an approval (:meth:`CrewSaga.approval`). Its run is undone
+    before this escapes ``kickoff``; the run's saga records the rejection as its cause.
+
+    Attributes:
+        reason: what the human said.
+    """
+
+
+def tool_output(value: Any) -> Any:
+    """What a step records of a tool's result for its undo: JSON text read back as JSON (CrewAI
+    tools return strings), anything else as it is."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _named(run: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults included (what the undo receives: the
+    arguments the tool ran with, as LangGraph gives a tool call's ``args``); when they cannot be
+    bound to the tool's signature, ``{"args": [...], **kwargs}``."""
+    try:
+        bound = inspect.signature(run).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return {"args": list(args), **kwargs} if args else dict(kwargs)
+    bound.apply_defaults()
+    named: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            named[name] = value
+        elif value:
+            named[name] = list(value)
+    return named
+
+
+class _Kickoff:
+    """The agent run of one kickoff, opened on its first step (or at once for a restored one).
+
+    The run is entered and left in a context of its own: CrewAI runs tools in copies of the
+    kickoff's context (parallel tool calls, async tasks, timeouts), so the step that opens the run
+    is not where the kickoff ends, and a run's context must be left where it was entered.
+    """
+
+    def __init__(self, saga: CrewSaga, crew: Crew) -> None:
+        self.saga = saga
+        self.crew = crew
+        self.run: AgentRun | None = None
+        self._lock = threading.Lock()
+        self._context = contextvars.Context()
+
+    def open(self, run_id: str) -> AgentRun:
+        with self._lock:
+            if self.run is None:
+                run = self.saga.runner.run(self.saga.agent, run_id)
+                self._context.run(run.__enter__)
+                self.run = run
+                _set(self.crew, _RUN_ID, run_id)
+            elif self.run.run_id != run_id:
+                raise ConfigurationError(
+                    f"a kickoff's run is {self.run.run_id!r}, a step asks for {run_id!r}: "
+                    "protect each crew with its own kickoff"
+                )
+            return self.run
+
+    def close(self, exc: BaseException | None) -> None:
+        """End the run as the kickoff ended: returned, raised, or rejected by a human."""
+        run = self.run
+        if run is None:
+            return
+        if isinstance(exc, KickoffRejected):
+            self._context.run(run.reject, exc.reason)
+        tb: TracebackType | None = None if exc is None else exc.__traceback__
+        self._context.run(run.__exit__, None if exc is None else type(exc), exc, tb)
+
+
+_kickoff: contextvars.ContextVar[_Kickoff | None] = contextvars.ContextVar(
+    "sagaguard_crewai_kickoff", default=None
+)
+
+
+class CrewSaga:
+    """Runs a protected crew's kickoffs as agent runs of ``agent``. Give it to
+    ``CrewGuard(guard, saga=...)``; :meth:`CrewGuard.protect` then wraps the crew's ``kickoff`` and
+    ``akickoff`` (in place, as it guards tools) and makes the declared tools' calls steps.
+
+    Args:
+        runner: opens the runs (its guard runs the steps and the undos; give the worker a guard on
+            the same store and namespace).
+        agent: the saga type of the crew's runs, with its undos (register it with the worker).
+    """
+
+    def __init__(self, runner: AgentRunner, agent: AgentSaga) -> None:
+        self.runner = runner
+        self.agent = agent
+
+    # -- wiring (called by CrewGuard) ----------------------------------------------------------
+
+    def attach(self, crew: Crew) -> Crew:
+        """Wrap ``crew.kickoff`` and ``crew.akickoff`` so each kickoff is the run; returns ``crew``.
+        Wrapping twice is harmless."""
+        if getattr(crew.__dict__.get("kickoff"), _MARK, False):
+            return crew
+        kickoff, akickoff = crew.kickoff, crew.akickoff
+
+        @functools.wraps(kickoff)
+        def saga_kickoff(*args: Any, **kwargs: Any) -> Any:
+            held = self._begin(crew)
+            token = _kickoff.set(held)
+            try:
+                result = kickoff(*args, **kwargs)
+            except BaseException as exc:
+                held.close(exc)
+                raise
+            finally:
+                _kickoff.reset(token)
+            held.close(None)
+            return result
+
+        @functools.wraps(akickoff)
+        async def saga_akickoff(*args: Any, **kwargs: Any) -> Any:
+            # Journal I/O and a compensation's undos are sync: off the event loop.
+            held = await asyncio.to_thread(self._begin, crew)
+            token = _kickoff.set(held)
+            try:
+                result = await akickoff(*args, **kwargs)
+            except BaseException as exc:
+                await asyncio.to_thread(held.close, exc)
+                raise
+            finally:
+                _kickoff.reset(token)
+            await asyncio.to_thread(held.close, None)
+            return result
+
+        for name, fn in (("kickoff", saga_kickoff), ("akickoff", saga_akickoff)):
+            _mark(fn)
+            _set(crew, name, fn)
+        return crew
+
+    def _begin(self, crew: Crew) -> _Kickoff:
+        held = _Kickoff(self, crew)
+        restored = getattr(crew, "checkpoint_kickoff_event_id", None)
+        if isinstance(restored, str) and self.runner.journal.load(restored) is not None:
+            # A restored kickoff continues its run: held (and taken back from the worker) from
+            # the start, so a cancellation or a failure before its next step still reaches it.
+            held.open(restored)
+        return held
+
+    def step_tool(self, crew_guard: CrewGuard, tool: BaseTool, declaration: ToolDeclaration,
+                  options: Mapping[str, Any]) -> BaseTool:  # fmt: skip
+        """Make ``tool``'s runs steps of the current kickoff's run, in place; returns it."""
+        run_fn = tool._run
+        # A tool made with @tool runs its function through _run(*args, **kwargs): name the
+        # arguments after the function's own parameters.
+        func = getattr(tool, "func", None)
+        signature_of = func if callable(func) else run_fn
+        name = str(tool.name)
+        effect = crew_guard.tool_prefix + name
+        store, on_doubt = crew_guard.guard.store, crew_guard.on_doubt
+
+        @functools.wraps(run_fn)
+        def step_run(*args: Any, **kwargs: Any) -> Any:
+            _arguments, key, unit = crew_guard._tool_identity(effect, args, kwargs)
+            run = self.current()
+
+            def body() -> Any:
+                return run_fn(*args, **kwargs)
+
+            def call() -> Any:
+                with scope(unit):  # effects inside the tool are keyed on the call, as elsewhere
+                    return run.call(
+                        name, body, _named(signature_of, args, kwargs), undo=declaration.undo,
+                        pivot=declaration.pivot, call_id=key, record=tool_output, options=options,
+                    )  # fmt: skip
+
+            return settle(call, on_doubt, store, Pending.as_json)
+
+        _mark(step_run)
+        _set(tool, "_run", step_run)
+        # _arun only where the tool has one: BaseTool's raises NotImplementedError.
+        if type(tool)._arun is not BaseTool._arun:
+            arun_fn = tool._arun
+
+            @functools.wraps(arun_fn)
+            async def step_arun(*args: Any, **kwargs: Any) -> Any:
+                _arguments, key, unit = crew_guard._tool_identity(effect, args, kwargs)
+                run = await asyncio.to_thread(self.current)  # opening the run writes the journal
+
+                async def body() -> Any:
+                    return await arun_fn(*args, **kwargs)
+
+                async def call() -> Any:
+                    with scope(unit):
+                        return await run.acall(
+                            name, body, _named(arun_fn, args, kwargs), undo=declaration.undo,
+                            pivot=declaration.pivot, call_id=key, record=tool_output, options=options,
+                        )  # fmt: skip
+
+                return await asettle(call, on_doubt, store, Pending.as_json)
+
+            _mark(step_arun)
+            _set(tool, "_arun", step_arun)
+        return tool
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def current(self) -> AgentRun:
+        """The run of the current kickoff (started by its first step), or, outside a protected
+        crew's kickoff, the run open in this context (``with runner.run(agent, run_id)``).
+
+        Raises:
+            LookupError: outside a kickoff and no run is open.
+        """
+        held = _kickoff.get()
+        found = kickoff_id()
+        if held is None or found is None:
+            return current_run()
+        return held.open(found)
+
+    def run_id(self, crew: Crew) -> str | None:
+        """The saga id of ``crew``'s latest kickoff in this process that made a step (its kickoff
+        event id: ``sagaguard sagas show ID``), or None."""
+        found = crew.__dict__.get(_RUN_ID)
+        return found if isinstance(found, str) else None
+
+    def reject(self, run_id: str, reason: str = "rejected") -> SagaOutcome:
+        """A human rejected the run: undo its steps now, in reverse order, from any process (the
+        run's own process may be gone). See :meth:`~saga.agent.AgentRunner.reject`."""
+        return self.runner.reject(self.agent, run_id, reason)
+
+    def approval(self, decide: Callable[[Any], bool | str]) -> Callable[[Any], tuple[bool, Any]]:
+        """A task guardrail that asks a human: ``Task(..., guardrail=crew_saga.approval(ask))``.
+
+        ``decide(output)`` gets the task's ``TaskOutput`` and returns True to approve (the output
+        goes on), or False or a reason to reject: the guardrail raises :class:`KickoffRejected`,
+        which CrewAI lets through, and the kickoff undoes its run before the exception escapes.
+        CrewAI drops callable guardrails from its checkpoints: give it again to a restored task.
+        """
+
+        def guardrail(output: Any) -> tuple[bool, Any]:
+            verdict = decide(output)
+            if verdict is True:
+                return True, output
+            raise KickoffRejected(verdict if isinstance(verdict, str) and verdict else "rejected")
+
+        # CrewAI checks a guardrail's signature at runtime: one parameter, no string annotations.
+        guardrail.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter("output", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        )
+        return guardrail

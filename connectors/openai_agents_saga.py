@@ -1,0 +1,259 @@
+"""OpenAI Agents SDK turns as agent sagas: a turn's tool calls are undone in reverse when it fails,
+is rejected at an approval, is cancelled or is abandoned.
+
+::
+
+    @function_tool(failure_error_function=None)         # a failing tool ends the turn, and undoes it
+    @changes_world(undo="cancel_booking")                # a name in the agent saga's UndoRegistry
+    def book_hotel(hotel: str) -> dict: ...
+
+    trip_agent = AgentSaga("trip_agent", undos)          # registered with the worker too
+    runner = AgentRunner(journal, guard)
+
+    async with SagaTurn(runner, trip_agent, session.session_id, n) as turn:
+        go_on = await turn.resume_turn(session, text)    # the turn's input, [] to go on, None: done
+        if go_on is not None:
+            result = await turn.run(agent, go_on, session=session)
+    # later, a human said no at the approval the turn stopped at (any process):
+    await SagaTurn(runner, trip_agent, session_id, n).reject("the manager said no")
+
+**What is keyed on what.** The run's saga is the *turn*: ``{session_id}/turn-{n}``
+(:func:`turn_run_id`), the durable identity of one ``Runner.run`` of a conversation, its approval
+interruptions and resumes included. A turn that completes keeps its effects, and a later turn that
+fails undoes only its own calls: the user was told what the earlier turn did. The same string is the
+run key of the journaled model (:class:`~connectors.openai_agents.AgentRun`, which this class runs
+inside), so a rerun of the turn gets the recorded answers and the same ``tool_call_id``\\ s. A call of
+a tool declared ``changes_world(undo="name")`` or ``changes_world(pivot=True)`` (on the function,
+the ``FunctionTool``, or by name in ``declare=``) is a step of the turn's run
+(:meth:`saga.agent.AgentRun.acall`): the effect ``agent.tool.{tool}`` under the key
+``{run id}/{tool_call_id}``, registered with its undo in one journal commit before it runs. Other
+tools stay guarded as :class:`~connectors.openai_agents.AgentRun` guards them. The undo receives the
+call's arguments (the model's JSON, parsed) and the tool's output
+(:func:`~connectors.declare.recorded_output`).
+
+**Approvals.** A tool with ``needs_approval`` interrupts the turn: :meth:`SagaTurn.run` then
+pauses it (WAITING, no process held). Approved, the turn is opened again and resumed from its saved
+``RunState`` (:meth:`SagaTurn.resume`). Rejected, :meth:`SagaTurn.reject` undoes it, from any
+process. (The SDK's own ``state.reject(item)`` only tells the model that one call was refused and
+goes on; nothing is undone.)
+
+Give a declared tool ``failure_error_function=None``: by default the SDK turns a tool's exception
+into text for the model, which the step then records as the tool's output; with ``None`` the
+exception ends the turn and undoes it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from agents import Agent, FunctionTool, Runner, RunResult, RunState
+from agents.items import TResponseInputItem
+from agents.memory import Session
+from agents.models.interface import ModelProvider
+from agents.tool_context import ToolContext
+
+from connectors.declare import ToolDeclaration, recorded_output
+from connectors.in_doubt import OnDoubt, Stop
+from connectors.llm import LlmUsage
+from connectors.openai_agents import AgentRun, parsed_arguments
+from idempotency.errors import ConfigurationError
+from saga.agent import AgentRun as SagaRun
+from saga.agent import AgentRunner, AgentSaga
+from saga.records import SagaOutcome
+
+__all__ = ["SagaTurn", "turn_run_id"]
+
+TContext = TypeVar("TContext")
+Input = str | list[TResponseInputItem] | RunState[Any, Any]
+
+_STOP = Stop()
+
+
+def turn_run_id(session_id: str, turn: int) -> str:
+    """The run id of a conversation's ``turn``-th turn (from 1): its saga's id and its run key."""
+    return f"{session_id}/turn-{turn}"
+
+
+class SagaTurn:
+    """One turn of an Agents SDK conversation, run under an agent saga. Open it with ``async with``
+    (or ``with``, around ``Runner.run_sync``); it ends as :class:`saga.agent.AgentRun` ends: the
+    block returning completes the turn (or leaves it paused at an approval), an exception undoes
+    it (with the saga's ``on_failure="compensate"``), a cancellation undoes it at its next call.
+
+    Args:
+        runner: opens the turn's run (its journal, and the guard every call runs under).
+        saga: the agent's saga type (its undos; register it with the worker).
+        session_id: the conversation's durable id (a session's ``session_id``, a ticket id).
+        turn: the turn's position in the conversation, from 1.
+        declare: tool name to declaration, for tools not declared where they are defined.
+        on_doubt: what a call does when it is left in doubt (:mod:`connectors.in_doubt`).
+        tool_options: per tool name, :meth:`Guard.effect` options over its declaration's.
+        provider: resolves an agent's model given by name or left unset.
+        fingerprint_model: whether a replayed model call's input must match (default True).
+        usage: where to total model usage (default: a new one, as :attr:`usage`).
+
+    Attributes:
+        run_id: the turn's run id (:func:`turn_run_id`).
+        saga_run: the turn's :class:`saga.agent.AgentRun`.
+        journaled: the :class:`~connectors.openai_agents.AgentRun` the agent is wrapped by.
+
+    Raises:
+        ConfigurationError: an empty session id, or a turn below 1.
+    """
+
+    def __init__(
+        self,
+        runner: AgentRunner,
+        saga: AgentSaga,
+        session_id: str,
+        turn: int,
+        *,
+        declare: Mapping[str, ToolDeclaration] | None = None,
+        on_doubt: OnDoubt = _STOP,
+        tool_options: Mapping[str, Mapping[str, Any]] | None = None,
+        provider: ModelProvider | None = None,
+        fingerprint_model: bool = True,
+        usage: LlmUsage | None = None,
+    ) -> None:
+        if not session_id:
+            raise ConfigurationError("a saga turn needs the conversation's session id")
+        if turn < 1:
+            raise ConfigurationError(f"turns are counted from 1, not {turn}")
+        self.runner = runner
+        self.saga = saga
+        self.turn = turn
+        self.run_id = turn_run_id(session_id, turn)
+        self.saga_run: SagaRun = runner.run(saga, self.run_id)
+        self.journaled: AgentRun = _TurnRun(
+            self, runner.guard, self.run_id, declare=declare, on_doubt=on_doubt, tool_options=tool_options,
+            provider=provider, fingerprint_model=fingerprint_model, usage=usage,
+        )  # fmt: skip
+        self._wrapped: dict[int, Agent[Any]] = {}
+        self._open = False
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> SagaTurn:
+        await self.saga_run.__aenter__()
+        self._open = True
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._open = False
+        await self.saga_run.__aexit__(kind, exc, tb)
+
+    def __enter__(self) -> SagaTurn:
+        self.saga_run.__enter__()
+        self._open = True
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._open = False
+        self.saga_run.__exit__(kind, exc, tb)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def wrap(self, agent: Agent[TContext]) -> Agent[TContext]:
+        """The agent (and the agents it hands off to) with its model journaled and its tools
+        guarded, the declared ones as steps of the turn; the same copy for the same agent (load a
+        saved ``RunState`` against it)."""
+        found = self._wrapped.get(id(agent))
+        if found is None:
+            found = self._wrapped[id(agent)] = self.journaled.wrap(agent)
+        return found
+
+    async def run(self, agent: Agent[Any], input: Input, **options: Any) -> RunResult:
+        """``Runner.run`` of the wrapped ``agent``; a result stopped at an approval (its
+        ``interruptions``) pauses the turn, so the block then leaves it WAITING, not completed.
+
+        Args:
+            agent: the agent (not wrapped).
+            input: the turn's input, or the ``RunState`` to resume.
+            options: ``Runner.run`` options (``session=``, ``context=``, ``max_turns=``, ...).
+        """
+        result = await Runner.run(self.wrap(agent), input, **options)
+        if result.interruptions:
+            self.pause()
+        return result
+
+    def resume(self, state: RunState[Any, Any]) -> RunState[Any, Any]:
+        """Go on with a turn interrupted for approval: its model-call ordinals continue after those
+        in ``state`` (loaded against :meth:`wrap`'s agent). See
+        :meth:`connectors.openai_agents.AgentRun.resume`."""
+        return self.journaled.resume(state)
+
+    async def resume_turn(
+        self, session: Session, input: str | list[TResponseInputItem]
+    ) -> str | list[TResponseInputItem] | None:
+        """What to pass :meth:`run` to run or go on with this turn of ``session`` (see
+        :meth:`connectors.openai_agents.AgentRun.resume_turn`)."""
+        return await self.journaled.resume_turn(session, self.turn, input)
+
+    def pause(self) -> None:
+        """Leave the turn WAITING at the block's end (a human must approve first)."""
+        self.saga_run.pause()
+
+    async def reject(self, reason: str = "rejected") -> SagaOutcome:
+        """A human rejected the turn at an approval: undo its tool calls now, in reverse order,
+        inside the block or from any process after it.
+
+        Raises:
+            AgentRunEnded: the turn has already ended (completed, compensated, ...).
+        """
+        if self._open:
+            return await self.saga_run.areject(reason)
+        return await self.runner.areject(self.saga, self.run_id, reason)
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the turn is open here (inside its ``async with`` block)."""
+        return self._open
+
+    @property
+    def usage(self) -> LlmUsage:
+        """The turn's model usage, paid and saved by replays."""
+        return self.journaled.usage
+
+    @property
+    def outcome(self) -> SagaOutcome | None:
+        """Where the turn's saga ended, once this process ended it."""
+        return self.saga_run.outcome
+
+
+class _TurnRun(AgentRun):
+    """The journaled run of a :class:`SagaTurn`: its declared tools' calls are steps of the turn."""
+
+    def __init__(self, turn: SagaTurn, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.turn = turn
+
+    async def _call_tool(
+        self,
+        tool: FunctionTool,
+        ctx: ToolContext[Any],
+        arguments: str,
+        *,
+        declaration: ToolDeclaration,
+        options: Mapping[str, Any],
+    ) -> Any:
+        if declaration.undo is None and not declaration.pivot:
+            return await super()._call_tool(tool, ctx, arguments, declaration=declaration, options=options)
+        if not self.turn.is_open:
+            raise ConfigurationError(
+                f"tool {tool.name!r} is a step of the turn {self.run_key!r}: run the agent inside "
+                "`async with SagaTurn(...)`"
+            )
+        parsed = parsed_arguments(arguments)
+        return await self.turn.saga_run.acall(
+            tool.name, functools.partial(tool.on_invoke_tool, ctx, arguments),
+            parsed if isinstance(parsed, dict) else {"arguments": parsed},
+            undo=declaration.undo, pivot=declaration.pivot, call_id=ctx.tool_call_id,
+            record=recorded_output, options={**options, "tool": True},
+        )  # fmt: skip

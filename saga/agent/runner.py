@@ -1,0 +1,102 @@
+"""Where agent runs are opened: :class:`AgentRunner` holds the journal, the guard and the lease.
+
+::
+
+    runner = AgentRunner(journal, guard)
+    with runner.run(trip_agent, thread_id) as run:         # the framework's durable run identity
+        graph.invoke(...)                                  # tools call run.call(...)
+    async with runner.run(trip_agent, run_id) as run:      # async agents (the Agents SDK, MCP)
+        await Runner.run(...)                              # tools await run.acall(...)
+
+See :class:`~saga.agent.run.AgentRun` for what a run does with its tool calls and how it ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from idempotency.errors import ConfigurationError
+from idempotency.guard import Guard
+from saga.agent.definition import AgentSaga
+from saga.agent.run import AgentRun
+from saga.journal import SagaJournal
+from saga.records import SagaOutcome
+from saga.renewer import LeaseRenewer
+from saga.runner import SagaRunner
+
+__all__ = ["AgentRunner"]
+
+
+class AgentRunner:
+    """Opens agent runs against a journal, with their tool calls guarded by ``guard``.
+
+    Args:
+        journal: where the runs' sagas are recorded (the worker sweeps the same one).
+        guard: runs the tool calls and the undos once each; the worker needs a guard on the same
+            store and namespace, since an undo reads the ledger for its call's record.
+        lease: seconds a run's lease lasts; renewed while the run is open, so a dead process's run
+            is found by the worker about this long after it died.
+        sleep: the sleep between undo retries (inject one in tests).
+    """
+
+    def __init__(
+        self,
+        journal: SagaJournal,
+        guard: Guard,
+        *,
+        lease: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if lease <= 0:
+            raise ConfigurationError("lease must be > 0")
+        self.journal = journal
+        self.guard = guard
+        self.lease = lease
+        self._sleep = sleep
+        self.renewer = LeaseRenewer(journal, lease)
+
+    def run(self, agent: AgentSaga, run_id: str, *, exclusive: bool = False) -> AgentRun:
+        """The run ``run_id`` of ``agent``, to open with ``with`` or ``async with`` (see
+        :class:`~saga.agent.run.AgentRun`).
+
+        Args:
+            agent: the run's saga type.
+            run_id: the framework's durable run identity.
+            exclusive: refuse to open a run whose lease another open run holds
+                (:class:`~saga.errors.SagaInProgress`, nothing written) instead of attaching to
+                it as to this process's own run resumed before its lease ran out. For engines
+                that may run two processes for one run at once (Temporal activities of one
+                workflow on two workers, DBOS steps): each opens the run exclusively, so only
+                one appends rows at a time; a dead holder's run is taken over once its lease
+                runs out.
+
+        Raises:
+            ConfigurationError: an empty run id.
+        """
+        if not run_id:
+            raise ConfigurationError("an agent run id must not be empty")
+        return AgentRun(self, agent.freeze(), run_id, exclusive=exclusive)
+
+    def reject(self, agent: AgentSaga, run_id: str, reason: str = "rejected") -> SagaOutcome:
+        """A human rejected the run at an approval: undo its tool calls now (see
+        :meth:`AgentRun.reject <saga.agent.run.AgentRun.reject>`), from any process.
+
+        Raises:
+            AgentRunEnded: the run has already ended (completed, compensated, ...).
+        """
+        with self.run(agent, run_id) as run:
+            return run.reject(reason)
+
+    async def areject(self, agent: AgentSaga, run_id: str, reason: str = "rejected") -> SagaOutcome:
+        """The async twin of :meth:`reject` (the journal and the undos run in a worker thread)."""
+        async with self.run(agent, run_id) as run:
+            return await run.areject(reason)
+
+    def compensator(self) -> SagaRunner:
+        """A saga runner that drives one compensation in this process (closed by the caller)."""
+        return SagaRunner(self.journal, self.guard, lease=self.lease, max_recoveries=None, sleep=self._sleep)
+
+    def close(self) -> None:
+        """Stop the lease renewer's thread."""
+        self.renewer.close()
