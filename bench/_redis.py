@@ -24,7 +24,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from idempotency import Guard, scope
-from idempotency.stores.redis import _FIELDS, RedisStore
+from idempotency.stores.redis import RedisStore
+from idempotency.stores.redis_scripts import FIELDS as _FIELDS
 
 _VALUE = "x" * 200  # about the size of a claimed record's fields
 _TTL = int(RETENTION)

@@ -3,7 +3,7 @@
 :func:`decide` maps a claim result to what the guard does next; it is a pure function and is
 table-tested. :class:`Flow` strings the decisions together as a generator that *yields* the I/O it
 needs (:class:`Claim`, :class:`Execute`, :class:`Complete`, ...) and receives the answers, so the sync
-and the async drivers in :mod:`idempotency.guard` are each a short loop (the httpx ``auth_flow``
+and the async drivers in :mod:`idempotency.driving` are each a short loop (the httpx ``auth_flow``
 pattern) and can never drift apart.
 """
 
@@ -73,16 +73,6 @@ class Action(enum.Enum):
     fenced as a lease expiry is, then resolve it."""
 
 
-# Enum members as module globals for the per-call code below: on Python 3.11 a member read off its
-# class costs ~70 ns, a module global ~10.
-_CLAIMED, _TOOK_OVER = ClaimOutcome.CLAIMED, ClaimOutcome.TOOK_OVER
-_SUCCEEDED, _FAILED = State.SUCCEEDED, State.FAILED
-_EXECUTE, _RESOLVE, _REPLAY = Action.EXECUTE, Action.RESOLVE, Action.REPLAY
-_REPLAY_FAILURE, _CONFLICT, _WAIT = Action.REPLAY_FAILURE, Action.CONFLICT, Action.WAIT
-_TAKE_OVER_ACTION = Action.TAKE_OVER
-_EXECUTED, _REPLAYED = Outcome.EXECUTED, Outcome.REPLAYED
-
-
 def decide(
     claim: ClaimResult, fingerprint: str, name: str | None = None, *, holder_dead: bool = False
 ) -> Action:
@@ -95,20 +85,18 @@ def decide(
     (:func:`idempotency.holder.is_dead_on_this_host`); such a claim (IN_PROGRESS, or IN_DOUBT
     while a dead taker resolved it) is taken over at once instead of waited for.
     """
-    outcome = claim.outcome
-    if outcome is _CLAIMED:
-        return _EXECUTE
+    if claim.outcome is ClaimOutcome.CLAIMED:
+        return Action.EXECUTE
     record = claim.record
     if record.fingerprint != fingerprint or (name is not None and record.name != name):
-        return _CONFLICT
-    if outcome is _TOOK_OVER:
-        return _RESOLVE
-    state = record.state
-    if state is _SUCCEEDED:
-        return _REPLAY
-    if state is _FAILED:
-        return _REPLAY_FAILURE
-    return _TAKE_OVER_ACTION if holder_dead else _WAIT
+        return Action.CONFLICT
+    if claim.outcome is ClaimOutcome.TOOK_OVER:
+        return Action.RESOLVE
+    if record.state is State.SUCCEEDED:
+        return Action.REPLAY
+    if record.state is State.FAILED:
+        return Action.REPLAY_FAILURE
+    return Action.TAKE_OVER if holder_dead else Action.WAIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,11 +223,7 @@ class Reconcile:
 
 
 class Ran(NamedTuple):
-    """The outcome of :class:`Execute`: a value, or the exception the body raised.
-
-    A named tuple rather than a frozen dataclass: one is built per guarded call, and a tuple is the
-    cheapest immutable record to build.
-    """
+    """The outcome of :class:`Execute`: a value, or the exception the body raised."""
 
     value: Any = None
     error: BaseException | None = None
@@ -291,26 +275,20 @@ class Flow(Generic[T]):
         self.identity = identity
         self.fingerprint = fingerprint
         self.arguments = arguments
-        self.outcome = _EXECUTED
+        self.outcome = Outcome.EXECUTED
 
-    def run(self, claim: ClaimResult | None = None) -> Generator[Op, Any, T]:
-        """Claim, then execute, replay, wait, take over or resolve; returns the result or raises.
-
-        ``claim``: the answer to a first :class:`Claim` the driver already made (its fast path
-        handles the common outcomes itself and hands the rest over here), so none is asked for.
-        """
+    def run(self) -> Generator[Op, Any, T]:
+        """Claim, then execute, replay, wait, take over or resolve; returns the result or raises."""
         waited = 0.0
         delay = _WAIT_FIRST
         while True:
-            if claim is None:
-                claim = yield Claim()
+            claim: ClaimResult = yield Claim()
             action = decide(claim, self.fingerprint, self.identity.name)
             record = claim.record
             if action is Action.WAIT and record.holder is not None:
                 # A live claim: one held by a process that died on this host is not waited for.
                 dead = yield Probe(record.holder)
                 action = decide(claim, self.fingerprint, self.identity.name, holder_dead=dead)
-            claim = None
             if action is Action.TAKE_OVER:
                 taken = yield TakeOver(record.token)
                 if taken is not None:
@@ -321,7 +299,7 @@ class Flow(Generic[T]):
             if action is Action.RESOLVE:
                 return (yield from self._resolve(record))
             if action is Action.REPLAY:
-                return self.replay(record)
+                return self._replay(record)
             if action is Action.REPLAY_FAILURE:
                 self.outcome = Outcome.REPLAYED
                 raise self.spec.rebuild_failure(record.error or "{}")
@@ -338,27 +316,20 @@ class Flow(Generic[T]):
             waited += pause
             delay = min(delay * 2, _WAIT_MAX)
 
-    def replay(self, record: Record) -> T:
-        """The result of a SUCCEEDED record (:attr:`Action.REPLAY`). Pure.
+    def _replay(self, record: Record) -> T:
+        """The result of a SUCCEEDED record (:attr:`Action.REPLAY`).
 
         Only decoded: the text was checked to read back as this type when it was recorded.
 
         Raises:
             CodecError: the record no longer reads back as the declared type.
         """
-        self.outcome = _REPLAYED
+        self.outcome = Outcome.REPLAYED
         return self.spec.codec.decode(record.result or "null")
 
     def _execute(self, record: Record) -> Generator[Op, Any, T]:
+        """Run the body under ``record``'s token and record what it did; returns the value or raises."""
         ran: Ran = yield Execute(record.token)
-        return (yield from self.finish(record, ran))
-
-    def finish(self, record: Record, ran: Ran) -> Generator[Op, Any, T]:
-        """Record what an :class:`Execute` under ``record``'s token did; returns the value or raises.
-
-        The rest of an execution once the body has run: a driver whose fast path ran the body itself
-        hands the outcome over here when it is not a plain success it can record on its own.
-        """
         token = record.token
         if ran.error is None:
             try:
@@ -366,16 +337,16 @@ class Flow(Generic[T]):
             except CodecError as codec_error:
                 # The effect happened but its result cannot be stored: leave the record in doubt
                 # (a reconciler or an operator settles it) rather than lose the fact that it ran.
-                yield from self.record_after(
+                yield from self._record_after(
                     record, Fail(token, Disposition.AMBIGUOUS, encode_error(codec_error)), ran
                 )
                 self.outcome = Outcome.IN_DOUBT
                 raise
-            yield from self.record_after(record, Complete(token, text), ran)
+            yield from self._record_after(record, Complete(token, text), ran)
             return ran.value  # type: ignore[no-any-return]
         exc = ran.error
         disposition = self.spec.disposition(exc)
-        yield from self.record_after(record, Fail(token, disposition, encode_error(exc)), ran)
+        yield from self._record_after(record, Fail(token, disposition, encode_error(exc)), ran)
         if disposition is Disposition.AMBIGUOUS:
             self.outcome = Outcome.IN_DOUBT
             if not isinstance(exc, Exception):
@@ -385,7 +356,7 @@ class Flow(Generic[T]):
         self.outcome = Outcome.FAILED
         raise exc
 
-    def record_after(
+    def _record_after(
         self, record: Record, write: Complete | Fail, ran: Ran | None
     ) -> Generator[Op, Any, Any]:
         """Ask for ``write``, a record of what happened after the body ran (or after a take-over);
@@ -400,11 +371,11 @@ class Flow(Generic[T]):
         try:
             return (yield write)
         except StoreError as exc:
-            raise self.not_recorded(record, exc, ran) from exc
+            raise self._not_recorded(record, exc, ran) from exc
 
-    def not_recorded(self, record: Record, exc: StoreError, ran: Ran | None) -> BaseException:
+    def _not_recorded(self, record: Record, exc: StoreError, ran: Ran | None) -> BaseException:
         """The error for a store that failed while recording after the body ran (see
-        :meth:`record_after`); a driver that wrote the record itself raises it ``from exc``."""
+        :meth:`_record_after`)."""
         self.outcome = Outcome.IN_DOUBT
         reason = f"the effect ran, but the store failed while recording its outcome: {exc}"
         if ran is None:
@@ -428,10 +399,10 @@ class Flow(Generic[T]):
                 except CodecError:
                     # Still in doubt: release the lease so the next call resolves again at once.
                     release = Fail(record.token, Disposition.AMBIGUOUS, record.error or _CRASH_NOTE)
-                    yield from self.record_after(record, release, None)
+                    yield from self._record_after(record, release, None)
                     self.outcome = Outcome.IN_DOUBT
                     raise
-                yield from self.record_after(record, Complete(record.token, text), found)
+                yield from self._record_after(record, Complete(record.token, text), found)
                 self.outcome = Outcome.RECONCILED
                 return resolution.result  # type: ignore[no-any-return]
             if isinstance(resolution, NotAppliedResolution):
@@ -445,7 +416,7 @@ class Flow(Generic[T]):
         if spec.provider_idempotent:
             reason += "; the provider's deduplication window has passed, so it is not re-sent"
         # Release the lease and leave the record IN_DOUBT, for an operator or a later reconciler.
-        yield from self.record_after(
+        yield from self._record_after(
             record, Fail(record.token, Disposition.AMBIGUOUS, record.error or _CRASH_NOTE), None
         )
         self.outcome = Outcome.IN_DOUBT

@@ -11,47 +11,27 @@
     with scope("order-42"):
         charge("cus_1", 1000)   # runs once; a re-run of this block replays the receipt
 
-The decisions live in :mod:`idempotency.flow`; this module only drives them, once for sync code and
-once for async code. Each driver takes the common path itself, as plain calls (claim, then run and
-record, or replay), and hands every other outcome (a wait, a take-over to resolve, a failure to
-record) to the flow's generator, so the rare paths are decided in one place only.
+This module declares effects (:class:`Guard`, its decorators and :class:`Operation`); the decisions
+live in :mod:`idempotency.flow`, and :mod:`idempotency.driving` drives them, once for sync code and
+once for async code.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import time
 import typing
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
-from idempotency.driving import Retrier, reconciled, settled
-from idempotency.effect import Classifier, Policy, ReconcileRequest, Retry, RunningEffect, _current_effect
-from idempotency.errors import CodecError, ConfigurationError, StoreError
-from idempotency.flow import (
-    Action,
-    Claim,
-    Complete,
-    EffectSpec,
-    Execute,
-    Fail,
-    Flow,
-    Op,
-    Probe,
-    Ran,
-    Reconcile,
-    Sleep,
-    TakeOver,
-    abandon,
-    decide,
-)
+from idempotency.driving import AsyncDriver, SyncDriver
+from idempotency.effect import Classifier, Policy, ReconcileRequest, Retry
+from idempotency.errors import ConfigurationError
+from idempotency.flow import EffectSpec, Flow
 from idempotency.heartbeat import Heartbeater
-from idempotency.holder import is_dead_on_this_host
 from idempotency.keys import EffectIdentity, current_scope, fingerprint, key_deriver
-from idempotency.offload import in_thread, submit
 from idempotency.options import (
     FingerprintSpec,
     binder,
@@ -61,13 +41,10 @@ from idempotency.options import (
     fingerprint_selector,
     seconds,
 )
-from idempotency.records import ClaimResult
-from idempotency.store import AsyncWrites, IdempotencyStore, WriteCancelled
-from idempotency.telemetry import EffectSpan, counter_attributes, effect_counter, effect_naming, tracing
+from idempotency.store import IdempotencyStore
+from idempotency.telemetry import EffectNaming, Outcome, counter_attributes, effect_naming
 
-__all__ = ["FingerprintSpec", "Guard", "Operation"]
-
-_new_identity = EffectIdentity.from_fields  # built on every call: the cheaper way, as a global
+__all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT", "FingerprintSpec", "Guard", "Operation"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -82,13 +59,11 @@ DEFAULT_WAIT = 10.0
 """Seconds a duplicate of a live call waits: two default leases, so it sees the holder finish, or
 its claim run out and be taken over, even when the holder died just after a renewal."""
 
-_CLAIM = Claim()
-_REPLAY, _EXECUTE = Action.REPLAY, Action.EXECUTE  # globals: cheaper than members read off the enum
 _OPERATIONS_KEPT = 256
 """Operations :meth:`Guard.run` keeps built, by name and options; past this many it starts afresh."""
 
 
-class _Plan:
+class Plan:
     """One effect, prepared once for every call: its spec, its key deriver, its telemetry."""
 
     __slots__ = ("counted", "derive", "name", "namespace", "naming", "spec")
@@ -97,9 +72,9 @@ class _Plan:
         self.spec = spec
         self.name = spec.name
         self.namespace = namespace
-        self.derive = key_deriver(namespace, spec.name)
-        self.counted = counter_attributes(spec.name)
-        self.naming = effect_naming(spec.name, tool=tool)
+        self.derive: Callable[[str, int], str] = key_deriver(namespace, spec.name)
+        self.counted: dict[Outcome, dict[str, str]] = counter_attributes(spec.name)
+        self.naming: EffectNaming = effect_naming(spec.name, tool=tool)
 
 
 class EffectDecorator:
@@ -129,7 +104,7 @@ class Operation(Generic[T]):
 
     __slots__ = ("_async_reconciler", "_guard", "_plan")
 
-    def __init__(self, guard: Guard, plan: _Plan, async_reconciler: bool) -> None:
+    def __init__(self, guard: Guard, plan: Plan, async_reconciler: bool) -> None:
         self._guard = guard
         self._plan = plan
         self._async_reconciler = async_reconciler
@@ -150,7 +125,7 @@ class Operation(Generic[T]):
         if self._async_reconciler:  # a sync call cannot await it: the effect would stay in doubt
             raise ConfigurationError(f"{self.name}: an async reconciler needs an async effect (or arun)")
         guard, args = self._guard, dict(arguments or {})
-        return cast(T, guard._drive(self._plan, guard._flow(self._plan, args, args, key), fn))
+        return cast(T, guard._driver(self._plan, guard._flow(self._plan, args, args, key), fn))
 
     async def arun(
         self,
@@ -161,7 +136,7 @@ class Operation(Generic[T]):
     ) -> T:
         """The async twin of :meth:`run`."""
         guard, args = self._guard, dict(arguments or {})
-        return cast(T, await guard._drive_async(self._plan, guard._flow(self._plan, args, args, key), fn))
+        return cast(T, await guard._async_driver(self._plan, guard._flow(self._plan, args, args, key), fn))
 
 
 class Guard:
@@ -179,7 +154,8 @@ class Guard:
         async_sleep: the same for async calls.
         offload: whether async calls run store I/O in a worker thread, so the event loop never
             blocks on a commit. None (default): the store's ``offload_async`` attribute decides
-            (SQL: yes; Redis and memory: no, one round trip costs less than two thread hops).
+            (SQL: yes, a commit waits on the disk or the server; Redis and memory: no, see
+            docs/backends.md).
 
     Raises:
         ConfigurationError: ``lease``, ``retention`` or ``wait`` is not a finite number of seconds
@@ -203,17 +179,11 @@ class Guard:
         self.lease = seconds("lease", lease)
         self.retention = seconds("retention", retention)
         self.wait = seconds("wait", wait, zero_ok=True)
-        self._sleep = sleep
-        self._async_sleep = async_sleep
-        # By default the store says: a commit that waits on fsync (SQL) goes to a thread; a
-        # sub-millisecond round trip (Redis, memory) costs less than the two thread hops.
+        # By default the store says: a commit that waits on fsync or a server (SQL) goes to a
+        # thread; a sub-millisecond round trip (Redis, memory) costs less than the thread hop.
         self._offload = bool(getattr(store, "offload_async", True)) if offload is None else offload
-        # A store whose hot writes can be awaited (SQLite with the write lock free, Postgres on a
-        # non-blocking socket) makes them on the event loop; the thread is then only for writes
-        # that would wait.
-        self._native: AsyncWrites | None = (
-            store if offload is None and self._offload and isinstance(store, AsyncWrites) else None
-        )
+        self._driver = SyncDriver(self, sleep)
+        self._async_driver = AsyncDriver(self, async_sleep, self._offload)
         self.heartbeater = Heartbeater(store)
         self._operations: dict[Any, Operation[Any]] = {}
 
@@ -271,12 +241,12 @@ class Guard:
             self, name, {k: v for k, v in given.items() if k not in ("self", "name", "given")}
         )
 
-    def _plan(self, name: str, result_type: Any, options: Mapping[str, Any]) -> _Plan:
+    def _plan(self, name: str, result_type: Any, options: Mapping[str, Any]) -> Plan:
         defaults = {"lease": self.lease, "retention": self.retention, "wait": self.wait}
         tool = options.get("tool", False)
         if not isinstance(tool, bool):
             raise ConfigurationError(f"tool= takes True or False, got {tool!r}")
-        return _Plan(build_spec(name, result_type, options, **defaults), self.namespace, tool)
+        return Plan(build_spec(name, result_type, options, **defaults), self.namespace, tool)
 
     def _wrap(self, fn: Callable[P, Any], name: str | None, options: Mapping[str, Any]) -> Callable[P, Any]:
         effect_name = name or f"{fn.__module__}.{fn.__qualname__}"
@@ -298,18 +268,11 @@ class Guard:
         select = fingerprint_selector(options.get("fingerprint"), signature)
         key_fn: Callable[..., str] | None = options.get("key")
         bind = binder(signature, effect_name)
-        spec, namespace, derive = plan.spec, plan.namespace, plan.derive
 
         def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Flow[Any]:
             arguments = bind(args, kwargs)
-            if key_fn is not None:
-                return self._flow(plan, arguments, select(arguments), key_fn(**arguments))
-            # What _flow does for a scoped call, inlined: this runs on every call of the effect.
-            fp = fingerprint(select(arguments))
-            unit = current_scope()
-            ordinal = unit.next_ordinal(effect_name)
-            identity = _new_identity(namespace, unit.id, effect_name, ordinal, derive(unit.id, ordinal))
-            return Flow(spec, identity, fp, arguments)
+            key = None if key_fn is None else key_fn(**arguments)
+            return self._flow(plan, arguments, select(arguments), key)
 
         if is_async:
             afn = cast(Callable[..., Coroutine[Any, Any, Any]], fn)
@@ -317,14 +280,14 @@ class Guard:
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 flow = prepare(args, kwargs)
-                return await self._drive_async(plan, flow, lambda: afn(*args, **kwargs))
+                return await self._async_driver(plan, flow, lambda: afn(*args, **kwargs))
 
             return async_wrapper
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             flow = prepare(args, kwargs)
-            return self._drive(plan, flow, lambda: fn(*args, **kwargs))
+            return self._driver(plan, flow, lambda: fn(*args, **kwargs))
 
         return wrapper
 
@@ -413,15 +376,17 @@ class Guard:
         """Stop the heartbeat thread. The store is the caller's to close."""
         self.heartbeater.close()
 
-    # -- driving a flow ------------------------------------------------------------------------
+    # -- building a flow -----------------------------------------------------------------------
 
     def _flow(
         self,
-        plan: _Plan,
+        plan: Plan,
         arguments: Mapping[str, Any],
         printed: Mapping[str, Any],
         key: str | None,
     ) -> Flow[Any]:
+        """One call of ``plan``'s effect: its identity (``key``, or the scope and the effect's next
+        ordinal in it) and the fingerprint of ``printed``."""
         fp = fingerprint(printed)
         name = plan.name
         if key is not None:
@@ -429,244 +394,5 @@ class Guard:
         else:
             unit = current_scope()
             ordinal = unit.next_ordinal(name)
-            identity = _new_identity(plan.namespace, unit.id, name, ordinal, plan.derive(unit.id, ordinal))
+            identity = EffectIdentity(plan.namespace, unit.id, name, ordinal, plan.derive(unit.id, ordinal))
         return Flow(plan.spec, identity, fp, arguments)
-
-    def _store_op(self, flow: Flow[Any], op: Op) -> Any:
-        spec, key = flow.spec, flow.identity.key
-        if isinstance(op, Claim):
-            return self.store.claim(flow.identity, flow.fingerprint, spec.lease)
-        if isinstance(op, Complete):
-            return self.store.complete(key, op.token, op.result, spec.retention)
-        if isinstance(op, Fail):
-            return self.store.fail(key, op.token, op.disposition, op.error, spec.retention)
-        if isinstance(op, TakeOver):
-            return self.store.take_over(key, op.token, spec.lease)
-        raise AssertionError(op)  # pragma: no cover
-
-    def _probe(self, op: Probe) -> bool:
-        """The answer to :class:`Probe`: a store that cannot take a claim over (a wrapper written
-        before :meth:`~idempotency.store.IdempotencyStore.take_over`) has the flow wait instead."""
-        return hasattr(self.store, "take_over") and is_dead_on_this_host(op.holder)
-
-    def _reconciled(self, flow: Flow[Any], op: Reconcile) -> Any:
-        """Ask the reconciler under a heartbeat: a slow provider lookup keeps the taken-over claim."""
-        handle = self.heartbeater.register(flow.identity.key, op.request.record.token, flow.spec.lease)
-        try:
-            return reconciled(flow, op.request)
-        finally:
-            self.heartbeater.unregister(handle)
-
-    def _context(self, flow: Flow[Any], token: int, attempt: int) -> RunningEffect:
-        # A tuple: the EffectContext is built only if the body asks for it (current_effect()).
-        return RunningEffect(flow.identity, token, attempt, self.heartbeater.beat, flow.spec.lease)
-
-    def _drive(self, plan: _Plan, flow: Flow[Any], call: Callable[[], Any]) -> Any:
-        if tracing():
-            with EffectSpan(plan.naming, plan.counted, flow):
-                return self._settle(flow, call)
-        # No tracer provider: every span would be a no-op, so only the outcome is counted.
-        try:
-            return self._settle(flow, call)
-        finally:
-            effect_counter.add(1, plan.counted[flow.outcome])
-
-    def _settle(self, flow: Flow[Any], call: Callable[[], Any]) -> Any:
-        """The common path as plain calls; any other outcome goes on in the flow's generator."""
-        spec, identity, store = flow.spec, flow.identity, self.store
-        claim = store.claim(identity, flow.fingerprint, spec.lease)
-        record = claim.record
-        action = decide(claim, flow.fingerprint, identity.name)
-        if action is _REPLAY:
-            return flow.replay(record)
-        if action is not _EXECUTE:
-            return self._loop(flow, flow.run(claim), call)
-        ran = self._execute(flow, record.token, call)
-        if ran.error is None:
-            try:
-                text = spec.codec.encode(ran.value)
-            except CodecError:
-                pass  # the flow records it in doubt (and encodes again, to raise the same error)
-            else:
-                try:
-                    store.complete(identity.key, record.token, text, spec.retention)
-                except StoreError as exc:  # the body ran: not "not run", but in doubt
-                    raise flow.not_recorded(record, exc, ran) from exc
-                return ran.value
-        return self._loop(flow, flow.finish(record, ran), call)
-
-    def _loop(self, flow: Flow[Any], gen: Generator[Op, Any, Any], call: Callable[[], Any]) -> Any:
-        answer: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                op = gen.send(answer) if error is None else gen.throw(error)
-            except StopIteration as stop:
-                return stop.value
-            answer, error = None, None
-            try:
-                if isinstance(op, Execute):
-                    answer = self._execute(flow, op.token, call)
-                elif isinstance(op, Sleep):
-                    self._sleep(op.seconds)
-                elif isinstance(op, Reconcile):
-                    answer = self._reconciled(flow, op)
-                elif isinstance(op, Probe):
-                    answer = self._probe(op)
-                else:
-                    answer = self._store_op(flow, op)
-            except BaseException as exc:
-                error = exc
-
-    async def _drive_async(self, plan: _Plan, flow: Flow[Any], call: Callable[[], Awaitable[Any]]) -> Any:
-        if tracing():
-            with EffectSpan(plan.naming, plan.counted, flow):
-                return await self._settle_async(flow, call)
-        try:
-            return await self._settle_async(flow, call)
-        finally:
-            effect_counter.add(1, plan.counted[flow.outcome])
-
-    async def _settle_async(self, flow: Flow[Any], call: Callable[[], Awaitable[Any]]) -> Any:
-        """The async twin of :meth:`_settle`."""
-        spec, identity, store = flow.spec, flow.identity, self.store
-        native = self._native
-        if not self._offload:
-            claim = store.claim(identity, flow.fingerprint, spec.lease)
-        else:
-            tried = None
-            if native is not None:
-                try:
-                    tried = await native.aclaim(identity, flow.fingerprint, spec.lease)
-                except WriteCancelled as cancelled:
-                    await self._give_back(flow, cancelled.outcome)
-                    raise
-            claim = await self._store_op_in_thread(flow, _CLAIM) if tried is None else tried
-        record = claim.record
-        action = decide(claim, flow.fingerprint, identity.name)
-        if action is _REPLAY:
-            return flow.replay(record)
-        if action is not _EXECUTE:
-            return await self._loop_async(flow, flow.run(claim), call)
-        ran = await self._execute_async(flow, record.token, call)
-        if ran.error is None:
-            try:
-                text = spec.codec.encode(ran.value)
-            except CodecError:
-                pass  # the flow records it in doubt (and encodes again, to raise the same error)
-            else:
-                try:
-                    if not self._offload:
-                        store.complete(identity.key, record.token, text, spec.retention)
-                    elif (
-                        native is None
-                        or await native.acomplete(identity.key, record.token, text, spec.retention) is None
-                    ):
-                        await self._store_op_in_thread(flow, Complete(record.token, text))
-                except StoreError as exc:  # the body ran: not "not run", but in doubt
-                    raise flow.not_recorded(record, exc, ran) from exc
-                return ran.value
-        return await self._loop_async(flow, flow.finish(record, ran), call)
-
-    async def _loop_async(
-        self, flow: Flow[Any], gen: Generator[Op, Any, Any], call: Callable[[], Awaitable[Any]]
-    ) -> Any:
-        answer: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                op = gen.send(answer) if error is None else gen.throw(error)
-            except StopIteration as stop:
-                return stop.value
-            answer, error = None, None
-            try:
-                if isinstance(op, Execute):
-                    answer = await self._execute_async(flow, op.token, call)
-                elif isinstance(op, Sleep):
-                    await self._async_sleep(op.seconds)
-                elif isinstance(op, Reconcile):
-                    handle = self.heartbeater.register(
-                        flow.identity.key, op.request.record.token, flow.spec.lease
-                    )
-                    try:
-                        answer = reconciled(flow, op.request)
-                        if inspect.isawaitable(answer):
-                            answer = await settled(answer)
-                    finally:
-                        self.heartbeater.unregister(handle)
-                elif isinstance(op, Probe):
-                    answer = self._probe(op)  # a read of /proc: no thread needed
-                elif self._offload:
-                    answer = await self._store_op_in_thread(flow, op)
-                else:
-                    answer = self._store_op(flow, op)
-            except BaseException as exc:
-                error = exc
-
-    async def _store_op_in_thread(self, flow: Flow[Any], op: Op) -> Any:
-        pending = submit(self._store_op, flow, op)
-        if not isinstance(op, Claim):
-            return await pending  # cancelled: the thread records on regardless
-        try:
-            return await asyncio.shield(pending)
-        except asyncio.CancelledError:
-            # The thread runs on regardless; what it claims for this cancelled call is given back.
-            with contextlib.suppress(Exception):
-                await self._give_back(flow, await pending)
-            raise
-
-    async def _give_back(self, flow: Flow[Any], claimed: Any) -> None:
-        """Release a claim made for a call cancelled before it ran (``claimed``: what the claim
-        returned, or the error it raised), or it would look like a crash, and an effect that never
-        ran would be in doubt."""
-        if isinstance(claimed, ClaimResult):
-            release = abandon(claimed)
-            if release is not None:
-                with contextlib.suppress(Exception):
-                    await in_thread(self._store_op, flow, release)
-
-    def _execute(self, flow: Flow[Any], token: int, call: Callable[[], Any]) -> Ran:
-        handle = self.heartbeater.register(flow.identity.key, token, flow.spec.lease)
-        try:
-            retry: Retrier | None = None  # built on the first failure only
-            attempt = 1
-            while True:
-                reset = _current_effect.set(self._context(flow, token, attempt))
-                try:
-                    return Ran(call())
-                except BaseException as exc:
-                    retry = retry or Retrier(flow.spec)
-                    pause = retry.next_pause(exc)
-                    if pause is None:
-                        return Ran(None, exc)
-                    attempt = retry.attempt
-                finally:
-                    _current_effect.reset(reset)
-                self._sleep(pause)
-        finally:
-            self.heartbeater.unregister(handle)
-
-    async def _execute_async(self, flow: Flow[Any], token: int, call: Callable[[], Awaitable[Any]]) -> Ran:
-        handle = self.heartbeater.register(flow.identity.key, token, flow.spec.lease)
-        try:
-            retry: Retrier | None = None  # built on the first failure only
-            attempt = 1
-            while True:
-                reset = _current_effect.set(self._context(flow, token, attempt))
-                try:
-                    return Ran(await call())
-                except BaseException as exc:
-                    if isinstance(exc, asyncio.CancelledError):
-                        # Cancelled mid-call: the effect may have been sent. Record it in doubt, then
-                        # let the cancellation go on (the flow re-raises it after the record).
-                        return Ran(None, exc)
-                    retry = retry or Retrier(flow.spec)
-                    pause = retry.next_pause(exc)
-                    if pause is None:
-                        return Ran(None, exc)
-                    attempt = retry.attempt
-                finally:
-                    _current_effect.reset(reset)
-                await self._async_sleep(pause)
-        finally:
-            self.heartbeater.unregister(handle)

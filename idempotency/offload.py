@@ -4,9 +4,9 @@
 ``concurrent.futures.Future`` chained to an asyncio future, a work item, the executor's locks and a
 callback that copies the outcome back. :func:`in_thread` does the same job with one
 ``SimpleQueue.put``, one asyncio future and one ``call_soon_threadsafe``. It is kept because
-``asyncio.to_thread`` in its place did worse on the throughput yardstick at 64 and 256 tasks
-(docs/benchmarks.md says by how much); what a hop costs is mostly the event loop's wake-up, which
-no hand-off avoids (hence the stores' own async writes: :class:`~idempotency.store.AsyncWrites`).
+``asyncio.to_thread`` (and anyio's ``to_thread.run_sync``) in its place cost the guard's async calls
+more CPU per call and did worse on the throughput yardstick at 64 and 256 tasks (docs/benchmarks.md
+says by how much).
 
 What is kept from ``to_thread``: the call runs in the caller's context (a copy of its contextvars,
 so spans and scopes are those of the awaiting task), its exception is raised in the awaiting task,

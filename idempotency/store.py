@@ -22,7 +22,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimResult, Disposition, Record, State
 
-__all__ = ["FIRST_TOKEN_BITS", "AsyncWrites", "IdempotencyStore", "WriteCancelled", "first_token"]
+__all__ = ["FIRST_TOKEN_BITS", "IdempotencyStore", "WriteCancelled", "first_token"]
 
 FIRST_TOKEN_BITS: Final = 48
 """Random bits in the first token of a key's record: ``1 <= token <= 2**48``, far below ``2**53``, so
@@ -154,30 +154,9 @@ class IdempotencyStore(Protocol):
 class WriteCancelled(asyncio.CancelledError):
     """A cancellation that arrived after a write was sent: the write's reply was read all the same,
     and ``outcome`` is what it returned (or the exception it raised), for the caller to act on
-    before the cancellation goes on (the guard gives back a claim made for a cancelled call)."""
+    before the cancellation goes on. Raised by the SQL store's own awaitable writes; the guard
+    calls none of them (its async calls run the store's blocking calls in a worker thread)."""
 
     def __init__(self, outcome: Any) -> None:
         super().__init__()
         self.outcome = outcome
-
-
-@runtime_checkable
-class AsyncWrites(Protocol):
-    """Optional: a store whose two writes of a new guarded call can be awaited without a thread.
-
-    The guard's async calls (``offload`` left at None, on a store whose ``offload_async`` is true)
-    await these first and run the blocking form in a worker thread only when they answer None
-    (having written nothing): for a write that would have to wait for a lock or a pool. Each has
-    its blocking form's contract when it answers. It may block the event loop only on the store's
-    own I/O of a write it could start at once (SQLite: the commit's write to disk; Postgres awaits
-    its socket instead), never to wait for another writer. Cancelled after its write was sent, it
-    raises :class:`WriteCancelled` with the write's outcome.
-    """
-
-    async def aclaim(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult | None:
-        """:meth:`IdempotencyStore.claim`, or None to have it made in a thread."""
-        ...
-
-    async def acomplete(self, key: str, token: int, result: str, retention: float) -> Record | None:
-        """:meth:`IdempotencyStore.complete`, or None to have it made in a thread."""
-        ...

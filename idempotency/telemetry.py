@@ -288,10 +288,14 @@ class EffectSpan:
         self._call = call
 
     def __enter__(self) -> None:
+        # No tracer provider: every span would be a no-op, and attaching one would hide the
+        # caller's own span from a propagator in the body; only the outcome is counted.
+        if not tracing():
+            self._span = None
+            return
         # What ``tracer.start_as_current_span(..., record_exception=False,
-        # set_status_on_exception=False)`` does, without its two nested generator context managers
-        # (the proxy tracer's and the real one's), which cost more than the rest of the span on a
-        # hot path: start the span, make it current; __exit__ detaches it, then ends it.
+        # set_status_on_exception=False)`` does, spelt out: start the span, make it current;
+        # __exit__ detaches it, then ends it.
         naming = self._naming
         span = tracer.start_span(
             naming.span_name,
@@ -305,6 +309,9 @@ class EffectSpan:
 
     def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         span = self._span
+        if span is None:
+            effect_counter.add(1, self._counted[self._call.outcome])
+            return
         try:
             outcome = self._call.outcome
             if span.is_recording():

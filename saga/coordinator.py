@@ -8,11 +8,11 @@ receives the answers, so the sync and async drivers in :mod:`saga.runner` are ea
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-import tenacity
-
 from idempotency.codec import decode_error, encode_error
+from idempotency.driving import Retrier
 from idempotency.effect import Retry
 from idempotency.errors import CodecError
 from idempotency.records import Disposition
@@ -102,37 +102,20 @@ _WAIT_FIRST = 0.05
 _WAIT_MAX = 1.0
 
 
-class _Retrier:
-    """tenacity stop and wait strategies, consulted after each failure."""
+@dataclass(frozen=True, slots=True)
+class _Budget:
+    """A step's (or compensation's) retry strategies, for :class:`~idempotency.driving.Retrier`:
+    every failure it is handed may be retried (the flow has already decided which are)."""
 
-    __slots__ = ("_retry", "_state", "attempt")
+    retry: Retry
 
-    def __init__(self, retry: Retry, first: int = 1) -> None:
-        self._retry = retry
-        self._state: tenacity.RetryCallState | None = None  # built on the first failure only
-        self.attempt = first
-
-    def next_pause(self, exc: BaseException) -> float | None:
-        """Seconds to wait before the next try, or None to give up."""
-        state = self._state
-        if state is None:
-            state = self._state = tenacity.RetryCallState(cast(Any, None), None, (), {})
-        state.attempt_number = self.attempt
-        state.set_exception((type(exc), exc, exc.__traceback__))
-        if self._retry.stop(state):
-            return None
-        self.attempt += 1
-        return float(self._retry.wait(state))
+    def retries(self, exc: BaseException) -> bool:
+        return True
 
 
 _NO_WAIT = Phase()
 """The wait fields of a phase that does not park the saga."""
 
-# Read on every step: on Python 3.11 a member read through its class costs as much as a call.
-_RUNNING = SagaState.RUNNING
-_COMPENSATING = SagaState.COMPENSATING
-_STARTED = StepState.STARTED
-_SUCCEEDED = StepState.SUCCEEDED
 
 
 def _overran(step: Step[Any, Any], deadline: float | None, row: StepRecord) -> StepTimeout:
@@ -145,7 +128,7 @@ def _stamped(rows: tuple[StepRecord, ...], stamp: float) -> tuple[StepRecord, ..
     itself when none was."""
     out: list[StepRecord] | None = None
     for position, row in enumerate(rows):
-        if row.state is _STARTED and row.started_at == 0:
+        if row.state is StepState.STARTED and row.started_at == 0:
             if out is None:
                 out = list(rows)
             out[position] = row.evolve(started_at=stamp)
@@ -368,7 +351,7 @@ class SagaFlow:
                 state = move.state
                 error = after.saga.error if move.error is None else move.error
         now = snapshot.saga.state if state is None else state
-        live = now is _RUNNING or now is _COMPENSATING  # in LIVE_STATES
+        live = now in LIVE_STATES
         phase = Phase(
             steps=steps,
             state=state,
@@ -449,7 +432,7 @@ class SagaFlow:
     def _run_step(self, snapshot: SagaSnapshot, index: int) -> Generator[Op, Any, SagaSnapshot]:
         step = self.saga.steps[index]
         row = cast(StepRecord, snapshot.step(index))
-        retrier: _Retrier | None = None  # built on the first failure only
+        retrier: Retrier | None = None  # built on the first failure only
         attempt = 1
         deadline = step_deadline(self.saga, snapshot, index)
         not_applied = False
@@ -476,7 +459,7 @@ class SagaFlow:
                         error = exc
                         break
                     self.results[step.name] = ran.value
-                    done = row.evolve(state=_SUCCEEDED, result=text, error=None, attempts=attempts)
+                    done = row.evolve(state=StepState.SUCCEEDED, result=text, error=None, attempts=attempts)
                     return (yield from self._commit(snapshot, (done,)))
                 if isinstance(failure, SagaSuspended):
                     return (yield from self._park(snapshot, failure, finished))
@@ -496,7 +479,7 @@ class SagaFlow:
                     not_applied = True
                     break
                 if retrier is None:
-                    retrier = _Retrier(step.retry)
+                    retrier = Retrier(_Budget(step.retry))
                 pause = retrier.next_pause(error)
                 if pause is None:
                     not_applied = disposition is Disposition.RETRYABLE
@@ -541,7 +524,7 @@ class SagaFlow:
         result = None
         if row.state is StepState.SUCCEEDED and row.result is not None:
             result = step.codec.decode(row.result)
-        retrier = _Retrier(step.compensation_retry, first=1 + compensation_retry_base(row))
+        retrier = Retrier(_Budget(step.compensation_retry), first=1 + compensation_retry_base(row))
         cause = snapshot.saga.error or encode_error(RuntimeError("compensating"))
         tries, slept = 0, 0.0
         while True:

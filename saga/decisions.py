@@ -148,17 +148,6 @@ class Done:
 
 Next = StartStep | RunStep | Compensate | SetState | Abandon | Done
 
-# decide() runs twice per saga step, so it returns shared moves for the usual indexes (they are
-# frozen, and equal to new ones), and reads enum members from module constants: on Python 3.11 a
-# member read through its class (``StepState.SUCCEEDED``) costs as much as a function call.
-_START_STEPS = tuple(StartStep(index) for index in range(64))
-_RUN_STEPS = tuple(RunStep(index) for index in range(64))
-_RUNNING = SagaState.RUNNING
-_COMPENSATING = SagaState.COMPENSATING
-_SUCCEEDED = StepState.SUCCEEDED
-_STARTED = StepState.STARTED
-_COMPENSATABLE = StepKind.COMPENSATABLE
-
 
 def failure_state(kind: StepKind, not_applied: bool) -> SagaState:
     """Where a step that failed for good leaves the saga. Pure.
@@ -304,7 +293,7 @@ def step_deadline(saga: Saga[Any], snapshot: SagaSnapshot, index: int) -> float 
         row = snapshot.step(index)
         if row is not None:
             deadline = row.started_at + step.timeout
-    if step.kind is _COMPENSATABLE:
+    if step.kind is StepKind.COMPENSATABLE:
         overall = snapshot.saga.deadline
         if overall > 0 and (deadline is None or overall < deadline):
             deadline = overall
@@ -363,18 +352,17 @@ def decide(
         check(saga, snapshot)
     record = snapshot.saga
     state = record.state
-    if state is _RUNNING:
+    if state is SagaState.RUNNING:
         # The first step, in order, that has no row or has not succeeded (rows are ordered by
         # index, and check() keeps every index within the definition).
         steps = snapshot.steps
         pending = len(steps)
         row: StepRecord | None = None
-        succeeded = _SUCCEEDED
         for position, found in enumerate(steps):
             if found.index != position:
                 pending = position  # a gap: this step has no row
                 break
-            if found.state is not succeeded:
+            if found.state is not StepState.SUCCEEDED:
                 pending, row = position, found
                 break
         if pending >= len(saga.steps):
@@ -385,17 +373,17 @@ def decide(
             if cause is not None:
                 return Abandon(cause)
         if row is None:
-            return _START_STEPS[pending] if pending < 64 else StartStep(pending)
-        if row.state is _STARTED:
-            return _RUN_STEPS[pending] if pending < 64 else RunStep(pending)
+            return StartStep(pending)
+        if row.state is StepState.STARTED:
+            return RunStep(pending)
         # Only a hand-edited journal gets here: failures change the saga state atomically.
         return SetState(failure_state(row.kind, row.not_applied))
-    if state is not _COMPENSATING:
+    if state is not SagaState.COMPENSATING:
         return Done()  # not live
     for row in reversed(snapshot.steps):
         if needs_compensation(row):
             return Compensate(row.index)
-        if row.kind is StepKind.PIVOT and row.state in (_SUCCEEDED, _STARTED):
+        if row.kind is StepKind.PIVOT and row.state in (StepState.SUCCEEDED, StepState.STARTED):
             break  # a pivot that ran (or may have): the steps before it are never undone
     failed = compensation_failures(snapshot)
     if failed is not None:

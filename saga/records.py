@@ -26,8 +26,8 @@ and of a step::
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from idempotency.codec import ErrorInfo
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from saga.definition import Step
 
 R = TypeVar("R")
-Rec = TypeVar("Rec", "SagaRecord", "StepRecord")
 
 __all__ = [
     "FINAL_STATES",
@@ -170,7 +169,7 @@ class SagaRecord:
         Raises:
             TypeError: a change names no field.
         """
-        return _copy_with(self, _SAGA_FIELDS, changes)
+        return replace(self, **changes)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,97 +204,7 @@ class StepRecord:
         Raises:
             TypeError: a change names no field.
         """
-        # _copy_with() written out: a saga step evolves two rows.
-        known = _STEP_FIELDS.known
-        if not changes.keys() <= known:
-            raise TypeError(f"StepRecord has no field {sorted(changes.keys() - known)}")
-        new = _copy_step(self)
-        for name, value in changes.items():
-            _set(new, name, value)
-        return new
-
-
-class _Fields:
-    """A record class's field names, and a function copying all of them to a new instance."""
-
-    __slots__ = ("copy", "known", "names")
-
-    def __init__(self, cls: type, copy: Callable[[Any], Any]) -> None:
-        self.names = tuple(f.name for f in fields(cls))
-        self.known = frozenset(self.names)
-        self.copy = copy
-        probe: Any = object.__new__(cls)
-        for k, name in enumerate(self.names):
-            _set(probe, name, k)
-        copied = copy(probe)
-        if tuple(getattr(copied, name, None) for name in self.names) != tuple(range(len(self.names))):
-            raise AssertionError(f"{copy.__name__} does not copy every field of {cls.__name__}")
-
-
-_set = object.__setattr__
-_new = object.__new__
-
-# One statement per field, as the ``__init__`` :mod:`dataclasses` writes: a loop over the fields costs
-# about half as much again, and a saga step copies a few records. _Fields checks at import that each
-# copies every field, so a field added to a record and not here fails loudly.
-
-
-def _copy_saga(r: SagaRecord) -> SagaRecord:
-    new: SagaRecord = _new(SagaRecord)
-    _set(new, "saga_id", r.saga_id)
-    _set(new, "name", r.name)
-    _set(new, "version", r.version)
-    _set(new, "fingerprint", r.fingerprint)
-    _set(new, "input", r.input)
-    _set(new, "state", r.state)
-    _set(new, "token", r.token)
-    _set(new, "lease_until", r.lease_until)
-    _set(new, "created_at", r.created_at)
-    _set(new, "updated_at", r.updated_at)
-    _set(new, "error", r.error)
-    _set(new, "deadline", r.deadline)
-    _set(new, "recoveries", r.recoveries)
-    _set(new, "waiting_for", r.waiting_for)
-    _set(new, "wait_until", r.wait_until)
-    _set(new, "cancel_requested", r.cancel_requested)
-    return new
-
-
-def _copy_step(r: StepRecord) -> StepRecord:
-    new: StepRecord = _new(StepRecord)
-    _set(new, "index", r.index)
-    _set(new, "name", r.name)
-    _set(new, "kind", r.kind)
-    _set(new, "state", r.state)
-    _set(new, "compensation", r.compensation)
-    _set(new, "result", r.result)
-    _set(new, "error", r.error)
-    _set(new, "not_applied", r.not_applied)
-    _set(new, "compensation_error", r.compensation_error)
-    _set(new, "attempts", r.attempts)
-    _set(new, "compensation_attempts", r.compensation_attempts)
-    _set(new, "started_at", r.started_at)
-    _set(new, "updated_at", r.updated_at)
-    _set(new, "trace", r.trace)
-    _set(new, "resolution", r.resolution)
-    return new
-
-
-_SAGA_FIELDS = _Fields(SagaRecord, _copy_saga)
-_STEP_FIELDS = _Fields(StepRecord, _copy_step)
-
-
-def _copy_with(record: Rec, known: _Fields, changes: dict[str, object]) -> Rec:
-    """``dataclasses.replace`` for the frozen records, at a third of its cost: a saga step evolves a
-    few of them, and ``replace`` (field introspection, ``__init__`` by keywords) shows in its
-    overhead. The records have no ``__post_init__``, so setting each slot is what ``__init__`` would
-    do."""
-    if not changes.keys() <= known.known:
-        raise TypeError(f"{type(record).__name__} has no field {sorted(changes.keys() - known.known)}")
-    new: Rec = known.copy(record)
-    for name, value in changes.items():
-        _set(new, name, value)
-    return new
+        return replace(self, **changes)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

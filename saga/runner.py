@@ -241,55 +241,33 @@ class SagaRunner:
 
     def _drive(self, flow: SagaFlow, gen: Generator[Op, Any, SagaOutcome]) -> SagaOutcome:
         run = RunTrace(flow)
-        if run.quiet:
-            return self._loop(flow, gen, run)  # running() would do nothing
         with run.running():
-            return self._loop(flow, gen, run)
-
-    def _loop(self, flow: SagaFlow, gen: Generator[Op, Any, SagaOutcome], run: RunTrace) -> SagaOutcome:
-        # The per-step path (an Act, then a Write) is tested first and written out with try/finally
-        # rather than context managers: this loop's own cost is part of every step's.
-        journal, renewer, saga_id, quiet = self.journal, self.renewer, flow.saga_id, run.quiet
-        send, throw = gen.send, gen.throw
-        answer: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                op: Op = send(answer) if error is None else throw(error)
-            except StopIteration as stop:
-                run.finished(stop.value)
-                return stop.value  # type: ignore[no-any-return]
-            answer, error = None, None
-            try:
-                if isinstance(op, Write):
-                    answer = journal.commit(saga_id, op.token, op.phase)
-                    if not quiet:  # else no step has a span to end
-                        run.written(op.phase.steps)
-                elif isinstance(op, Act):
-                    holder = renewer if op.token > 0 else None  # as _hold()
-                    handle = 0
-                    if holder is not None:
-                        handle = holder.enter(saga_id, op.token, until=op.context.deadline)
-                    try:
-                        if quiet:
+            answer: Any = None
+            error: BaseException | None = None
+            while True:
+                try:
+                    op: Op = gen.send(answer) if error is None else gen.throw(error)
+                except StopIteration as stop:
+                    run.finished(stop.value)
+                    return stop.value  # type: ignore[no-any-return]
+                answer, error = None, None
+                try:
+                    if isinstance(op, Act):
+                        with self._hold(flow, op), run.step(op):
                             answer = self._act(flow, op)
-                        else:
-                            with run.step(op):
-                                answer = self._act(flow, op)
-                    finally:
-                        if holder is not None:
-                            holder.leave(handle)
-                elif isinstance(op, Undo):
-                    with self._hold(flow, op), run.compensation(op) as span:
-                        answer = self._undo(flow, op)
-                        run.compensated(span, answer.error)
-                elif isinstance(op, Sleep):
-                    with self._hold(flow, op):
-                        self._sleep(op.seconds)
-                else:
-                    answer = self._journal_op(flow, op)
-            except BaseException as exc:
-                error = exc
+                    elif isinstance(op, Undo):
+                        with self._hold(flow, op), run.compensation(op) as span:
+                            answer = self._undo(flow, op)
+                            run.compensated(span, answer.error)
+                    elif isinstance(op, Sleep):
+                        with self._hold(flow, op):
+                            self._sleep(op.seconds)
+                    else:
+                        answer = self._journal_op(flow, op)
+                        if isinstance(op, Write):
+                            run.written(op.phase.steps)
+                except BaseException as exc:
+                    error = exc
 
     def _act(self, flow: SagaFlow, op: Act) -> Ran:
         ctx = op.context
@@ -299,8 +277,6 @@ class SagaRunner:
                 ran = Ran(action(ctx, flow.input))
             except BaseException as exc:
                 ran = Ran(error=exc)
-        if ctx.deadline is None and ran.error is None:
-            return ran  # what _finished() returns for it, without the call
         return self._finished(ctx, ran)
 
     def _finished(self, ctx: StepContext, ran: Ran) -> Ran:
@@ -380,7 +356,7 @@ class SagaRunner:
         with scope(step_scope(ctx.saga_id, ctx.step)):
             ran = await _call_async(step.action, ctx, flow.input)
         if ctx.deadline is None and not isinstance(ran.error, SagaSuspended):
-            return ran
+            return ran  # nothing to stamp: no need for a thread
         return await in_thread(self._finished, ctx, ran)
 
     async def _undo_async(self, flow: SagaFlow, op: Undo) -> Ran:

@@ -1,29 +1,25 @@
 """The guard's fast paths say and do exactly what the general paths do.
 
 Each shortcut taken on every call (the key deriver fixed per effect, the codec writing plain
-results directly, the Redis store reading its replies off the socket, the
-operation built once for :meth:`Guard.run`, skipping no-op spans) is checked here against the path
-it short-cuts, or against the behaviour it must keep.
+results directly, the operation built once for :meth:`Guard.run`, skipping no-op spans) is checked
+here against the path it short-cuts, or against the behaviour it must keep; and the Redis store's
+claim and complete against what it stores.
 """
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
 from idempotency import CodecError, ConfigurationError, Guard, LostOwnership, MemoryStore, scope
 from idempotency.codec import Codec
 from idempotency.keys import derive_key, fingerprint, key_deriver
-from idempotency.stores.redis import _reply
 
 # ------------------------------------------------------------------------------ fingerprints
 
@@ -88,60 +84,6 @@ def test_plain_results_that_cannot_be_stored_are_still_refused() -> None:
         Codec(str).encode("\ud800")
     with pytest.raises(CodecError):
         Codec(int).encode("5")
-
-
-# ------------------------------------------------------------------------- redis: raw replies
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    ours, theirs = socket.socketpair()
-    ours.settimeout(5)
-    yield ours, theirs
-    ours.close()
-    theirs.close()
-
-
-def _feed(sock: socket.socket, *chunks: bytes) -> threading.Thread:
-    def send() -> None:
-        for chunk in chunks:
-            sock.sendall(chunk)
-
-    thread = threading.Thread(target=send)
-    thread.start()
-    return thread
-
-
-def test_reply_reads_a_bulk_string_split_across_reads(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, theirs = pair
-    body = b'["existing",' + b"x" * 100_000 + b"]"
-    raw = b"$%d\r\n%b\r\n" % (len(body), body)
-    thread = _feed(theirs, raw[:2], raw[2:9], raw[9:70_000], raw[70_000:])
-    assert _reply(ours) == body
-    thread.join()
-
-
-def test_reply_raises_an_error_reply_as_redis_py_does(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, theirs = pair
-    theirs.sendall(b"-NOSCRIPT No matching script. Please use EVAL.\r\n")
-    with pytest.raises(redis.exceptions.NoScriptError):
-        _reply(ours)
-    theirs.sendall(b"-ERR something else\r\n")
-    with pytest.raises(redis.ResponseError):
-        _reply(ours)
-
-
-def test_reply_of_a_closed_or_confused_connection_is_a_connection_error(
-    pair: tuple[socket.socket, socket.socket],
-) -> None:
-    ours, theirs = pair
-    theirs.sendall(b":1\r\n")  # an integer: not what a script of ours answers
-    with pytest.raises(redis.ConnectionError):
-        _reply(ours)
-    theirs.sendall(b"$10\r\nabc")
-    theirs.close()
-    with pytest.raises(redis.ConnectionError):
-        _reply(ours)
 
 
 # ---------------------------------------------------------------------------- the explicit API
@@ -353,45 +295,18 @@ class _Unusual(str):
         ("ns", "s", "n", _Unusual("f1_x")),
     ],
 )
-def test_claim_packs_what_the_general_packing_packs(
-    redis_store: Any, monkeypatch: pytest.MonkeyPatch, parts: tuple[str, str, str, str]
-) -> None:
-    import idempotency.stores.redis as redis_module
-    from idempotency import holder
+def test_claim_stores_each_argument_as_its_text(redis_store: Any, parts: tuple[str, str, str, str]) -> None:
     from idempotency.keys import EffectIdentity
 
     store, (namespace, unit, name, fp) = redis_store, parts
-    sent: list[bytes] = []
-    run = store._run
-
-    def capture(script: Any, packed: bytes) -> list[Any]:
-        sent.append(packed)
-        return run(script, packed)  # type: ignore[no-any-return]
-
-    monkeypatch.setattr(store, "_run", capture)
-    monkeypatch.setattr(redis_module, "first_token", lambda: 123456789012345)
     identity = EffectIdentity(namespace, unit, name, 7, derive_key("ns", "s", "n", 7))
-    for lease in (30.0, 30, 30.0):  # the second and third hit the packed lease kept for the first
-        store._spare.clear()
+    for lease in (30.0, 30, 30.0):
         claimed = store.claim(identity, fp, lease)
-        now = repr(float(store._clock()))
-        args = (now, float(lease), namespace, name, fp, unit, "7", "123456789012345", holder.current())
-        assert sent[-1] == store._pack(store._claim, identity.key, *args)
         assert claimed.record == store.get(identity.key)
-    assert claimed.outcome is redis_module.ClaimOutcome.EXISTING
+    assert claimed.outcome.value == "existing"
     stored = store.get(identity.key)
-    assert (stored.scope, stored.fingerprint) == (str.__str__(unit), str.__str__(fp))
-
-
-def test_pack_writes_each_argument_as_a_bulk_string_of_its_utf8(redis_store: Any) -> None:
-    store = redis_store
-    head = store._heads[store._complete_held.sha]
-    for args in [("", "12", '{"a":1}', 3600.0, 3660000), ("1.5", "7", '"é\u2028😀"', 0.1, "")]:
-        raws = [f"{store._kp}k}}", *[a if type(a) is str else repr(a) for a in args]]
-        expected = head + b"".join(b"$%d\r\n%b\r\n" % (len(r.encode()), r.encode()) for r in raws)
-        assert store._pack(store._complete_held, "k", *args) == expected
-    with pytest.raises(CodecError):
-        store._pack(store._complete_held, "k", "", "1", '"\ud800"', 1.0, "")
+    assert (stored.namespace, stored.scope, stored.name) == (namespace, str.__str__(unit), name)
+    assert stored.fingerprint == str.__str__(fp)
 
 
 def test_claim_of_text_with_no_utf8_form_is_a_codec_error(redis_store: Any) -> None:
@@ -401,27 +316,10 @@ def test_claim_of_text_with_no_utf8_form_is_a_codec_error(redis_store: Any) -> N
         redis_store.claim(EffectIdentity("ns", "\ud800", "n", 0, "sg1_x"), "f1_x", 30.0)
 
 
-def test_claim_keeps_an_unused_first_token_for_the_next_fresh_record(
-    redis_store: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import itertools
-
-    import idempotency.stores.redis as redis_module
-    from idempotency.keys import EffectIdentity
-
-    store, draws = redis_store, itertools.count(1000)
-    monkeypatch.setattr(redis_module, "first_token", lambda: next(draws))
-    first, second = EffectIdentity.of("ns", "s", "n", 0), EffectIdentity.of("ns", "s", "n", 1)
-    assert store.claim(first, "f1_x", 30.0).record.token == 1000  # fresh: a draw, used
-    assert store.claim(first, "f1_x", 30.0).record.token == 1000  # a replay draws 1001, unused...
-    assert store.claim(first, "f1_x", 30.0).record.token == 1000  # ...and reuses it: no draw
-    assert store.claim(second, "f1_x", 30.0).record.token == 1001  # the unused one starts a record
-    assert store.claim(second, "f1_x", 30.0).record.token == 1001
-    assert next(draws) == 1003  # two draws in five claims (1002 went unused by the last one)
-
-
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
-def test_a_forked_child_drops_the_stores_sockets_and_spare_token(redis_store: Any) -> None:
+def test_a_forked_child_gets_its_own_connections(redis_store: Any) -> None:
+    """redis-py's pool notices the fork (another pid) and connects afresh in the child; the
+    parent's connections, in use or idle, are never shared."""
     import os
 
     from idempotency.keys import EffectIdentity
@@ -429,21 +327,17 @@ def test_a_forked_child_drops_the_stores_sockets_and_spare_token(redis_store: An
     store = redis_store
     identity = EffectIdentity.of("ns", "s", "fork", 0)
     store.claim(identity, "f1_x", 30.0)
-    store.claim(identity, "f1_x", 30.0)  # leaves a spare token
-    assert store._idle and store._spare
     pid = os.fork()
-    if pid == 0:  # the child: nothing inherited is used, and the store still works
+    if pid == 0:  # the child: the store still works
         code = 1
         try:
-            if not store._idle and not store._spare:
-                child = EffectIdentity.of("ns", "s", "fork", 1)
-                code = 0 if store.claim(child, "f1_x", 30.0).outcome.value == "claimed" else 2
+            child = EffectIdentity.of("ns", "s", "fork", 1)
+            code = 0 if store.claim(child, "f1_x", 30.0).outcome.value == "claimed" else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert store._spare  # the parent keeps its own
-    assert store.claim(identity, "f1_x", 30.0).outcome.value == "existing"  # and its sockets work
+    assert store.claim(identity, "f1_x", 30.0).outcome.value == "existing"  # and the parent's works
 
 
 def test_key_deriver_agrees_around_the_kept_ordinals() -> None:
