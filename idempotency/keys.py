@@ -245,11 +245,6 @@ class EffectIdentity:
         """See :func:`provider_key`."""
         return provider_key(self.key)
 
-    @staticmethod
-    def from_fields(namespace: str, scope: str, name: str, ordinal: int, key: str) -> EffectIdentity:
-        """``EffectIdentity(...)`` with the same arguments (no check: the key is already derived)."""
-        return EffectIdentity(namespace, scope, name, ordinal, key)
-
 
 @dataclass(slots=True)
 class Scope:

@@ -70,31 +70,6 @@ class Record:
         """A copy with ``changes`` applied."""
         return replace(self, **changes)  # type: ignore[arg-type]
 
-    @staticmethod
-    def from_fields(  # noqa: PLR0917 - the constructor's signature, positional as the stores call it
-        key: str,
-        namespace: str,
-        scope: str,
-        name: str,
-        ordinal: int,
-        fingerprint: str,
-        state: State,
-        token: int,
-        lease_until: float,
-        attempts: int,
-        created_at: float,
-        updated_at: float,
-        expires_at: float | None = None,
-        result: str | None = None,
-        error: str | None = None,
-        holder: str | None = None,
-    ) -> Record:
-        """Exactly ``Record(...)`` with the same arguments, positional as the stores pass them."""
-        return Record(
-            key, namespace, scope, name, ordinal, fingerprint, state, token, lease_until, attempts,
-            created_at, updated_at, expires_at, result, error, holder,
-        )  # fmt: skip
-
 
 class ClaimOutcome(enum.StrEnum):
     """What a claim did."""
@@ -115,8 +90,3 @@ class ClaimResult:
 
     outcome: ClaimOutcome
     record: Record
-
-    @staticmethod
-    def from_fields(outcome: ClaimOutcome, record: Record) -> ClaimResult:
-        """Exactly ``ClaimResult(outcome, record)``, as :meth:`Record.from_fields`."""
-        return ClaimResult(outcome, record)

@@ -14,15 +14,14 @@ exception is chained as ``__cause__``.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import Collection
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimResult, Disposition, Record, State
 
-__all__ = ["FIRST_TOKEN_BITS", "IdempotencyStore", "WriteCancelled", "first_token"]
+__all__ = ["FIRST_TOKEN_BITS", "IdempotencyStore", "first_token"]
 
 FIRST_TOKEN_BITS: Final = 48
 """Random bits in the first token of a key's record: ``1 <= token <= 2**48``, far below ``2**53``, so
@@ -149,14 +148,3 @@ class IdempotencyStore(Protocol):
     def close(self) -> None:
         """Release connections. The store is unusable afterwards."""
         ...
-
-
-class WriteCancelled(asyncio.CancelledError):
-    """A cancellation that arrived after a write was sent: the write's reply was read all the same,
-    and ``outcome`` is what it returned (or the exception it raised), for the caller to act on
-    before the cancellation goes on. Raised by the SQL store's own awaitable writes; the guard
-    calls none of them (its async calls run the store's blocking calls in a worker thread)."""
-
-    def __init__(self, outcome: Any) -> None:
-        super().__init__()
-        self.outcome = outcome

@@ -231,33 +231,6 @@ def test_redis_complete_of_a_held_claim_returns_the_record_as_stored() -> None:
 # ------------------------------------------------------------------ records built without __init__
 
 
-def test_from_fields_builds_exactly_what_the_constructors_build() -> None:
-    import copy
-    import dataclasses
-
-    from idempotency.keys import EffectIdentity
-    from idempotency.records import ClaimOutcome, ClaimResult, Record, State
-
-    fields = ("k", "ns", "s", "n", 3, "f1_x", State.SUCCEEDED, 2**47, 1.5, 2, 1.25, 1.5, 9.0, '"r"', None)
-    record = Record(*fields)
-    built: list[tuple[Any, Any]] = [
-        (Record.from_fields(*fields), record),
-        (Record.from_fields(*fields[:12]), Record(*fields[:12])),  # the defaults of the last three
-        (EffectIdentity.from_fields("ns", "s", "n", 3, "k"), EffectIdentity("ns", "s", "n", 3, "k")),
-        (ClaimResult.from_fields(ClaimOutcome.EXISTING, record), ClaimResult(ClaimOutcome.EXISTING, record)),
-    ]
-    for fast, slow in built:
-        assert type(fast) is type(slow)
-        assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
-        assert dataclasses.astuple(fast) == dataclasses.astuple(slow)
-        assert copy.copy(fast) == slow and dataclasses.replace(fast) == slow
-        name = dataclasses.fields(fast)[0].name
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            setattr(fast, name, 1)
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            delattr(fast, name)
-    assert built[0][0].evolve(token=1) == built[0][1].evolve(token=1)
-
 
 # ------------------------------------------------------------------ redis: the claim's fast packing
 

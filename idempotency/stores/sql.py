@@ -66,7 +66,7 @@ _FINISHED: Final = ("succeeded", "failed")
 
 def _record(row: Sequence[Any]) -> Record:
     """A row in ``COLUMNS`` order (the order of Record's fields) as a Record."""
-    return Record.from_fields(
+    return Record(
         row[0], row[1], row[2], row[3], int(row[4]), row[5], _STATES[row[6]], int(row[7]),
         float(row[8]), int(row[9]), float(row[10]), float(row[11]),
         None if row[12] is None else float(row[12]), row[13], row[14], row[15],
@@ -269,11 +269,11 @@ class SqlStore:
         won, *columns = rows[0]
         rec = _record(columns)
         if not won:
-            return ClaimResult.from_fields(ClaimOutcome.EXISTING, rec)
+            return ClaimResult(ClaimOutcome.EXISTING, rec)
         self._hold(rec)
         if rec.state is State.IN_PROGRESS:
-            return ClaimResult.from_fields(ClaimOutcome.CLAIMED, rec)
-        return ClaimResult.from_fields(ClaimOutcome.TOOK_OVER, rec)
+            return ClaimResult(ClaimOutcome.CLAIMED, rec)
+        return ClaimResult(ClaimOutcome.TOOK_OVER, rec)
 
     def _hold(self, rec: Record) -> None:
         held = self._held  # ours now, until complete() or fail()
@@ -298,7 +298,7 @@ class SqlStore:
             return _record(self._fenced("complete", key, token, **values))
         row = self._fenced("complete_held", key, token, **values)
         lease_until, updated_at, expires_at = (float(v) for v in row)
-        return Record.from_fields(
+        return Record(
             key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
             State.SUCCEEDED, token, lease_until, held.attempts, held.created_at,
             updated_at, expires_at, result, None, held.holder,
