@@ -522,9 +522,7 @@ def test_a_live_holder_on_this_host_or_any_holder_elsewhere_keeps_its_lease(
     assert journal.due() == []
 
 
-def test_sixteen_racers_for_a_dead_holders_saga_one_wins(
-    journal_factory: JournalFactory, dead: str
-) -> None:
+def test_sixteen_racers_for_a_dead_holders_saga_one_wins(journal_factory: JournalFactory, dead: str) -> None:
     journals = [journal_factory.open() for _ in range(16)]
     token = _start(journals[0], holder=dead)
     journals[0].commit("s-1", token, Phase(steps=(_row(0),), state=SagaState.COMPENSATING, lease=30))

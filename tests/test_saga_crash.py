@@ -101,9 +101,11 @@ class Case:
 
     @property
     def id(self) -> str:
-        extra = [*self.then, self.recovery, self.driver, self.backend] + (
-            [] if self.guarded else ["unguarded"]
-        ) + ([] if self.lease else ["default-lease"])
+        extra = (
+            [*self.then, self.recovery, self.driver, self.backend]
+            + ([] if self.guarded else ["unguarded"])
+            + ([] if self.lease else ["default-lease"])
+        )
         return "-".join([self.run, self.spec, *(e for e in extra if e not in ("rerun", "sync", "sqlite"))])
 
 

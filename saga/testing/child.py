@@ -91,7 +91,10 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--namespace", default="default", help="the guard's namespace")
     parser.add_argument("--kill", default=None, help="a kill point, e.g. journal.commit#3:before")
     parser.add_argument(
-        "--lease", type=float, default=0.5, help="runner and guard lease, seconds; 0: the defaults (and waits)"
+        "--lease",
+        type=float,
+        default=0.5,
+        help="runner and guard lease, seconds; 0: their defaults and waits",
     )
     parser.add_argument("--param", action="append", default=[], help="k=v handed to the factory")
     parser.add_argument("--recovery", choices=("rerun", "sweep"), default="rerun")
