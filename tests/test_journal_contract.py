@@ -7,14 +7,13 @@ of several racers through. Time is the injected ``clock``; nothing sleeps.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _holders import dead_holder, live_holder
 from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
 
@@ -419,38 +418,17 @@ def test_redis_due_index_repairs_itself(
 # -- lease holders and the take-over of a dead holder's live saga ----------------------------------
 
 
-def _identity_of(pid: int) -> str:
-    """The holder identity of the process ``pid`` on this host, read from ``/proc``."""
-    me = holder.parse(holder.current())
-    assert me is not None
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return str(holder.Holder(me.host, pid, text[text.rfind(")") + 2 :].split()[19]))
-
-
 @pytest.fixture(scope="module")
 def dead() -> str:
     """The holder identity of a real process that ran on this host: SIGKILLed and reaped."""
-    if not Path("/proc/self/stat").exists():
-        pytest.skip("needs Linux /proc")
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    who = _identity_of(proc.pid)
-    proc.kill()
-    proc.wait()
-    assert holder.is_dead_on_this_host(who)
-    return who
+    return dead_holder()
 
 
 @pytest.fixture(scope="module")
 def alive() -> Iterator[str]:
     """The holder identity of another live process on this host."""
-    if not Path("/proc/self/stat").exists():
-        pytest.skip("needs Linux /proc")
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
-        yield _identity_of(proc.pid)
-    finally:
-        proc.kill()
-        proc.wait()
+    with live_holder() as who:
+        yield who
 
 
 def _elsewhere(who: str) -> str:
