@@ -105,12 +105,19 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     tripwire = Tripwire(KillPoint.parse(args.kill) if args.kill else None)
     journal = CrashingJournal(storage.journal(), tripwire)
     # 0: what a user gets (the guard's and the runner's default leases and waits).
-    leases: dict[str, float] = {} if args.lease == 0 else {"lease": args.lease, "wait": 60.0}
-    guard = Guard(CrashingSagaStore(storage.store(), tripwire), namespace=args.namespace, **leases)
+    store = CrashingSagaStore(storage.store(), tripwire)
+    if args.lease == 0:
+        guard = Guard(store, namespace=args.namespace)
+    else:
+        guard = Guard(store, namespace=args.namespace, lease=args.lease, wait=60.0)
     params = dict(item.split("=", 1) for item in args.param)
     params["saga_id"] = args.saga_id
     scenario = load_factory(args.scenario)(guard, params)
-    runner = SagaRunner(journal, guard, **leases)
+    runner = (
+        SagaRunner(journal, guard)
+        if args.lease == 0
+        else SagaRunner(journal, guard, lease=args.lease, wait=60.0)
+    )
     if args.gate:
         print("ready", flush=True)
         sys.stdin.readline()
