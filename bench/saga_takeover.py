@@ -103,10 +103,11 @@ def declared(code: Path, service: str, lease: float) -> dict[str, object]:
         argv += ["--param", "guarded=yes"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), str(ROOT)])}
         kill = [*argv, "--kill", "store.complete#6:before"]
-        killed = subprocess.run(kill, env=env, capture_output=True, text=True, check=False)
+        # cwd: ``python -m`` puts the working directory first on sys.path, before PYTHONPATH.
+        killed = subprocess.run(kill, env=env, capture_output=True, text=True, check=False, cwd=tmp)
         assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
         start = time.monotonic()
-        again = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        again = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, cwd=tmp)
         seconds = time.monotonic() - start
         assert again.returncode == 0, again.stdout + again.stderr
         return {"seconds": round(seconds, 2), "by": "rerun", "outcome": json.loads(again.stdout)["state"]}
