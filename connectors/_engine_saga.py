@@ -95,11 +95,12 @@ class EngineSaga:
 
     Args:
         runner: opens the runs (its journal and guard are the worker's too; its ``lease`` is how
-            long a dead holder blocks the next step: a few seconds suit engines).
+            long a holder that died on another host blocks the next step: a few seconds suit
+            engines; one provably dead on this host is taken over at once).
         agent: the runs' saga type (register it with the worker as well).
         hold_wait: seconds a step waits for the run held elsewhere before it raises
             :class:`~saga.errors.SagaInProgress` for the engine to retry it (default: three leases,
-            time for a dead holder's lease to run out).
+            time for the lease of a holder dead on another host to run out).
         sleep: the sleep between those tries (inject one in tests).
 
     Raises:
@@ -200,7 +201,8 @@ class EngineSaga:
         - COMPLETE: the saga is COMPLETED. FAIL: it compensates now, in this process (or parks
           NEEDS_ATTENTION with ``on_failure="leave"``). CANCEL: it is cancelled, then compensates.
         - A run that is already compensating (a killed process left it, or the worker took it) is
-          finished here once its holder's lease ran out; a run that ended reports where it ended.
+          finished here at once when its holder is provably dead on this host, else once its
+          holder's lease ran out; a run that ended reports where it ended.
 
         Args:
             run_id: the run.

@@ -55,6 +55,7 @@ class SagaJournal(Protocol):
         lease: float,
         timeout: float = 0.0,
         first: StepRecord | None = None,
+        holder: str | None = None,
     ) -> StartResult:
         """Atomically create or take over the saga ``saga_id``; one transaction.
 
@@ -65,23 +66,29 @@ class SagaJournal(Protocol):
           the saga's first atomic phase.
         - It is RUNNING, COMPENSATING or WAITING, its ``lease_until`` has passed, and ``name``,
           ``version`` and ``fingerprint`` match: taken over as by :meth:`claim` -> TOOK_OVER.
+        - It is RUNNING or COMPENSATING under a live lease whose holder is provably dead on this
+          host, and the three match: taken over with :meth:`take_over` (a second, fenced
+          transaction) -> TOOK_OVER; of racing starts exactly one takes it (see :mod:`saga.lease`).
         - Anything else -> EXISTING, unchanged (the caller replays, attaches or reports a conflict).
 
         ``first`` is written only when the saga is created; a take-over or an existing saga keeps
-        its own rows.
+        its own rows. Creating or taking over records ``holder`` (None: this process,
+        :func:`idempotency.holder.current`) as the saga's :attr:`~saga.records.SagaRecord.holder`.
 
         Never check-then-act: of two concurrent starts, exactly one creates or takes over.
         The result carries the saga with all its step rows and signals as they stand after the start.
         """
         ...
 
-    def claim(self, saga_id: str, *, lease: float) -> SagaSnapshot | None:
+    def claim(self, saga_id: str, *, lease: float, holder: str | None = None) -> SagaSnapshot | None:
         """Atomically take over the saga if it is due; one transaction.
 
         Due means RUNNING, COMPENSATING or WAITING with ``lease_until <= now``. Taking over sets
-        token + 1 and lease ``now + lease``; a WAITING saga becomes RUNNING, any other adds one to
-        ``recoveries``. Of two concurrent claims exactly one succeeds: that is the fence that lets
-        any number of recovery workers race for the same sagas.
+        token + 1, lease ``now + lease`` and the holder ``holder`` (None: this process); a WAITING
+        saga becomes RUNNING, any other adds one to ``recoveries``. Of two concurrent claims
+        exactly one succeeds: that is the fence that lets any number of recovery workers race for
+        the same sagas. A RUNNING or COMPENSATING saga under a live lease whose holder is provably
+        dead on this host is taken over with :meth:`take_over` (a second, fenced transaction).
 
         Returns:
             The saga with its steps and signals after the take-over, or None when it is not due
@@ -89,8 +96,26 @@ class SagaJournal(Protocol):
         """
         ...
 
+    def take_over(
+        self, saga_id: str, token: int, *, lease: float, holder: str | None = None
+    ) -> SagaSnapshot | None:
+        """Take over the saga held under ``token`` whatever its lease; one transaction.
+
+        For a caller that proved the holder dead (:mod:`saga.lease`). Only when the saga is
+        RUNNING or COMPENSATING and its token equals ``token``: token + 1, lease ``now + lease``,
+        holder ``holder`` (None: this process), ``recoveries`` + 1. The bumped token refuses the
+        dead holder's late commits (:class:`~saga.errors.LostSagaLease`); of racing take-overs with
+        the same ``token`` exactly one succeeds.
+
+        Returns:
+            The saga with its steps and signals after the take-over, or None (the token moved on,
+            the saga ended, waits, or is unknown).
+        """
+        ...
+
     def due(self, *, limit: int = 100) -> list[SagaRecord]:
-        """Up to ``limit`` sagas that :meth:`claim` would take now, longest overdue first.
+        """Up to ``limit`` sagas that :meth:`claim` would take now, longest overdue first; then
+        the live sagas whose holder is provably dead on this host (:meth:`claim` takes them too).
 
         A hint, not a promise: each must still be claimed (another worker may be faster).
         """

@@ -162,6 +162,11 @@ class SagaRecord:
     """That wait's deadline (journal time); 0 when it has none."""
     cancel_requested: bool = False
     """:func:`saga.cancel` asked for the saga to be undone; honoured before the pivot starts."""
+    holder: str | None = None
+    """Who took the lease last (a start, claim or take-over): the process's identity
+    ``<host>|<pid>|<start time>`` (:func:`idempotency.holder.current`); None when unknown (a row
+    written before holders were recorded). A live lease whose holder is provably dead on this host
+    is taken over at once (:mod:`saga.lease`)."""
 
     def evolve(self, **changes: object) -> SagaRecord:
         """A copy with ``changes`` applied.

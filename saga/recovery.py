@@ -1,7 +1,8 @@
 """The recovery sweeper: continue sagas whose runner is gone, or whose wait is over.
 
-:func:`recover` asks the journal for *due* sagas (running or compensating with an expired lease;
-waiting with their signal delivered, their deadline passed or a cancellation pending), claims each
+:func:`recover` asks the journal for *due* sagas (running or compensating with an expired lease,
+or with a live one whose holder is provably dead on this host, see :mod:`saga.lease`; waiting
+with their signal delivered, their deadline passed or a cancellation pending), claims each
 (one conditional write: of any number of workers racing for a saga exactly one gets it), looks up
 its definition by the name and version its journal records, and drives it on: forward from the
 first unfinished step (the guard resolves that step's in-doubt effects), or on with compensation.

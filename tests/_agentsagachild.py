@@ -7,8 +7,11 @@ by ``$AGENT_KILL``: ``after_charge`` (the agent process SIGKILLs itself once the
 refund, once: a marker file in ``$AGENT_MARKS`` says it happened). The undos are idempotent the
 way a real one is: each request carries an ``Idempotency-Key`` derived from what it undoes.
 
-``python tests/_agentsagachild.py`` runs the agent (``thread-1``) and prints the outcome as JSON;
-``sagaguard sagas worker --app _agentsagachild:registry`` finishes what the agent left.
+``python tests/_agentsagachild.py`` runs the agent (``thread-1``) and prints the outcome as JSON
+(run again after a kill, it finishes a compensation the killed process left, or resumes the run);
+``sagaguard sagas worker --app _agentsagachild:registry`` finishes what the agent left. The guard
+and the runner have the defaults a user gets (5 s effect lease, 30 s run lease): a restart on the
+same host takes a dead process's claims and run over at once.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import httpx
 
 from idempotency import Guard, open_store
 from saga import SagaRegistry
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry, current_run
+from saga.agent import AgentRunEnded, AgentRunner, AgentSaga, UndoRegistry, current_run
 from saga.journals import open_journal
 
 API = os.environ.get("AGENT_API", "http://127.0.0.1:9")
@@ -63,11 +66,11 @@ def refund(arguments: dict[str, Any], result: Any | None) -> None:
 
 trip_agent = AgentSaga("trip_agent", undos)
 registry = SagaRegistry(trip_agent)
-guard = Guard(open_store(DB), lease=1.0)
+guard = Guard(open_store(DB))
 
 
 def main() -> int:
-    runner = AgentRunner(open_journal(DB), guard, lease=1.0, sleep=lambda _s: None)
+    runner = AgentRunner(open_journal(DB), guard, sleep=lambda _s: None)
     try:
         with runner.run(trip_agent, RUN_ID) as run:
             hotel, card = "ritz", "card-1"
@@ -83,6 +86,9 @@ def main() -> int:
             raise RuntimeError("the flight tool failed")
     except RuntimeError:
         pass
+    except AgentRunEnded as ended:  # re-opened mid-compensation: finished here, never run forward
+        print(json.dumps({"state": ended.state, "reopened": True}))
+        return 0
     finally:
         runner.close()
     assert run.outcome is not None

@@ -148,7 +148,7 @@ def main() -> int:
     conn = sqlite3.connect(FOLDER / "checkpoints.db", check_same_thread=False)
     graph = build(ScriptedModel(script=[BOOK_AND_PAY, FLY]), SqliteSaver(conn))
     config: Any = {"configurable": {"thread_id": THREAD}}
-    runner = AgentRunner(open_journal(DB), Guard(open_store(DB), lease=1.0), lease=1.0, sleep=lambda _s: None)
+    runner = AgentRunner(open_journal(DB), Guard(open_store(DB)), sleep=lambda _s: None)  # the defaults
     state = "completed"
     try:
         with runner.run(trip_agent, THREAD) as run:

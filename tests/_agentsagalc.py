@@ -111,8 +111,8 @@ def main() -> int:
 
     folder = Path(trip.CONFIG["dir"])
     url = os.environ["SAGAGUARD_STORE"]
-    guard = Guard(open_store(url), lease=1.0)
-    runner = AgentRunner(open_journal(url), guard, lease=1.0, sleep=lambda _s: None)
+    guard = Guard(open_store(url))  # the defaults: a dead holder is taken over at once
+    runner = AgentRunner(open_journal(url), guard, sleep=lambda _s: None)
     conn = sqlite3.connect(folder / "checkpoints.db", check_same_thread=False)
     agent = build(guard, SqliteSaver(conn))
     report: dict[str, Any] = {}

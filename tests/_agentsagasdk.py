@@ -134,8 +134,8 @@ def turn(runner: AgentRunner, n: int = 1) -> SagaTurn:
 async def main(mode: str) -> dict[str, Any]:
     folder = Path(os.environ.get("AGENT_DIR", "."))
     url = os.environ["SAGAGUARD_STORE"]
-    guard = Guard(open_store(url), lease=1.0)
-    runner = AgentRunner(open_journal(url), guard, lease=1.0, sleep=lambda _s: None)
+    guard = Guard(open_store(url))  # the defaults: a dead holder is taken over at once
+    runner = AgentRunner(open_journal(url), guard, sleep=lambda _s: None)
     agent = build(TripModel())
     saved = folder / "state.json"
     report: dict[str, Any] = {}

@@ -193,8 +193,8 @@ async def agents(guarded: GuardedSession, guard: Guard) -> None:
 
 
 async def main(framework: str) -> str:
-    guard = Guard(open_store(DB), lease=1.0)
-    runner = AgentRunner(open_journal(DB), guard, lease=1.0, sleep=lambda _s: None)
+    guard = Guard(open_store(DB))  # the defaults: a dead holder is taken over at once
+    runner = AgentRunner(open_journal(DB), guard, sleep=lambda _s: None)
     run: Any = None
     try:
         async with payments() as session, runner.run(shop_agent, RUN) as run:

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 import tenacity
+from _holders import dead_holder
 from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
 
-from idempotency import Guard
+from idempotency import Guard, holder
 from idempotency.codec import decode_error
 from idempotency.effect import Retry
 from saga import SagaRegistry, SagaState, StepState, cancel, recover, retry
@@ -483,6 +484,7 @@ def test_an_undo_knows_the_call_it_undoes_even_with_no_result(
         undoing()
 
 
+@pytest.mark.parametrize("how", ["lease ran out", "holder died"])
 def test_an_agent_resumed_after_dying_mid_compensation_finishes_the_undo_and_never_runs_forward(
     *,
     journal: SagaJournal,
@@ -490,6 +492,8 @@ def test_an_agent_resumed_after_dying_mid_compensation_finishes_the_undo_and_nev
     agent: AgentSaga,
     world: World,
     clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
 ) -> None:
     from saga.agent import current_run
 
@@ -501,13 +505,21 @@ def test_an_agent_resumed_after_dying_mid_compensation_finishes_the_undo_and_nev
             raise Crash  # the process undoing the run dies here, after the refund
         world.log.append(("cancel_booking", (arguments["hotel"], result)))
 
-    with pytest.raises(Crash), runner.run(agent, "thread-1"):
-        current_run().call("book_hotel", lambda: world.book("ritz"), {"hotel": "ritz"}, undo="cancel_or_die")
-        charge(world)
-        raise ToolFailed("no flight")
+    with monkeypatch.context() as patched:
+        if how == "holder died":  # the run and its claims are written as a dead process's
+            gone = dead_holder()
+            patched.setattr(holder, "current", lambda: gone)
+        with pytest.raises(Crash), runner.run(agent, "thread-1"):
+            current_run().call(
+                "book_hotel", lambda: world.book("ritz"), {"hotel": "ritz"}, undo="cancel_or_die"
+            )
+            charge(world)
+            raise ToolFailed("no flight")
     assert load(journal, "thread-1").saga.state is SagaState.COMPENSATING
     dying[0] = False
-    clock.advance(LEASE + 1)  # the dead process's lease ran out; the agent is started again
+    if how == "lease ran out":
+        clock.advance(LEASE + 1)  # the dead process's lease ran out; the agent is started again
+    # else: started again at once, its lease live: taken over because its holder is dead
 
     ran_forward = []
     with pytest.raises(AgentRunEnded) as ended, runner.run(agent, "thread-1"):

@@ -9,6 +9,7 @@ compensation.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -63,13 +64,13 @@ def worker_until_done(
     kill_expected: bool,
     app: str = "_agentsagachild:registry",
     run_id: str = "thread-1",
-) -> None:
-    """Run ``sagaguard sagas worker --once`` in fresh processes until the run ``run_id`` has ended."""
-    argv = [*_cli("sagas", "worker", "--app", app, "--journal", db), "--once"]
-    argv += ["--lease", "1"]
+) -> int:
+    """Run ``sagaguard sagas worker --once`` in fresh processes until the run ``run_id`` has ended;
+    returns how many passes it took (a killed one included)."""
+    argv = [*_cli("sagas", "worker", "--app", app, "--journal", db), "--once"]  # the default lease
     journal = open_journal(db)
     try:
-        for _ in range(60):
+        for passes in range(1, 61):
             done = _run(argv, env)
             if kill_expected and done.returncode == -signal.SIGKILL:
                 kill_expected = False
@@ -79,9 +80,9 @@ def worker_until_done(
             assert found is not None
             if found.saga.state not in (SagaState.RUNNING, SagaState.COMPENSATING):
                 assert not kill_expected, "the worker was never killed in its compensation"
-                return
-            # Real processes, real leases: the dead process's saga lease and undo claim (1 s each)
-            # run out on the wall clock. Not a threshold: the loop polls until the run has ended.
+                return passes
+            # Not a threshold: the loop polls until the run has ended (a dead process's run and
+            # undo claim are taken over at once on this host, so one pass normally does).
             time.sleep(0.5)
         raise AssertionError("the run never ended")
     finally:
@@ -103,7 +104,10 @@ def test_agent_killed_then_cancelled_by_the_cli_is_undone_once_by_a_worker_kille
     assert _applied(api) == {"/bookings": 1, "/charges": 1}
     cancelled = _run(_cli("sagas", "cancel", "thread-1", "--journal", db), _env(api, db, tmp_path))
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    worker_until_done(_env(api, db, tmp_path, "in_refund"), db, kill_expected=True)
+    passes = worker_until_done(_env(api, db, tmp_path, "in_refund"), db, kill_expected=True)
+    # The default leases (30 s run, 60 s worker, 5 s effect): each pass takes the dead process's
+    # run over at once (the killed agent's, then the killed worker's), none waits for a lease.
+    assert passes == 2
     journal = open_journal(db)
     try:
         found = journal.load("thread-1")
@@ -121,7 +125,36 @@ def test_agent_killed_in_its_own_compensation_is_finished_by_a_worker(
     agent = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path, "in_refund"))
     assert agent.returncode == -signal.SIGKILL, agent.stderr
     assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1}
-    worker_until_done(_env(api, db, tmp_path), db, kill_expected=False)
+    assert worker_until_done(_env(api, db, tmp_path), db, kill_expected=False) == 1  # at once
+    assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
+
+
+def test_agent_killed_in_its_own_compensation_and_restarted_at_once_finishes_the_undo(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    """A supervisor restarting the agent at once, with the default 30 s run lease: the restarted
+    agent takes its dead predecessor's run over (same host, holder dead) and finishes the undo
+    itself, never running forward; each call undone once at the API."""
+    db = f"sqlite:///{tmp_path}/agent.db"
+    agent = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path, "in_refund"))
+    assert agent.returncode == -signal.SIGKILL, agent.stderr
+    again = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path, "in_refund"))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout) == {"state": "compensated", "reopened": True}
+    assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
+
+
+def test_agent_killed_mid_run_and_restarted_at_once_resumes_the_run(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    """Killed after the charge, restarted at once: the run resumes (its two calls replayed by the
+    guard), fails as before and undoes them; nothing reaches the API twice."""
+    db = f"sqlite:///{tmp_path}/agent.db"
+    agent = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path, "after_charge"))
+    assert agent.returncode == -signal.SIGKILL, agent.stderr
+    again = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path, "after_charge"))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout) == {"state": "compensated"}
     assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
 
 
@@ -133,3 +166,18 @@ def test_agent_that_fails_undoes_its_calls_once_in_its_own_process(
     assert agent.returncode == 0, agent.stderr
     assert '"state": "compensated"' in agent.stdout
     assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
+
+
+def test_agent_restarted_on_another_host_leaves_the_run_to_its_lease(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    """The same kill, the restart on "another host" (``$SAGAGUARD_HOST_ID``): a holder elsewhere
+    is never judged dead, so the run stays the dead process's until its lease runs out."""
+    db = f"sqlite:///{tmp_path}/agent.db"
+    agent = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path, "in_refund"))
+    assert agent.returncode == -signal.SIGKILL, agent.stderr
+    elsewhere = {**_env(api, db, tmp_path, "in_refund"), "SAGAGUARD_HOST_ID": "another-machine"}
+    again = _run([sys.executable, str(CHILD)], elsewhere)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout) == {"state": "compensating", "reopened": True}
+    assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1}

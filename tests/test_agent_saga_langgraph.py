@@ -194,7 +194,12 @@ def test_a_langgraph_agent_killed_mid_run_and_mid_compensation_undoes_each_call_
         after_kill = _applied(api)
         assert after_kill["/refunds"] == 1 and after_kill["/cancellations"] <= 1, after_kill
         db = f"sqlite:///{tmp_path / 'agent.db'}"
-        worker_until_done(_graph_env(api, tmp_path), db, kill_expected=False, app="_agentsagagraph:registry")
+        # The default leases (30 s run, 60 s worker): one worker pass takes the dead process's run
+        # over at once and finishes the compensation.
+        passes = worker_until_done(
+            _graph_env(api, tmp_path), db, kill_expected=False, app="_agentsagagraph:registry"
+        )
+        assert passes == 1
         assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
     journal = SqlJournal(db)
     try:

@@ -4,9 +4,10 @@ Tool calls hold the run only while they call (parked WAITING between them); the 
 workflow completes, undoes, parks for an operator or cancels the run, and is safe to run again; a
 call on a cancelled run is refused before its tool runs; a step that finds the run held waits on the
 journal's (injected) clock, then lets the engine retry; a compensation a dead process left is
-finished by the next end once the holder's lease ran out. Real engines and real SIGKILLs are in
-tests/test_dbos_saga.py and tests/test_temporal_saga.py; the adapters' edges are checked here too
-(a DBOS tool outside a step, a Temporal tool outside an activity, an async Temporal tool).
+finished by the next end once the holder's lease ran out, or at once when the holder is dead here.
+Real engines and real SIGKILLs are in tests/test_dbos_saga.py and tests/test_temporal_saga.py; the
+adapters' edges are checked here too (a DBOS tool outside a step, a Temporal tool outside an
+activity, an async Temporal tool).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import threading
 from typing import Any
 
 import pytest
+from _holders import dead_holder
 from conftest import FakeClock
 from temporalio import activity
 from temporalio.testing import ActivityEnvironment
 
 from connectors._engine_saga import AgentRunStopped, Ending, EngineSaga
 from connectors.declare import changes_world, read_only
-from idempotency import ConfigurationError, Guard, MemoryStore
+from idempotency import ConfigurationError, Guard, MemoryStore, holder
 from saga import MemoryJournal, SagaInProgress, SagaState, StepState, cancel
 from saga.agent import AgentRunner, AgentSaga, OnFailure, UndoRegistry
 
@@ -184,6 +186,39 @@ def test_a_compensation_left_by_a_dead_process_is_finished_by_the_next_end(world
     found = world.journal.load(RUN)
     assert found is not None
     assert {row.state for row in found.steps if row.name.startswith("tool.")} == {StepState.COMPENSATED}
+
+
+def no_sleep(seconds: float) -> None:
+    raise AssertionError(f"waited {seconds} s for a dead holder")
+
+
+def test_a_run_held_by_a_dead_process_is_taken_over_at_once(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on this host with the holder provably dead: neither a call nor the end waits."""
+    world.book()
+    gone = dead_holder()
+
+    def dies() -> None:
+        raise Crash  # the process dies in the middle of the call, holding the run
+
+    declared = changes_world(undo="refund")
+    with monkeypatch.context() as patched, pytest.raises(Crash):  # as the dead process wrote it
+        patched.setattr(holder, "current", lambda: gone)
+        contextvars.copy_context().run(
+            world.engine.call, RUN, "charge", dies, {"amount": 1}, call_id="0", declaration=declared
+        )
+    world.engine = EngineSaga(world.runner, world.agent, sleep=no_sleep)  # any wait fails the test
+    world.charge()  # at once: the dead holder's run is taken over
+    world.crash_in.add("refund")
+    with monkeypatch.context() as patched, pytest.raises(Crash):
+        patched.setattr(holder, "current", lambda: gone)
+        contextvars.copy_context().run(world.engine.end, RUN, Ending.FAIL, "boom")
+    assert world.state() is SagaState.COMPENSATING
+    outcome = world.engine.end(RUN, Ending.FAIL, "boom")  # at once, its lease live
+    assert outcome.state is SagaState.COMPENSATED
+    # The dead call's effect was claimed (it may have reached the world), so it is undone too.
+    assert world.log == ["book", "charge 420", "refund 420", "refund 420", "refund 1", "cancel bk-1"]
 
 
 def test_the_dbos_tool_outside_a_dbos_step_is_refused(world: World) -> None:

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _holders import dead_holder, live_holder
 from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
 
+from idempotency import holder
 from saga import (
     CancelOutcome,
     LostSagaLease,
@@ -29,7 +31,7 @@ from saga import (
     StepRecord,
     StepState,
 )
-from saga.records import FOREVER
+from saga.records import FOREVER, SagaRecord
 
 T0 = FakeClock.START
 
@@ -60,6 +62,12 @@ def _start(journal: SagaJournal, saga_id: str = "s-1", **changes: object) -> int
     options.update(changes)
     started = journal.start(saga_id, **options)  # type: ignore[arg-type]
     return started.snapshot.saga.token
+
+
+def _saga(journal: SagaJournal, saga_id: str = "s-1") -> SagaRecord:
+    snapshot = journal.load(saga_id)
+    assert snapshot is not None
+    return snapshot.saga
 
 
 def _row(index: int, state: StepState = StepState.STARTED, **changes: object) -> StepRecord:
@@ -405,3 +413,116 @@ def test_redis_due_index_repairs_itself(
         assert dict(client.zrange(key, 0, -1, withscores=True)) == {"live": T0 + 30}
     finally:
         client.close()
+
+
+# -- lease holders and the take-over of a dead holder's live saga ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def dead() -> str:
+    """The holder identity of a real process that ran on this host: SIGKILLed and reaped."""
+    return dead_holder()
+
+
+@pytest.fixture(scope="module")
+def alive() -> Iterator[str]:
+    """The holder identity of another live process on this host."""
+    with live_holder() as who:
+        yield who
+
+
+def _elsewhere(who: str) -> str:
+    """``who`` as if it ran on another host: never probed here, so never judged dead."""
+    parsed = holder.parse(who)
+    assert parsed is not None
+    return str(holder.Holder("another-machine/4026531836", parsed.pid, parsed.start))
+
+
+def test_start_claim_and_take_over_record_the_holder(journal: SagaJournal, clock: FakeClock) -> None:
+    _start(journal)
+    assert _saga(journal).holder == holder.current()  # None: this process
+    clock.advance(31)
+    claimed = journal.claim("s-1", lease=30, holder="h|1|2")
+    assert claimed is not None and claimed.saga.holder == "h|1|2"
+    taken = journal.take_over("s-1", claimed.saga.token, lease=30, holder="h|3|4")
+    assert taken is not None and taken.saga.holder == "h|3|4"
+    clock.advance(31)
+    restarted = journal.start("s-1", name="trip", version=1, input="{}", fingerprint="fp1", lease=30)
+    assert restarted.outcome is StartOutcome.TOOK_OVER and restarted.snapshot.saga.holder == holder.current()
+    assert [r.holder for r in journal.list()] == [holder.current()]
+
+
+def test_take_over_is_fenced_on_the_token_whatever_the_lease(journal: SagaJournal, clock: FakeClock) -> None:
+    token = _start(journal)
+    journal.commit("s-1", token, Phase(steps=(_row(0),), lease=30))
+    taken = journal.take_over("s-1", token, lease=10, holder="h|1|2")
+    assert taken is not None
+    saga = taken.saga
+    assert (saga.token, saga.recoveries, saga.lease_until) == (token + 1, 1, T0 + 10)
+    assert saga.state is SagaState.RUNNING
+    assert [s.index for s in taken.steps] == [0]
+    with pytest.raises(LostSagaLease):
+        journal.commit("s-1", token, Phase(lease=30))  # the dead holder's late write is refused
+    assert journal.take_over("s-1", token, lease=10) is None  # the old token: someone took it
+    assert journal.take_over("nope", 1, lease=10) is None
+    _park(journal, "s-1", token + 1, "approval", T0 + 3600)
+    assert journal.take_over("s-1", token + 1, lease=10) is None  # nobody holds a waiting saga
+
+
+def test_a_dead_holders_live_saga_is_taken_over_by_start_claim_and_due(
+    journal: SagaJournal, dead: str
+) -> None:
+    for saga_id in ("s-1", "s-2", "s-3"):
+        _start(journal, saga_id, holder=dead)
+    live = journal.load("s-1")
+    assert live is not None and live.saga.holder == dead and live.saga.lease_until == T0 + 30
+    assert [r.saga_id for r in journal.due()] == ["s-1", "s-2", "s-3"]  # its lease has 30 s to run
+    other = journal.start("s-1", name="trip", version=1, input="{}", fingerprint="other", lease=30)
+    assert other.outcome is StartOutcome.EXISTING  # another input: a conflict, never a take-over
+    started = journal.start("s-1", name="trip", version=1, input="{}", fingerprint="fp1", lease=30)
+    assert started.outcome is StartOutcome.TOOK_OVER
+    assert (started.snapshot.saga.token, started.snapshot.saga.holder) == (2, holder.current())
+    claimed = journal.claim("s-2", lease=30)
+    assert claimed is not None and claimed.saga.token == 2 and claimed.saga.recoveries == 1
+    assert [r.saga_id for r in journal.due()] == ["s-3"]  # the taken-over ones are held by us now
+    token = _start(journal, "s-3")
+    assert token == 2
+
+
+def test_a_live_holder_on_this_host_or_any_holder_elsewhere_keeps_its_lease(
+    journal: SagaJournal, alive: str, dead: str
+) -> None:
+    for saga_id, who in (("s-1", alive), ("s-2", _elsewhere(dead)), ("s-3", holder.current())):
+        _start(journal, saga_id, holder=who)
+        again = journal.start(saga_id, name="trip", version=1, input="{}", fingerprint="fp1", lease=30)
+        assert again.outcome is StartOutcome.EXISTING and again.snapshot.saga.token == 1
+        assert journal.claim(saga_id, lease=30) is None
+    assert journal.due() == []
+
+
+def test_sixteen_racers_for_a_dead_holders_saga_one_wins(journal_factory: JournalFactory, dead: str) -> None:
+    journals = [journal_factory.open() for _ in range(16)]
+    token = _start(journals[0], holder=dead)
+    journals[0].commit("s-1", token, Phase(steps=(_row(0),), state=SagaState.COMPENSATING, lease=30))
+    barrier = threading.Barrier(len(journals))
+    won: list[int] = []
+
+    def race(i: int, j: SagaJournal) -> None:
+        barrier.wait()
+        if i % 2:
+            got = j.claim("s-1", lease=30)
+            if got is not None:
+                won.append(got.saga.token)
+        else:
+            started = j.start("s-1", name="trip", version=1, input="{}", fingerprint="fp1", lease=30)
+            if started.outcome is StartOutcome.TOOK_OVER:
+                won.append(started.snapshot.saga.token)
+
+    threads = [threading.Thread(target=race, args=(i, j)) for i, j in enumerate(journals)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert won == [2]
+    saga = _saga(journals[0])
+    assert (saga.state, saga.token, saga.recoveries) == (SagaState.COMPENSATING, 2, 1)

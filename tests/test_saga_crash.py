@@ -95,11 +95,16 @@ class Case:
     driver: str = "sync"
     backend: str = "sqlite"
     guarded: bool = True
+    lease: float = LEASE
+    """0: the defaults a user gets (the runner's 60 s lease and 10 s wait): a recovery that had to
+    wait for the dead runner's lease would give up after the wait (SagaInProgress)."""
 
     @property
     def id(self) -> str:
-        extra = [*self.then, self.recovery, self.driver, self.backend] + (
-            [] if self.guarded else ["unguarded"]
+        extra = (
+            [*self.then, self.recovery, self.driver, self.backend]
+            + ([] if self.guarded else ["unguarded"])
+            + ([] if self.lease else ["default-lease"])
         )
         return "-".join([self.run, self.spec, *(e for e in extra if e not in ("rerun", "sync", "sqlite"))])
 
@@ -140,6 +145,17 @@ CASES: list[Case] = [
         then=("journal.claim#1:after",),
         recovery="sweep",
     ),
+    # The defaults a user gets (60 s saga lease, 10 s wait), restarted at once on the same host:
+    # killed mid-compensation, the dead runner's saga is taken over at once, never waited for.
+    Case("compensate", "store.complete#6:before", "release sent; rerun at once takes it over", lease=0),
+    Case(
+        "compensate",
+        "store.complete#4:before",
+        "cancellation sent; the rerun dies too before recording; the next rerun takes it over at once",
+        then=("store.complete#1:before",),
+        lease=0,
+    ),
+    Case("compensate", "journal.commit#4:before", "the sweeper takes it at once", recovery="sweep", lease=0),
     # A few on Postgres.
     Case("complete", "store.complete#2:before", "seat reserved, not recorded", backend="postgres"),
     Case("complete", "journal.commit#2:before", "seat not in the journal", backend="postgres"),
@@ -175,7 +191,7 @@ def crash_and_recover(service: CounterService, case: Case, storage: Storage) -> 
         storage=storage,
         observe=lambda saga_id: trip_ledger(service.client, saga_id),
         params={"service": service.url, "fail_at": fail_at, "guarded": "yes" if case.guarded else "no"},
-        lease=LEASE,
+        lease=case.lease,
         recovery=case.recovery,
         driver=case.driver,
     )

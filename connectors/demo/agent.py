@@ -51,9 +51,9 @@ CONFIG_ENV = "SAGAGUARD_AGENT_DEMO"
 """The environment variable that hands an agent process (and the worker) its JSON config."""
 THREAD = "trip-to-oslo"
 """The graph's ``thread_id``, which is also the agent run's saga id."""
-LEASE = 1.0
-"""Seconds the agent run's lease lasts in the demo (default 30): how long the killed process's run
-waits before the worker takes it."""
+LEASE = 30.0
+"""Seconds the agent run's lease lasts in the demo: the default. The killed process's run is not
+waited for: the worker, on the same host, takes over a run whose holder is provably dead at once."""
 _NEEDS = ("aiosmtpd", "httpx", "openai", "stripe", "langgraph", "langchain_openai")
 """What the demo's services and processes import: the ``demo`` and ``langgraph`` extras."""
 _SCRIPT = [
@@ -215,7 +215,8 @@ def _worker(config: dict[str, Any]) -> list[_Run]:
         state = _run_state(config)
         if run.returncode != 0 or state not in ("running", "compensating"):
             break
-        # The killed process's lease on the run runs out on the wall clock: poll for it.
+        # A run held elsewhere waits for its lease on the wall clock: poll (one pass takes a dead
+        # holder's run on this host at once).
         time.sleep(0.2)
     return runs
 

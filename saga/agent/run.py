@@ -14,9 +14,11 @@ or ``Guard.arun``) and in where the journal is written: the async driver hands e
 compensation at the end runs there too (undos are sync callables).
 
 While the run is open its lease is renewed (a :class:`~saga.renewer.LeaseRenewer`); a process that
-dies stops renewing, and once the lease runs out the worker parks the run WAITING for the agent.
+dies stops renewing, and once the lease runs out (at once when it died on the worker's host: its
+holder is provably dead, see :mod:`saga.lease`) the worker parks the run WAITING for the agent.
 Opening the same run id again (a resumed process) attaches to it, taking it back from the worker if
-it was parked; the framework runs one process per run id at a time, as its checkpointer assumes.
+it was parked, or over from its dead holder (a restart at once on the same host); the framework
+runs one process per run id at a time, as its checkpointer assumes.
 Where two processes may hold one run at once (durable-execution engines), each opens it with
 ``exclusive=True``: opening a run whose lease another open run holds is then refused
 (:class:`~saga.errors.SagaInProgress`), so one place at a time appends the run's rows.
@@ -229,7 +231,8 @@ class AgentRun:
             if started.outcome is not StartOutcome.EXISTING:
                 self._own(snapshot)
                 if record.state is SagaState.COMPENSATING:
-                    # Taken over in the middle of its compensation (the process undoing it died):
+                    # Taken over in the middle of its compensation (the process undoing it died:
+                    # its lease ran out, or, restarted at once on this host, its holder is dead):
                     # the agent must not run forward on a run being undone, so finish it here.
                     outcome = self._compensate("")
                     raise AgentRunEnded(self.run_id, outcome.state.value)

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 
+from saga import lease as _lease
 from saga.errors import LostSagaLease, SagaNotFound
 from saga.records import (
     LIVE_STATES,
@@ -54,7 +55,7 @@ class MemoryJournal:
             dict(self._signals.get(saga_id, {})),
         )
 
-    def _take_over(self, old: SagaRecord, now: float, lease: float) -> SagaRecord:
+    def _take_over(self, old: SagaRecord, now: float, lease: float, holder: str | None) -> SagaRecord:
         waking = old.state is SagaState.WAITING
         taken = old.evolve(
             token=old.token + 1,
@@ -62,6 +63,7 @@ class MemoryJournal:
             updated_at=now,
             state=SagaState.RUNNING if waking else old.state,
             recoveries=old.recoveries + (0 if waking else 1),
+            holder=_lease.current(holder),
         )
         self._sagas[old.saga_id] = taken
         return taken
@@ -77,8 +79,18 @@ class MemoryJournal:
         lease: float,
         timeout: float = 0.0,
         first: StepRecord | None = None,
+        holder: str | None = None,
     ) -> StartResult:
         """See :meth:`SagaJournal.start`."""
+        result = self._start(saga_id, name, version, input, fingerprint, lease, timeout, first, holder)
+        return _lease.after_start(
+            self, result, name=name, version=version, fingerprint=fingerprint, lease=lease, holder=holder
+        )
+
+    def _start(  # noqa: PLR0917 - start's own arguments, passed on
+        self, saga_id: str, name: str, version: int, input: str, fingerprint: str, lease: float,
+        timeout: float, first: StepRecord | None, holder: str | None,
+    ) -> StartResult:  # fmt: skip
         now = self._clock()
         with self._lock:
             old = self._sagas.get(saga_id)
@@ -95,6 +107,7 @@ class MemoryJournal:
                     now,
                     now,
                     deadline=now + timeout if timeout > 0 else 0.0,
+                    holder=_lease.current(holder),
                 )
                 rows = {} if first is None else {first.index: first.evolve(started_at=now, updated_at=now)}
                 self._steps[saga_id] = rows
@@ -104,18 +117,30 @@ class MemoryJournal:
                 and old.lease_until <= now
                 and (old.name, old.version, old.fingerprint) == (name, version, fingerprint)
             ):
-                self._take_over(old, now, lease)
+                self._take_over(old, now, lease, holder)
                 return StartResult(StartOutcome.TOOK_OVER, self._snapshot(saga_id))
             return StartResult(StartOutcome.EXISTING, self._snapshot(saga_id))
 
-    def claim(self, saga_id: str, *, lease: float) -> SagaSnapshot | None:
+    def claim(self, saga_id: str, *, lease: float, holder: str | None = None) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.claim`."""
         now = self._clock()
         with self._lock:
             old = self._sagas.get(saga_id)
-            if old is None or old.state not in RESUMABLE_STATES or old.lease_until > now:
+            if old is not None and old.state in RESUMABLE_STATES and old.lease_until <= now:
+                self._take_over(old, now, lease, holder)
+                return self._snapshot(saga_id)
+        return _lease.after_claim(self, saga_id, lease=lease, holder=holder)
+
+    def take_over(
+        self, saga_id: str, token: int, *, lease: float, holder: str | None = None
+    ) -> SagaSnapshot | None:
+        """See :meth:`SagaJournal.take_over`."""
+        now = self._clock()
+        with self._lock:
+            old = self._sagas.get(saga_id)
+            if old is None or old.token != token or old.state not in LIVE_STATES:
                 return None
-            self._take_over(old, now, lease)
+            self._take_over(old, now, lease, holder)
             return self._snapshot(saga_id)
 
     def due(self, *, limit: int = 100) -> list[SagaRecord]:
@@ -123,8 +148,10 @@ class MemoryJournal:
         now = self._clock()
         with self._lock:
             rows = [r for r in self._sagas.values() if r.state in RESUMABLE_STATES and r.lease_until <= now]
+            live = [r for r in self._sagas.values() if r.state in LIVE_STATES and r.lease_until > now]
         rows.sort(key=lambda r: (r.lease_until, r.saga_id))
-        return rows[: max(0, limit)]
+        dead = sorted(_lease.dead_held(live), key=lambda r: (r.lease_until, r.saga_id))
+        return (rows + dead)[: max(0, limit)]
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`."""

@@ -38,6 +38,7 @@ from redis.exceptions import NoScriptError
 from idempotency.errors import ConfigurationError
 from idempotency.stores.redis import connect
 from idempotency.stores.redis_persistence import check_persistence
+from saga import lease as _lease
 from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
 from saga.journals.redis_scripts import (
     CANCEL,
@@ -50,6 +51,7 @@ from saga.journals.redis_scripts import (
     REOPEN,
     SIGNAL,
     START,
+    TAKE_OVER,
 )
 from saga.records import (
     FINAL_STATES,
@@ -111,6 +113,7 @@ def _saga(saga_id: str, r: Sequence[Any]) -> SagaRecord:
         waiting_for=r[12],
         wait_until=float(r[13] or 0),
         cancel_requested=r[14] == "1",
+        holder=r[15] if len(r) > 15 else None,
     )
 
 
@@ -197,10 +200,10 @@ class RedisJournal:
         self._clock = clock
         self._prefix = prefix
         self._due_key = f"{prefix}:due"
-        sources = (START, CLAIM, LOAD, COMMIT, SIGNAL, CANCEL, INDEX_CAS, REOPEN)
+        sources = (START, CLAIM, LOAD, COMMIT, SIGNAL, CANCEL, INDEX_CAS, REOPEN, TAKE_OVER)
         scripts: list[Script] = [client.register_script(s) for s in sources]
         (self._start, self._claim, self._load, self._commit, self._signal, self._cancel, self._cas,
-         self._reopen) = scripts  # fmt: skip
+         self._reopen, self._take_over) = scripts  # fmt: skip
         try:
             pipe = client.pipeline(transaction=False)
             for script in scripts:
@@ -267,20 +270,38 @@ class RedisJournal:
         lease: float,
         timeout: float = 0.0,
         first: StepRecord | None = None,
+        holder: str | None = None,
     ) -> StartResult:
-        """See :meth:`SagaJournal.start`: one script (after lowering the saga's index entry)."""
+        """See :meth:`SagaJournal.start`: one script (after lowering the saga's index entry); a live
+        saga found held by a dead holder is then taken over (:mod:`saga.lease`)."""
         args: tuple[Any, ...] = (
             self._now_arg(), name, str(version), fingerprint, input, float(lease), float(timeout),
+            _lease.current(holder),
         )  # fmt: skip
         if first is not None:
             args += (str(first.index), _step_json(first))
         reply = self._run(self._start, self._keys(saga_id), args, lower=saga_id)
-        return StartResult(StartOutcome(reply[0]), self._snapshot(saga_id, reply))
+        result = StartResult(StartOutcome(reply[0]), self._snapshot(saga_id, reply))
+        return _lease.after_start(
+            self, result, name=name, version=version, fingerprint=fingerprint, lease=lease, holder=holder
+        )
 
-    def claim(self, saga_id: str, *, lease: float) -> SagaSnapshot | None:
-        """See :meth:`SagaJournal.claim`: one script."""
-        reply = self._run(self._claim, self._keys(saga_id), (self._now_arg(), float(lease)))
-        return None if reply[0] == "not_due" else self._snapshot(saga_id, reply)
+    def claim(self, saga_id: str, *, lease: float, holder: str | None = None) -> SagaSnapshot | None:
+        """See :meth:`SagaJournal.claim`: one script; when the saga is not due, a read and (its
+        holder dead) :meth:`take_over`."""
+        args = (self._now_arg(), float(lease), _lease.current(holder))
+        reply = self._run(self._claim, self._keys(saga_id), args)
+        if reply[0] != "not_due":
+            return self._snapshot(saga_id, reply)
+        return _lease.after_claim(self, saga_id, lease=lease, holder=holder)
+
+    def take_over(
+        self, saga_id: str, token: int, *, lease: float, holder: str | None = None
+    ) -> SagaSnapshot | None:
+        """See :meth:`SagaJournal.take_over`: one script fenced on the token."""
+        args = (self._now_arg(), str(token), float(lease), _lease.current(holder))
+        reply = self._run(self._take_over, self._keys(saga_id), args)
+        return None if reply[0] == "no" else self._snapshot(saga_id, reply)
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`: one read-only script, a consistent view of the saga."""
@@ -380,10 +401,35 @@ class RedisJournal:
                 offset += kept
                 if len(entries) < page:
                     break
+            found.sort(key=lambda r: (r.lease_until, r.saga_id))
+            if len(found) < limit:
+                found += self._dead_held(now)
         except redis.RedisError as exc:
             raise _error(exc) from exc
-        found.sort(key=lambda r: (r.lease_until, r.saga_id))
         return found[:limit]
+
+    def _dead_held(self, now: float) -> list[SagaRecord]:
+        """The live sagas whose live lease a dead holder on this host holds: every index entry not
+        due yet is read (in pages, pipelined), those held here are probed."""
+        host = _lease.host_prefix()
+        if host is None:
+            return []
+        held: list[SagaRecord] = []
+        offset, page = 0, 500
+        while True:
+            entries = self._client.zrangebyscore(self._due_key, f"({now!r}", "+inf", start=offset, num=page)
+            ids = [i for i in (_text(m) for m in entries) if "{" not in i and "}" not in i]
+            pipe = self._client.pipeline(transaction=False)
+            for saga_id in ids:
+                pipe.hmget(self._keys(saga_id)[0], FIELDS)
+            for saga_id, reply in zip(ids, pipe.execute() if ids else [], strict=True):
+                values = _text(reply)
+                holder = values[15]
+                if values[4] is not None and holder is not None and holder.startswith(host):
+                    held.append(_saga(saga_id, values))
+            if len(entries) < page:
+                return _lease.dead_held(held)
+            offset += page
 
     def _check(self, saga_id: str, score: float, now: float) -> SagaRecord | None:
         """The saga if it is due; else repair its index entry (compare-and-set on the score)."""

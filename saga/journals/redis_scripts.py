@@ -10,14 +10,15 @@ from __future__ import annotations
 
 __all__ = [
     "CANCEL", "CLAIM", "COMMIT", "FIELDS", "INDEX_CAS", "LOAD", "ORPHAN_GRACE", "REOPEN", "SIGNAL",
-    "START",
+    "START", "TAKE_OVER",
 ]  # fmt: skip
 
 FIELDS = (
     "name", "version", "fingerprint", "input", "state", "token", "lease_until", "created_at",
-    "updated_at", "error", "deadline", "recoveries", "waiting_for", "wait_until", "cancel",
+    "updated_at", "error", "deadline", "recoveries", "waiting_for", "wait_until", "cancel", "holder",
 )  # fmt: skip
-"""Saga hash fields in reply order; the Lua below indexes them from 1 (state is r[5])."""
+"""Saga hash fields in reply order; the Lua below indexes them from 1 (state is r[5]). A hash
+written before holders were recorded has no ``holder``: it reads as None (unknown)."""
 
 ORPHAN_GRACE = 60.0
 """Seconds an index entry of a saga that does not exist (yet) is kept: a start lowers the entry a
@@ -37,19 +38,19 @@ local function snapshot(marker)
     + _HMGET
     + """, redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3])}
 end
-local function take(r, lease)
+local function take(r, lease, holder)
   local waking = r[5] == 'waiting'
   redis.call('HSET', KEYS[1], 'token', tonumber(r[6]) + 1, 'lease_until', f(now + lease),
     'updated_at', f(now), 'state', waking and 'running' or r[5],
-    'recoveries', tonumber(r[12]) + (waking and 0 or 1))
+    'recoveries', tonumber(r[12]) + (waking and 0 or 1), 'holder', holder)
 end
 local r = """
     + _HMGET
     + "\n"
 )
 
-# KEYS: saga, steps, signals. ARGV: now, name, version, fingerprint, input, lease, timeout, then
-# optionally the first step's (index, row JSON), written only with a saga this start creates.
+# KEYS: saga, steps, signals. ARGV: now, name, version, fingerprint, input, lease, timeout, holder,
+# then optionally the first step's (index, row JSON), written only with a saga this start creates.
 START = (
     _PRELUDE
     + """
@@ -58,30 +59,43 @@ if not r[5] then
   redis.call('HSET', KEYS[1], 'name', ARGV[2], 'version', ARGV[3], 'fingerprint', ARGV[4],
     'input', ARGV[5], 'state', 'running', 'token', 1, 'lease_until', f(now + tonumber(ARGV[6])),
     'created_at', f(now), 'updated_at', f(now), 'deadline', timeout > 0 and f(now + timeout) or '0',
-    'recoveries', 0, 'wait_until', '0', 'cancel', '0')
-  if ARGV[8] then
-    redis.call('HSET', KEYS[2], ARGV[8], ARGV[9], ARGV[8] .. ':s', f(now), ARGV[8] .. ':u', f(now))
+    'recoveries', 0, 'wait_until', '0', 'cancel', '0', 'holder', ARGV[8])
+  if ARGV[9] then
+    redis.call('HSET', KEYS[2], ARGV[9], ARGV[10], ARGV[9] .. ':s', f(now), ARGV[9] .. ':u', f(now))
   end
   return snapshot('created')
 end
 if resumable(r[5]) and tonumber(r[7]) <= now and r[1] == ARGV[2] and r[2] == ARGV[3]
     and r[3] == ARGV[4] then
-  take(r, tonumber(ARGV[6]))
+  take(r, tonumber(ARGV[6]), ARGV[8])
   return snapshot('took_over')
 end
 return snapshot('existing')
 """
 )
 
-# KEYS: saga, steps, signals. ARGV: now, lease.
+# KEYS: saga, steps, signals. ARGV: now, lease, holder.
 CLAIM = (
     _PRELUDE
     + """
 if r[5] and resumable(r[5]) and tonumber(r[7]) <= now then
-  take(r, tonumber(ARGV[2]))
+  take(r, tonumber(ARGV[2]), ARGV[3])
   return snapshot('claimed')
 end
 return {'not_due'}
+"""
+)
+
+# KEYS: saga, steps, signals. ARGV: now, token, lease, holder. A dead holder's live saga, fenced
+# on the token the caller read (the lease not looked at: the caller proved the holder dead).
+TAKE_OVER = (
+    _PRELUDE
+    + """
+if r[5] and live(r[5]) and tonumber(r[6]) == tonumber(ARGV[2]) then
+  take(r, tonumber(ARGV[3]), ARGV[4])
+  return snapshot('taken')
+end
+return {'no'}
 """
 )
 

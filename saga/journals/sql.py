@@ -34,6 +34,7 @@ import sqlalchemy as sa
 from idempotency.errors import ConfigurationError
 from idempotency.stores.sql_driver import SqlDriver, Statement
 from idempotency.stores.sql_engine import make_engine
+from saga import lease as _lease
 from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
 from saga.journals.sql_schema import (
     DEFAULT_PREFIX,
@@ -83,7 +84,7 @@ def _saga(row: Sequence[Any]) -> SagaRecord:
     return SagaRecord(
         row[0], row[1], int(row[2]), row[3], row[4], _SAGA_STATES[row[5]], int(row[6]),
         float(row[7]), float(row[8]), float(row[9]), row[10], float(row[11]), int(row[12]),
-        row[13], float(row[14]), bool(row[15]),
+        row[13], float(row[14]), bool(row[15]), row[16],
     )  # fmt: skip
 
 
@@ -207,13 +208,15 @@ class SqlJournal:
             self._upgrade(conn)
 
     def _upgrade(self, conn: sa.Connection) -> None:
-        """Add the columns schema 3 added to a steps table created by an older version."""
-        steps = self._tables[1]
-        present = {c["name"] for c in sa.inspect(conn).get_columns(steps.name)}
+        """Add the columns schemas 3 and 4 added to tables created by an older version (the steps'
+        ``trace`` and ``resolution``, the sagas' ``holder``)."""
+        sagas, steps = self._tables[0], self._tables[1]
         quote = conn.dialect.identifier_preparer.quote
-        for name in ("trace", "resolution"):
-            if name not in present:
-                conn.execute(sa.text(f"ALTER TABLE {quote(steps.name)} ADD COLUMN {name} TEXT"))
+        for table, names in ((steps, ("trace", "resolution")), (sagas, ("holder",))):
+            present = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+            for name in names:
+                if name not in present:
+                    conn.execute(sa.text(f"ALTER TABLE {quote(table.name)} ADD COLUMN {name} TEXT"))
 
     def now(self) -> float:
         """See :meth:`SagaJournal.now`."""
@@ -239,10 +242,12 @@ class SqlJournal:
         lease: float,
         timeout: float = 0.0,
         first: StepRecord | None = None,
+        holder: str | None = None,
     ) -> StartResult:
         """See :meth:`SagaJournal.start`. One upsert (on Postgres one statement with ``first``'s
         upsert; on SQLite that upsert follows in the same transaction); a saga it took over or
-        found is then read.
+        found is then read. A live saga found held by a dead holder is then taken over
+        (:mod:`saga.lease`).
 
         A saga the upsert created has no step rows but ``first`` and no signals (a saga row is
         never deleted, and a signal needs an existing saga), so nothing is read back for it.
@@ -255,7 +260,14 @@ class SqlJournal:
             fingerprint=fingerprint,
             lease=float(lease),
             timeout=float(timeout),
+            holder=_lease.current(holder),
         )
+        result = self._start(saga_id, params, first)
+        return _lease.after_start(
+            self, result, name=name, version=version, fingerprint=fingerprint, lease=lease, holder=holder
+        )
+
+    def _start(self, saga_id: str, params: dict[str, Any], first: StepRecord | None) -> StartResult:
         run, hot = self._driver.run, self._hot
         statement = hot["start"]
         if first is not None and self._postgres:
@@ -283,16 +295,37 @@ class SqlJournal:
             signals = {str(row[0]): str(row[1]) for row in run(cursor, hot["get_signals"], key)}
         return StartResult(outcome, SagaSnapshot(saga, steps, signals))
 
-    def claim(self, saga_id: str, *, lease: float) -> SagaSnapshot | None:
-        """See :meth:`SagaJournal.claim`. One conditional UPDATE, then the steps and signals."""
+    def claim(self, saga_id: str, *, lease: float, holder: str | None = None) -> SagaSnapshot | None:
+        """See :meth:`SagaJournal.claim`. One conditional UPDATE, then the steps and signals; when
+        the saga is not due, a read and (its holder dead) :meth:`take_over`."""
+        params = self._params(saga_id=saga_id, lease=float(lease), holder=_lease.current(holder))
         with self._connect() as conn:
-            row = conn.execute(self._sql.claim, self._params(saga_id=saga_id, lease=float(lease))).first()
+            row = conn.execute(self._sql.claim, params).first()
+            if row is not None:
+                return self._snapshot(conn, _saga(row))
+        return _lease.after_claim(self, saga_id, lease=lease, holder=holder)
+
+    def take_over(
+        self, saga_id: str, token: int, *, lease: float, holder: str | None = None
+    ) -> SagaSnapshot | None:
+        """See :meth:`SagaJournal.take_over`. One UPDATE fenced on the token, then the steps and signals."""
+        params = self._params(saga_id=saga_id, token=token, lease=float(lease), holder=_lease.current(holder))
+        with self._connect() as conn:
+            row = conn.execute(self._sql.take_over, params).first()
             return None if row is None else self._snapshot(conn, _saga(row))
 
     def due(self, *, limit: int = 100) -> list[SagaRecord]:
-        """See :meth:`SagaJournal.due`. Served by the ``(state, lease_until)`` index."""
+        """See :meth:`SagaJournal.due`. Served by the ``(state, lease_until)`` index; then the live
+        sagas held on this host, whose holders are probed."""
+        if limit <= 0:
+            return []
+        host = _lease.host_prefix()
         with self._connect() as conn:
-            return [_saga(row) for row in conn.execute(self._sql.due, self._params(limit=max(0, limit)))]
+            found = [_saga(row) for row in conn.execute(self._sql.due, self._params(limit=limit))]
+            if len(found) >= limit or host is None:
+                return found
+            held = [_saga(r) for r in conn.execute(self._sql.held_here, self._params(host=host, n=len(host)))]
+        return (found + _lease.dead_held(held))[:limit]
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`."""

@@ -31,9 +31,10 @@ __all__ = [
     "journal_models",
 ]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """2 added deadlines, recovery counts, waits, cancellation and the signals table; 3 added the
-steps' ``trace`` and ``resolution`` columns (added to existing tables by ``create_tables``)."""
+steps' ``trace`` and ``resolution`` columns; 4 the sagas' ``holder`` column (both added to existing
+tables by ``create_tables``; an older row's holder reads as None, unknown)."""
 DEFAULT_PREFIX: Final = "sagaguard_"
 
 _PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
@@ -43,7 +44,7 @@ _DB_NOW = {
 }
 SAGA_COLUMNS: Final = (
     "saga_id, name, version, fingerprint, input, state, token, lease_until, created_at, updated_at, "
-    "error, deadline, recoveries, waiting_for, wait_until, cancel_requested"
+    "error, deadline, recoveries, waiting_for, wait_until, cancel_requested, holder"
 )
 """In the order of :class:`~saga.records.SagaRecord`'s fields."""
 STEP_COLUMNS: Final = (
@@ -77,6 +78,7 @@ class SagaFields(_JournalModel):
     waiting_for: str | None = Field(default=None, sa_type=sa.Text)
     wait_until: float = Field(default=0.0, sa_type=sa.Double)
     cancel_requested: bool = False
+    holder: str | None = Field(default=None, sa_type=sa.Text)
 
 
 class StepFields(_JournalModel):
@@ -174,10 +176,11 @@ class Statements:
                    c.now + CAST(:lease AS DOUBLE PRECISION), c.now, c.now, NULL,
                    CASE WHEN CAST(:timeout AS DOUBLE PRECISION) > 0
                         THEN c.now + CAST(:timeout AS DOUBLE PRECISION) ELSE 0 END,
-                   0, NULL, 0, false
+                   0, NULL, 0, false, :holder
             FROM {clock} WHERE true
             ON CONFLICT (saga_id) DO UPDATE SET
                 token = s.token + 1, lease_until = excluded.lease_until, updated_at = excluded.updated_at,
+                holder = excluded.holder,
                 state = CASE WHEN s.state = 'waiting' THEN 'running' ELSE s.state END,
                 recoveries = s.recoveries + CASE WHEN s.state = 'waiting' THEN 0 ELSE 1 END
             WHERE s.state IN {_RESUMABLE} AND s.lease_until <= excluded.created_at
@@ -187,9 +190,22 @@ class Statements:
         self.claim = sa.text(
             f"UPDATE {sagas} SET token = token + 1, lease_until = c.now + CAST(:lease AS DOUBLE PRECISION), "
             f"updated_at = c.now, state = CASE WHEN state = 'waiting' THEN 'running' ELSE state END, "
-            f"recoveries = recoveries + {waking} FROM {clock} "
+            f"recoveries = recoveries + {waking}, holder = :holder FROM {clock} "
             f"WHERE saga_id = :saga_id AND state IN {_RESUMABLE} AND lease_until <= c.now "
             f"RETURNING {SAGA_COLUMNS}"
+        )
+        # A dead holder's live saga, fenced on the token it was read with (the lease not looked at).
+        self.take_over = sa.text(
+            f"UPDATE {sagas} SET token = token + 1, lease_until = c.now + {seconds}, updated_at = c.now, "
+            f"recoveries = recoveries + 1, holder = :holder FROM {clock} WHERE {fence} "
+            f"RETURNING {SAGA_COLUMNS}"
+        )
+        # Live sagas under a live lease held on this host (``:host`` is ``<host>|``, ``:n`` its
+        # length): the due sweep probes each holder and takes over the dead ones' at once.
+        self.held_here = sa.text(
+            f"SELECT {SAGA_COLUMNS} FROM {sagas}, {clock} WHERE state IN {_LIVE} "
+            "AND lease_until > c.now AND substr(holder, 1, CAST(:n AS INTEGER)) = :host "
+            "ORDER BY lease_until, saga_id"
         )
         self.due = sa.text(
             f"SELECT {SAGA_COLUMNS} FROM {sagas}, {clock} WHERE state IN {_RESUMABLE} "

@@ -90,7 +90,12 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store-table", default=None)
     parser.add_argument("--namespace", default="default", help="the guard's namespace")
     parser.add_argument("--kill", default=None, help="a kill point, e.g. journal.commit#3:before")
-    parser.add_argument("--lease", type=float, default=0.5, help="runner and guard lease, seconds")
+    parser.add_argument(
+        "--lease",
+        type=float,
+        default=0.5,
+        help="runner and guard lease, seconds; 0: their defaults and waits",
+    )
     parser.add_argument("--param", action="append", default=[], help="k=v handed to the factory")
     parser.add_argument("--recovery", choices=("rerun", "sweep"), default="rerun")
     parser.add_argument("--driver", choices=("sync", "async"), default="sync", help="run or arun")
@@ -99,13 +104,20 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     storage = Storage(args.journal, args.store, args.journal_prefix, args.store_table)
     tripwire = Tripwire(KillPoint.parse(args.kill) if args.kill else None)
     journal = CrashingJournal(storage.journal(), tripwire)
-    guard = Guard(
-        CrashingSagaStore(storage.store(), tripwire), namespace=args.namespace, lease=args.lease, wait=60.0
-    )
+    # 0: what a user gets (the guard's and the runner's default leases and waits).
+    store = CrashingSagaStore(storage.store(), tripwire)
+    if args.lease == 0:
+        guard = Guard(store, namespace=args.namespace)
+    else:
+        guard = Guard(store, namespace=args.namespace, lease=args.lease, wait=60.0)
     params = dict(item.split("=", 1) for item in args.param)
     params["saga_id"] = args.saga_id
     scenario = load_factory(args.scenario)(guard, params)
-    runner = SagaRunner(journal, guard, lease=args.lease, wait=60.0)
+    runner = (
+        SagaRunner(journal, guard)
+        if args.lease == 0
+        else SagaRunner(journal, guard, lease=args.lease, wait=60.0)
+    )
     if args.gate:
         print("ready", flush=True)
         sys.stdin.readline()

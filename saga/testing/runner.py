@@ -146,7 +146,9 @@ def run_kill_point(
         saga_id: the instance to run; a fresh one by default. It is also the guard's namespace.
         params: handed to the factory (plus ``saga_id``).
         lease: the children's runner and guard lease: how long a recovery waits for the dead
-            child's claims to run out.
+            child's claims to run out (unless the recovery runs on the dead child's host, where
+            they are taken over at once); 0 for the defaults a user gets (the runner's 60 s lease
+            and 10 s wait, the guard's 5 s lease and 10 s wait).
         recovery: ``rerun`` (run the same saga id again) or ``sweep``
             (:func:`saga.recovery.recover` first, then the rerun, which replays what it recorded).
         driver: ``sync`` (:meth:`SagaRunner.run`, :func:`~saga.recovery.recover`) or ``async``

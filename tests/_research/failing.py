@@ -12,8 +12,8 @@ resume at once, sweep with the worker, count at the world.
 Per experiment, in a fresh directory and a reset world: start the child with ``$SAGAGUARD_CRASH_AT``
 naming the point, or SIGKILL it ``kill_after`` seconds after its start (a random time); it must die
 by SIGKILL. Then, at once, ``action: resume`` in a fresh process (the agent opens its run again and
-goes on; a run killed in its compensation is finished by that process through the worker API, once
-the dead process's saga lease ran out) until a run reports the agent's run ended (at most
+goes on; a run killed in its compensation is taken over at once, its holder being dead on this
+host, and finished when the run is opened: ``ended``) until a run reports the agent's run ended (at most
 ``max_resumes``); then ``action: worker``, one sweep of the worker API (``saga.recovery.recover``)
 in a fresh process, which reads the run's saga state; then the world's counters and what is left in
 place (:meth:`_research.world.ResearchWorld.left_in_place`), which the SIGKILL cannot touch.

@@ -23,8 +23,9 @@ or ``worker``; the same JSON line). One ``Agent`` (``OpenAIChatCompletionsModel`
   tools guarded by the SDK adapter, the report's model call journaled
   (:class:`connectors.llm.ChatJournal`). ``publish`` raises, the turn's saga compensates with the
   undos of :mod:`_research.failing_common`. The resume goes on from the session with
-  ``SagaTurn.resume_turn``; a turn killed in its compensation is finished by that process through
-  the worker API once the dead process's saga lease ran out.
+  ``SagaTurn.resume_turn``; a turn killed in its compensation is taken over at once (its holder is
+  dead on this host) and finished when the run is opened (or, held elsewhere, through the worker
+  API once that lease ran out).
 
 Kill points: as in :mod:`_research.failing_common` (the undos, ``charge_applied``, ``booked``,
 ``model_answered#k``, ``recorded:<effect>#k``, ``saga_commit#k``), plus ``enter:<tool>`` (a tool's

@@ -70,10 +70,10 @@ INSTRUCTIONS = (
     "book a reviewer, pay for the report and publish it."
 )
 """The agents' system prompt: the world's model follows its ``TASK agent_failing`` plan."""
-LEASE = 2.0
-"""The agent runs' saga lease (``AgentRunner(lease=...)``; 30 s by default): how long after a kill
-in the middle of a compensation the worker can take the run over. Shortened so the sweep's kills in
-compensations each wait 2 s rather than 30; the effects' claims keep Guard's defaults."""
+LEASE = 30.0
+"""The agent runs' saga lease (``AgentRunner(lease=...)``): its default, as users get it. A kill in
+the middle of a compensation does not wait for it: the resume at once on this host takes the dead
+process's run over (its holder is provably dead). The effects' claims keep Guard's defaults too."""
 RECOVER_FOR = 60.0
 """Seconds a resume waits for a killed compensation's lease to run out before it gives up."""
 

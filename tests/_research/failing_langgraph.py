@@ -34,8 +34,10 @@ The config JSON: ``dir`` (checkpoints, effects and the saga journal live there),
 - ``start``: invoke with the topic;
 - ``resume``: a fresh process after a kill: open the run again and ``invoke(None)`` from the last
   checkpoint (from the topic when the killed run left none); a run that ended meanwhile is reported
-  as it is; a run killed in its compensation (``AgentRunEnded``: compensating) is finished here
-  through the worker API (:func:`saga.recovery.recover`, once the dead process's lease ran out);
+  as it is; a run killed in its compensation is taken over at once (its holder is dead on this
+  host) and finished when the run is opened (``AgentRunEnded``: compensated); one still held
+  elsewhere (``AgentRunEnded``: compensating) is finished here through the worker API
+  (:func:`saga.recovery.recover`, once that lease ran out);
 - ``worker``: one sweep of the worker API over the journal (:func:`saga.recovery.recover`), as
   ``sagaguard sagas worker --once`` does;
 
