@@ -43,7 +43,6 @@ import asyncio
 import contextvars
 import functools
 import inspect
-import json
 import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -53,7 +52,7 @@ from crewai import Crew
 from crewai.tools import BaseTool
 
 from connectors.crewai import _MARK, _mark, _set, kickoff_id
-from connectors.declare import ToolDeclaration
+from connectors.declare import ToolDeclaration, recorded_output
 from connectors.in_doubt import Pending, asettle, settle
 from idempotency.errors import ConfigurationError
 from idempotency.keys import scope
@@ -80,13 +79,8 @@ class KickoffRejected(AgentRunRejected):
 
 def tool_output(value: Any) -> Any:
     """What a step records of a tool's result for its undo: JSON text read back as JSON (CrewAI
-    tools return strings), anything else as it is."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
+    tools return strings), anything else as it is: :func:`connectors.declare.recorded_output`."""
+    return recorded_output(value)
 
 
 def _named(run: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
