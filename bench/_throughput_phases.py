@@ -265,7 +265,9 @@ def sql_phase(kind: str, cfg: Settings) -> Result:
         engine = make_engine(url)
         if kind == "sqlite":
             event.listen(engine, "connect", lambda dbapi, _rec: dbapi.set_trace_callback(tracer.callback()))
-        store = SqlStore(engine, table_name="bench_tp_effects")
+        # Postgres: a store opened from its URL, as users open one (its own pool, in which its
+        # threads keep their connections); SQLite: on the engine that counts the statements.
+        store = SqlStore(url if kind == "postgres" else engine, table_name="bench_tp_effects")
         guard = Guard(store, namespace="bench", retention=RETENTION)
         floor = (
             sqlite_floor(url.removeprefix("sqlite:///"), tag, tracer.callback)

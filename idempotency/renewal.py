@@ -64,6 +64,9 @@ class Renewer:
         self._closed = False
         self._wakes_at = 0.0
         """When the thread's current wait ends (monotonic); 0 while it is not waiting."""
+        self._woken_for = 0.0
+        """The first renewal of the last hold that woke the thread (monotonic): the thread waits
+        until then even if that hold is released first."""
 
     def hold(self, renew: Callable[[], bool], every: float) -> int:
         """Call ``renew()`` every ``every`` seconds, the first time one interval from now, until
@@ -73,11 +76,15 @@ class Renewer:
         with self._cond:
             self._holds[handle] = entry
             if self._use_thread and self._thread is None and not self._closed:
+                self._woken_for = entry.due
                 self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._thread.start()
             elif entry.due < self._wakes_at:
                 # Wake the thread only when it would sleep past this hold's first renewal: a
-                # wake-up per hold would cost every short call a thread switch.
+                # wake-up per hold would cost every short call a thread switch. The thread then
+                # waits until that time even when the hold is gone by then, so the holds of the
+                # calls that follow (due no sooner) do not wake it again.
+                self._woken_for = entry.due
                 self._cond.notify_all()
         return handle
 
@@ -126,6 +133,8 @@ class Renewer:
                     return
                 now = self._monotonic()
                 soonest = min((e.due for e in self._holds.values() if e.active), default=math.inf)
+                if soonest == math.inf and self._woken_for > now:
+                    soonest = self._woken_for  # see hold(): one wake-up per interval, not per hold
                 timeout = None if soonest == math.inf else max(0.0, soonest - now)
                 self._wakes_at = soonest if timeout is None else now + timeout
                 self._cond.wait(timeout)

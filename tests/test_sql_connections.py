@@ -2,13 +2,17 @@
 
 What must hold: connections the server killed cost at most one failed call (StoreUnavailable /
 JournalUnavailable), never a stuck store, however many the pool held; no connection is held between
-calls, so a small pool shared with the caller is never starved; a forked child never talks on its
-parent's sockets.
+calls in a pool shared with the caller (a given engine), so a small one is never starved; in a pool
+of the store's own, threads that keep their connection between calls keep no more than the pool
+keeps, give back what an ended thread kept, and a kill of those too costs one call in all; a forked
+child never talks on its parent's sockets.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -98,6 +102,68 @@ def test_store_recovers_after_the_server_killed_its_connections(pg_table: str) -
         store.close()
         assert engine.pool.checkedout() == 0, "close() gives every connection back"
         engine.dispose()
+
+
+def test_connections_kept_by_live_threads_cost_one_call_when_the_server_kills_them(
+    pg_table: str,
+) -> None:
+    url = require_postgres()
+    sep = "&" if "?" in url else "?"
+    store = SqlStore(f"{url}{sep}application_name=sg-shelf-test", table_name=pg_table)
+    engine: sa.Engine = store._engine
+    jobs: list[queue.Queue[bool]] = [queue.Queue() for _ in range(3)]
+    done: queue.Queue[BaseException | None] = queue.Queue()
+
+    def worker(inbox: queue.Queue[bool]) -> None:
+        while inbox.get():
+            try:
+                _call(store)
+                done.put(None)
+            except BaseException as exc:  # reported to the test's thread
+                done.put(exc)
+
+    threads = [threading.Thread(target=worker, args=(inbox,), daemon=True) for inbox in jobs]
+    for thread in threads:
+        thread.start()
+
+    def one_round() -> list[BaseException]:
+        failed = []
+        for inbox in jobs:  # one thread at a time: the first to find its session dead
+            inbox.put(True)
+            if (outcome := done.get(timeout=60)) is not None:
+                failed.append(outcome)
+        return failed
+
+    try:
+        assert one_round() == []
+        assert engine.pool.checkedout() == 3, "each live thread keeps its connection between calls"
+        assert _terminate_others(url) >= 3
+        failed = one_round() + one_round()
+        assert all(isinstance(exc, StoreUnavailable) for exc in failed), failed
+        assert len(failed) <= 1, "dead kept connections must cost at most one call in all"
+    finally:
+        for inbox in jobs:
+            inbox.put(False)
+        for thread in threads:
+            thread.join(timeout=60)
+        store.close()
+        assert engine.pool.checkedout() == 0, "close() gives every kept connection back"
+
+
+def test_a_thread_that_ended_gives_its_kept_connection_back(pg_table: str) -> None:
+    store = SqlStore(require_postgres(), table_name=pg_table)
+    engine: sa.Engine = store._engine
+    try:
+        size = engine.pool.size()  # type: ignore[attr-defined]
+        with ThreadPoolExecutor(size) as pool:
+            list(pool.map(lambda _: _call(store), range(4 * size)))
+        assert engine.pool.checkedout() <= size, "no more threads keep one than the pool keeps"
+        # Those threads have ended: the next thread to keep a connection gives theirs back.
+        _call(store)
+        assert engine.pool.checkedout() == 1
+    finally:
+        store.close()
+    assert engine.pool.checkedout() == 0
 
 
 def test_journal_recovers_after_the_server_killed_its_connections(pg_engine: sa.Engine) -> None:

@@ -126,7 +126,9 @@ class SqlStore:
         self._now: Callable[[], float] | None = clock
         if clock is None and not self._postgres:
             self._now = time.time
-        self._driver = SqlDriver(engine, unavailable=_unavailable, error=_error)
+        # Threads keep connections only in a pool of its own: a pool shared with the caller (a
+        # given engine) is never short of the connections the store's threads would keep.
+        self._driver = SqlDriver(engine, unavailable=_unavailable, error=_error, keep=owned)
         # The records this store's claims handed out and that are still live, by key: complete()
         # rebuilds the finished record from one of these instead of reading every column back.
         self._held: dict[str, Record] = {}
@@ -382,9 +384,10 @@ class SqlStore:
             return int(conn.execute(self._purging(limit)).rowcount)
 
     def close(self) -> None:
-        """Release the connections of an engine the store made (a given engine is left alone; the
-        store holds no connection between calls)."""
+        """Give back the connections the store's threads kept (Postgres), and release those of an
+        engine the store made (a given engine is left alone)."""
         self._held.clear()
+        self._driver.close()
         if self._owned:
             self._engine.dispose()
 

@@ -1,0 +1,135 @@
+"""Client CPU of one guarded new call's store work, paired against the floor's, one thread.
+
+::
+
+    .venv/bin/python bench/store_cpu.py                       # Postgres, SQLite, Redis
+    .venv/bin/python bench/store_cpu.py --backends postgres --profile 20
+
+For each backend, blocks of ``--pairs`` store claims each followed by its ``complete`` (a new key
+every time) alternate with blocks of as many floor calls (bench/_subjects.py: an INSERT commit and
+an UPDATE commit, or SET NX + SET), ``--rounds`` times, so machine load falls on both alike; each
+block's figure is ``time.process_time`` over the block divided by its pairs. Prints the median and
+the range of each, and of the guarded call (``Guard.effect`` around a no-op: the claim, the record
+and the guard's own work). ``--profile N`` prints the top N functions of a cProfile of one block of
+guarded calls instead (cumulative time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import RETENTION
+from _subjects import postgres_floor, redis_floor, sqlite_floor
+
+from idempotency import Guard, scope
+from idempotency.keys import EffectIdentity
+
+
+def _cpu(fn: Callable[[int], object], n: int, start: int) -> float:
+    t0 = time.process_time()
+    for i in range(start, start + n):
+        fn(i)
+    return (time.process_time() - t0) / n * 1e6
+
+
+def _subjects(backend: str, args: argparse.Namespace, tmp: str) -> tuple[Any, Any]:
+    tag = uuid.uuid4().hex[:8]
+    if backend == "postgres":
+        from idempotency.stores.sql import SqlStore
+
+        store = SqlStore(args.pg_url, table_name=f"bench_cpu_{tag}")
+        return store, postgres_floor(args.pg_url, f"cpu-{tag}")
+    if backend == "sqlite":
+        from idempotency.stores.sql import SqlStore
+
+        path = os.path.join(tmp, f"{tag}.db")
+        store = SqlStore(f"sqlite:///{path}")
+        return store, sqlite_floor(os.path.join(tmp, f"{tag}-floor.db"), f"cpu-{tag}")
+    from idempotency.stores.redis import RedisStore
+
+    store = RedisStore(args.redis_url, prefix=f"bench-cpu-{tag}")
+    return store, redis_floor(args.redis_url, f"bench-cpu-{tag}", 16)
+
+
+def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
+    store, floor = _subjects(backend, args, tmp)
+    guard = Guard(store)
+    noop = guard.effect("bench.cpu")(lambda i: i)
+    run_id = uuid.uuid4().hex[:8]
+
+    def pair(i: int) -> object:
+        ident = EffectIdentity.of("bench", f"{run_id}-{i}", "cpu", 0)
+        claimed = store.claim(ident, "f" * 64, 30.0)
+        return store.complete(ident.key, claimed.record.token, "null", RETENTION)
+
+    def guarded(i: int) -> object:
+        with scope(f"{run_id}-g{i}"):
+            return noop(i)
+
+    n = args.pairs
+    counter = [0]
+
+    def block(fn: Callable[[int], object]) -> float:
+        counter[0] += n
+        return _cpu(fn, n, counter[0])
+
+    for fn in (pair, guarded, floor.sync):  # warm-up: prepared statements, pools, caches
+        block(fn)
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        block(guarded)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+    else:
+        got: dict[str, list[float]] = {"floor": [], "store": [], "guarded": []}
+        for r in range(args.rounds):
+            order = [("floor", floor.sync), ("store", pair), ("guarded", guarded)]
+            if r % 2:
+                order.reverse()
+            for name, fn in order:
+                got[name].append(block(fn))
+        med = {k: statistics.median(v) for k, v in got.items()}
+        print(
+            f"{backend}: client CPU per call, median (min-max) of {args.rounds} blocks of {n}: "
+            + "; ".join(f"{k} {med[k]:.0f} ({min(v):.0f}-{max(v):.0f}) µs" for k, v in got.items())
+            + f"; guarded - floor {med['guarded'] - med['floor']:+.0f} µs, store pair - floor "
+            f"{med['store'] - med['floor']:+.0f} µs"
+        )
+    floor.close()
+    store.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backends", default="postgres,sqlite,redis")
+    parser.add_argument("--pairs", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--profile", type=int, default=0)
+    parser.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
+    args = parser.parse_args()
+    print(f"load: {os.getloadavg()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in args.backends.split(","):
+            run(backend, args, tmp)
+    print(f"load: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
