@@ -102,9 +102,9 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
         f"Windows: {meta['window']} s each, {meta['repeats']} per series (floor and sagaguard "
         "alternating which goes first)",
         "",
-        "*The machine is shared with other engineers' test runs and was loaded during this run: "
-        "absolute figures are pessimistic. The ratios against the floor, measured in the same "
-        "windows' neighbours, are the point.*",
+        "*The load averages above include the benchmark's own threads; a higher load (other work "
+        "on the machine) makes absolute figures pessimistic. The ratios against the floor, measured "
+        "in neighbouring windows, are the point.*",
         "",
         "#### Guarded new calls against the floor",
         "",
@@ -246,10 +246,9 @@ NOTES = [
     "connections in all. Async floors: psycopg's `AsyncConnection` (15 of them) on Postgres, "
     "redis-py's asyncio client on Redis, and on SQLite the two commits in `asyncio.to_thread` "
     "(sqlite3 has no async interface).",
-    "Redis: the store's client and the floor's get a pool of 512 connections. With redis-py 8's "
-    "default pool (100), as a store opened from a URL gets it, 128 threads fail with "
-    "`StoreUnavailable('redis is unavailable: Too many connections')`: the store takes one "
-    "connection of the pool per call in flight.",
+    "Redis: the store's client and the floor's get a pool of 512 connections. A store opened "
+    "from a URL gets a blocking pool of 64 (`RedisStore(url, max_connections=)`): more threads "
+    "than that wait for a connection instead of failing.",
     "Each level is a closed loop: every client calls again as soon as its call returns, with a "
     "fresh key each time; calls/s is the calls completed over the window's wall time.",
     "Postgres commits per call: the difference of two sessions' `xact_commit` counts (the "
