@@ -210,8 +210,12 @@ def test_without_sagaguard_sigkill_then_from_checkpoint_charges_twice(
 ) -> None:
     assert steps.ended(PLAIN_START)["signal"] == signal.SIGKILL
     [resumed] = steps.reports(PLAIN_RESUME, "plain")
-    assert steps.counts(service, PLAIN_START, "plain") == (1, 2)  # the restored task ran pay from its start
-    assert resumed["model_calls"] == 2  # and asked the model again, for both of its calls
+    lookups, charges = steps.counts(service, PLAIN_START, "plain")
+    assert charges == 2  # the restored crew ran pay from its start: the customer is charged twice
+    # CrewAI's event bus writes checkpoints from its own thread: the newest on disk at the kill was
+    # lookup's end (lookup not run again) or, seen on a loaded machine, lookup's start (run again).
+    assert lookups in (1, 2)
+    assert resumed["model_calls"] == 2 * lookups  # and asked the model again, two calls per task
 
 
 def test_the_docs_example_runs_in_the_crewai_environment(crew_python: Path, tmp_path: Path) -> None:
