@@ -162,6 +162,8 @@ def _count_round_trips(journal: Any, engine: Any, saga_case: Case, index: int) -
     import psycopg
     import sqlalchemy as sa
 
+    from idempotency.stores.sql_pq import PqCursor
+
     counts = {"commits": 0, "statements": 0}
     sqlite = engine.dialect.name == "sqlite"
 
@@ -183,9 +185,14 @@ def _count_round_trips(journal: Any, engine: Any, saga_case: Case, index: int) -
             traced(str(query))
             super().executemany(query, params_seq, **kwargs)
 
-    class CountingRaw(psycopg.RawCursor[Any]):  # the hot path's cursors (sql_driver.raw_cursor)
-        execute = Counting.execute  # type: ignore[assignment]
-        executemany = Counting.executemany  # type: ignore[assignment]
+    class CountingRaw(PqCursor):  # the hot path's cursors (sql_driver.raw_cursor)
+        def execute(self, query: str, params: Any = None, *, prepare: bool | None = None) -> None:
+            traced(query)
+            conn = self.connection
+            idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            if conn.autocommit and idle and query.strip().upper() != "BEGIN":
+                counts["commits"] += 1  # a statement of its own: one transaction
+            super().execute(query, params, prepare=prepare)
 
     def on_checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
         if sqlite:

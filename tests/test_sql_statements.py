@@ -107,13 +107,14 @@ def pg_traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[SqlStore, list[
     sent: list[tuple[str, bool]] = []
 
     from idempotency.stores import sql_driver
+    from idempotency.stores.sql_pq import PqCursor
 
-    class Tracing(psycopg.RawCursor[Any]):
-        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+    class Tracing(PqCursor):
+        def execute(self, query: str, params: Any = None, *, prepare: bool | None = None) -> None:
             conn = self.connection
             alone = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-            sent.append((str(query), alone))
-            return super().execute(query, params, **kwargs)
+            sent.append((query, alone))
+            super().execute(query, params, prepare=prepare)
 
     monkeypatch.setattr(sql_driver, "raw_cursor", Tracing)  # the hot path's cursors
     engine = make_engine(require_postgres())

@@ -4,11 +4,11 @@ The SQL backends (the effects store, the saga journal, the outbox relay) each ma
 statements on every call: the claim and the record, the saga phase, the outbox claim and ack. Those
 are SQL text with ``:name`` parameters, written out and documented where they are defined, and run
 here, without SQLAlchemy's ``Connection`` between (its Python costs about what a commit costs a fast
-disk): on Postgres through psycopg's ``RawCursor`` (``$1`` parameters, so psycopg converts no query
-text per call), each prepared once per connection (``prepare=True``, psycopg's own prepared
-statements; ``prepare_threshold=None`` on the engine's connections, as behind an old PgBouncer,
-turns that off), one cursor per connection kept in the pool's ``info`` for it; on SQLite through
-sqlite3, which takes ``:name`` parameters itself and caches the compiled statement. Everything
+disk): on Postgres through psycopg's libpq interface, ``psycopg.pq``
+(:class:`~idempotency.stores.sql_pq.PqCursor`: ``$1`` parameters, each statement prepared once per
+connection outside a transaction; ``prepare_threshold=None`` on the engine's connections, as behind
+an old PgBouncer, turns that off), one cursor per connection kept in the pool's ``info`` for it; on
+SQLite through sqlite3, which takes ``:name`` parameters itself and caches the compiled statement. Everything
 else (listing, purging, operator actions, the schema) goes through SQLAlchemy Core.
 
 Connections come from the engine's SQLAlchemy pool (``Engine.raw_connection()``), one per block, and
@@ -75,7 +75,7 @@ if hasattr(os, "register_at_fork"):
 
 
 _NUMBERED = postgresql.psycopg.dialect(paramstyle="numeric_dollar")  # type: ignore[no-untyped-call]
-"""Renders ``:name`` parameters as ``$1``, ``$2``, ... for psycopg's ``RawCursor``."""
+"""Renders ``:name`` parameters as ``$1``, ``$2``, ... for libpq."""
 _CURSOR = "sagaguard.cursor"
 """The key of a connection's kept cursor in the pool's ``info`` for it."""
 
@@ -387,8 +387,8 @@ class SqlDriver:
 
 
 def raw_cursor(conn: Any) -> Any:
-    """A psycopg ``RawCursor`` on ``conn`` (a name of its own, so a test or a bench can count
-    what the hot path sends by replacing it)."""
-    import psycopg
+    """The hot path's cursor on ``conn``, a :class:`~idempotency.stores.sql_pq.PqCursor` (a name
+    of its own, so a test or a bench can count what the hot path sends by replacing it)."""
+    from idempotency.stores.sql_pq import PqCursor
 
-    return psycopg.RawCursor(conn)
+    return PqCursor(conn)
