@@ -127,3 +127,20 @@ def test_statements_psycopg_deallocated_are_prepared_again() -> None:
         with engine.begin() as connection:
             connection.execute(sa.text(f'DROP TABLE IF EXISTS "{table}"'))
         engine.dispose()
+
+
+def test_enum_and_uuid_parameters_go_as_their_values_and_bytes_are_refused(conn: Any) -> None:
+    import enum
+
+    class Colour(str, enum.Enum):  # noqa: UP042  # the mixin, whose str() is not its value
+        RED = "red"
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    cursor = PqCursor(conn)
+    ident = uuid.uuid4()
+    cursor.execute("SELECT $1::text, $2::int8, $3::uuid", [Colour.RED, Level.HIGH, ident], prepare=True)
+    assert cursor.fetchall() == [("red", 3, ident)]
+    with pytest.raises(TypeError, match="bytes"):
+        cursor.execute("SELECT $1::bytea", [b"\x00"], prepare=True)

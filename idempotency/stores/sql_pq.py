@@ -51,9 +51,17 @@ _FATAL = pq.ExecStatus.FATAL_ERROR
 _IDLE = pq.TransactionStatus.IDLE
 _NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 _TEXT = pq.Format.TEXT
-_PARAM_TYPES: dict[type, int] = {bool: 16, int: 20, float: 701}
-"""The type named for a parameter when a statement is prepared; str and None: the server infers
-it from the statement (every such parameter of ours is a text column or inside a CAST)."""
+
+
+def _param_type(value: Any) -> int:
+    """The type named for a parameter: bool, int8 or float8; for a str, None or anything else, 0:
+    the server infers it from the statement (every such parameter of ours is a text column or
+    inside a CAST)."""
+    if isinstance(value, bool):
+        return 16
+    return 20 if isinstance(value, int) else 701 if isinstance(value, float) else 0
+
+
 _NUMBERS: dict[int, Callable[[bytes], Any]] = {
     16: lambda v: v == b"t",  # bool
     20: int, 21: int, 23: int,  # int8, int2, int4
@@ -114,7 +122,7 @@ class PqCursor:
             self._load(pgconn.exec_(sql))
             return
         values = [self._dump(v) for v in params or ()]
-        types = [_PARAM_TYPES.get(type(v), 0) for v in params or ()]
+        types = [_param_type(v) for v in params or ()]
         if not prepare or self.connection.prepare_threshold is None or pgconn.transaction_status != _IDLE:
             self._load(pgconn.exec_params(sql, values, types))
             return
@@ -148,16 +156,22 @@ class PqCursor:
             _prepared.pop(self.connection, None)
 
     def _dump(self, value: Any) -> bytes | None:
-        kind = type(value)
-        if kind is str:
-            return value.encode(self._encoding)  # type: ignore[no-any-return]
+        """A parameter in text format (None is NULL)."""
+        if isinstance(value, str):  # a str enum too: its value
+            return value.encode(self._encoding)
         if value is None:
             return None
-        if kind is bool:
+        if isinstance(value, bool):
             return b"t" if value else b"f"
-        if kind is float and math.isinf(value):
-            return b"Infinity" if value > 0 else b"-Infinity"
-        return str(value).encode()  # int, and float: repr, the shortest exact digits
+        if isinstance(value, int):
+            return str(int(value)).encode()  # an int enum too: its value
+        if isinstance(value, float):
+            if math.isinf(value):
+                return b"Infinity" if value > 0 else b"-Infinity"
+            return repr(float(value)).encode()  # the shortest digits that read back exactly
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError("a bytes parameter has no text form here")
+        return str(value).encode(self._encoding)  # e.g. a UUID
 
     def _load(self, result: pq.abc.PGresult) -> None:
         self._check(self.connection.pgconn, result)
