@@ -144,3 +144,32 @@ def test_enum_and_uuid_parameters_go_as_their_values_and_bytes_are_refused(conn:
     assert cursor.fetchall() == [("red", 3, ident)]
     with pytest.raises(TypeError, match="bytes"):
         cursor.execute("SELECT $1::bytea", [b"\x00"], prepare=True)
+
+
+def test_with_prepare_threshold_none_nothing_is_prepared() -> None:
+    """As behind an old PgBouncer: the engine's connections say ``prepare_threshold=None``, and the
+    store's statements are sent unnamed, each call."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(
+        require_postgres().replace("postgresql://", "postgresql+psycopg://", 1),
+        connect_args={"prepare_threshold": None},
+    )
+    table = f"sg_pq_{uuid.uuid4().hex[:8]}"
+    store = SqlStore(engine, table_name=table)
+    charge = Guard(store).effect("pay.charge")(lambda amount: amount)
+    try:
+        for run in ("run-1", "run-2", "run-1"):
+            with scope(run):
+                assert charge(3) == 3
+        fairy = engine.raw_connection()
+        try:
+            assert not any(name.startswith("sg_") for name in names(fairy.driver_connection))
+            fairy.driver_connection.rollback()
+        finally:
+            fairy.close()
+    finally:
+        store.close()
+        with engine.begin() as connection:
+            connection.execute(sa.text(f'DROP TABLE IF EXISTS "{table}"'))
+        engine.dispose()
