@@ -52,8 +52,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from crewai import Crew
-from crewai.context import get_current_task_id
-from crewai.events.event_context import _event_id_stack
+from crewai.context import capture_execution_context, get_current_task_id
 from crewai.llms.base_llm import BaseLLM
 from crewai.tools import BaseTool
 from pydantic import BaseModel
@@ -91,10 +90,9 @@ _MARK = "__sagaguard_crewai__"
 
 
 def _stack() -> tuple[tuple[str, str], ...]:
-    # CrewAI's event scope stack (``crewai.events.event_context``): (event id, event type) pairs,
-    # outermost first; ``Crew.from_checkpoint`` restores the kickoff's entry.
-    stack: tuple[tuple[str, str], ...] = _event_id_stack.get()
-    return stack
+    # CrewAI's event scope stack, read through its public execution-context capture: (event id,
+    # event type) pairs, outermost first; ``Crew.from_checkpoint`` restores the kickoff's entry.
+    return tuple(capture_execution_context().event_id_stack)
 
 
 def kickoff_id() -> str | None:

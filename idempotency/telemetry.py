@@ -15,7 +15,6 @@ arguments and results never go on spans (a replay is reported as ``replayed``, n
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -23,7 +22,6 @@ from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
 
 from idempotency.errors import ConfigurationError
 
@@ -229,8 +227,6 @@ def identifier_attributes(saga_id: str | None = None) -> dict[str, str]:
     return attrs
 
 
-_UNSET = object()
-_FROM_ENV = OTEL_PYTHON_TRACER_PROVIDER in os.environ
 _traced: list[bool] = []
 """Holds True once a real tracer provider was seen (the global can be set only once)."""
 
@@ -239,14 +235,11 @@ def tracing() -> bool:
     """Whether spans may be recorded: a tracer provider other than the API's no-op one is set.
 
     Without one every span is a non-recording no-op, so the guard skips creating and attaching it.
-    Cheap on the hot path: once a real provider is seen the answer is remembered (OpenTelemetry sets
-    the global provider at most once); before that, the API's global is read directly when it has
-    one (``get_tracer_provider()`` looks the environment up on every call), else asked properly.
+    Once a real provider is seen the answer is remembered (OpenTelemetry sets the global provider at
+    most once); before that, ``trace.get_tracer_provider()`` is asked on each call.
     """
     if _traced:
         return True
-    if not _FROM_ENV and getattr(trace, "_TRACER_PROVIDER", _UNSET) is None:
-        return False  # nothing set, and nothing to load from the environment
     provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return False
