@@ -4,9 +4,10 @@ prepared statements psycopg deallocates under it (after a ROLLBACK) prepared aga
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -27,6 +28,34 @@ def conn() -> Iterator[Any]:
 
 def names(conn: Any) -> set[str]:
     return {row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements").fetchall()}
+
+
+@contextlib.contextmanager
+def guarded_on(engine: Any) -> Iterator[Callable[[int], int]]:
+    """A guarded no-op charge on a store over ``engine`` (an engine of the caller's: one pooled
+    connection for one thread); the table and the engine are gone afterwards."""
+    import sqlalchemy as sa
+
+    table = f"sg_pq_{uuid.uuid4().hex[:8]}"
+    store = SqlStore(engine, table_name=table)
+    try:
+        yield Guard(store).effect("pay.charge")(lambda amount: amount)
+    finally:
+        store.close()
+        with engine.begin() as connection:
+            connection.execute(sa.text(f'DROP TABLE IF EXISTS "{table}"'))
+        engine.dispose()
+
+
+def ours_prepared(engine: Any) -> bool:
+    """Whether the pooled connection holds statements this cursor prepared (``sg_<n>``)."""
+    fairy = engine.raw_connection()
+    try:
+        found = any(name.startswith("sg_") for name in names(fairy.driver_connection))
+        fairy.driver_connection.rollback()
+        return found
+    finally:
+        fairy.close()
 
 
 def test_values_go_and_come_back_by_type(conn: Any) -> None:
@@ -93,10 +122,7 @@ def test_statements_psycopg_deallocated_are_prepared_again() -> None:
     after a ROLLBACK: the store's statements on that pooled connection are gone too, and its next
     call prepares them again instead of failing."""
     engine = make_engine(require_postgres())
-    table = f"sg_pq_{uuid.uuid4().hex[:8]}"
-    store = SqlStore(engine, table_name=table)  # an engine of the caller's: one pooled connection
-    charge = Guard(store).effect("pay.charge")(lambda amount: amount)
-    try:
+    with guarded_on(engine) as charge:
         with scope("run-1"):
             assert charge(1) == 1
         fairy = engine.raw_connection()
@@ -114,19 +140,7 @@ def test_statements_psycopg_deallocated_are_prepared_again() -> None:
             assert charge(2) == 2
         with scope("run-2"):
             assert charge(2) == 2  # a replay, read through the statements prepared again
-        fairy = engine.raw_connection()
-        try:
-            assert any(name.startswith("sg_") for name in names(fairy.driver_connection))
-            fairy.driver_connection.rollback()
-        finally:
-            fairy.close()
-    finally:
-        store.close()
-        import sqlalchemy as sa
-
-        with engine.begin() as connection:
-            connection.execute(sa.text(f'DROP TABLE IF EXISTS "{table}"'))
-        engine.dispose()
+        assert ours_prepared(engine)
 
 
 def test_enum_and_uuid_parameters_go_as_their_values_and_bytes_are_refused(conn: Any) -> None:
@@ -155,21 +169,8 @@ def test_with_prepare_threshold_none_nothing_is_prepared() -> None:
         require_postgres().replace("postgresql://", "postgresql+psycopg://", 1),
         connect_args={"prepare_threshold": None},
     )
-    table = f"sg_pq_{uuid.uuid4().hex[:8]}"
-    store = SqlStore(engine, table_name=table)
-    charge = Guard(store).effect("pay.charge")(lambda amount: amount)
-    try:
+    with guarded_on(engine) as charge:
         for run in ("run-1", "run-2", "run-1"):
             with scope(run):
                 assert charge(3) == 3
-        fairy = engine.raw_connection()
-        try:
-            assert not any(name.startswith("sg_") for name in names(fairy.driver_connection))
-            fairy.driver_connection.rollback()
-        finally:
-            fairy.close()
-    finally:
-        store.close()
-        with engine.begin() as connection:
-            connection.execute(sa.text(f'DROP TABLE IF EXISTS "{table}"'))
-        engine.dispose()
+        assert not ours_prepared(engine)
