@@ -202,7 +202,7 @@ def play(config: dict[str, Any]) -> None:
     journal, store = open_journal(db), open_store(db)
     guard = Guard(store)  # the defaults: a process restarted at once takes a dead one's claims over
     agent = AgentSaga("trip_crew", undos, on_failure="leave") if config.get("leave") else trip_crew
-    runner = AgentRunner(journal, guard, lease=1.0, sleep=lambda _s: None)
+    runner = AgentRunner(journal, guard, sleep=lambda _s: None)  # the default run lease (30 s)
     crew_saga = CrewSaga(runner, agent)
     charge = changes_world(pivot=True) if config.get("pivot") else changes_world(undo="refund")
     crew_guard = CrewGuard(guard, saga=crew_saga, declare={"charge": charge})

@@ -18,5 +18,5 @@ from idempotency import Guard, open_store
 from idempotency.testing import CrashingStore
 
 if __name__ == "__main__":
-    guard = Guard(CrashingStore(open_store(sys.argv[1])), lease=1.0)
+    guard = Guard(CrashingStore(open_store(sys.argv[1])))  # the defaults, as the CLI has them
     asyncio.run(proxy_main(lambda: stdio_session(server_params(dict(os.environ))), guard, "payments"))
