@@ -16,46 +16,19 @@ calls/s can rise no further with more threads, whatever the database could take.
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
-import threading
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
+from _load import run_threads
 from _subjects import guard_subject, postgres_floor
 
 from idempotency import Guard
 from idempotency.stores.sql import SqlStore
-
-
-def window(
-    op: Callable[[int], object], threads: int, seconds: float, seq: itertools.count[int]
-) -> tuple[float, float, float]:
-    """Run ``op`` in ``threads`` closed loops for ``seconds``: (calls/s, CPU µs per call, cores)."""
-    stop = time.monotonic() + seconds
-    counts = [0] * threads
-
-    def loop(slot: int) -> None:
-        i = next(seq) * 10_000_000  # a key range of its own: every call is new
-        while time.monotonic() < stop:
-            op(i)
-            i += 1
-            counts[slot] += 1
-
-    workers = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
-    cpu0, wall0 = time.process_time(), time.monotonic()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    cpu, wall, calls = time.process_time() - cpu0, time.monotonic() - wall0, max(sum(counts), 1)
-    return calls / wall, cpu / calls * 1e6, cpu / wall
 
 
 def main() -> int:
@@ -71,15 +44,21 @@ def main() -> int:
         "floor": postgres_floor(args.pg_url, uuid.uuid4().hex),
         "guard": guard_subject(Guard(store, namespace="bench"), uuid.uuid4().hex),
     }
-    seq = itertools.count()
     print("| threads | series | calls/s | client CPU per call | cores used |")
     print("|---:|---|---:|---:|---:|")
     try:
+        windows = 0
         for threads in (int(t) for t in args.threads.split(",")):
             for _ in range(args.rounds):
                 for name in ("floor", "guard"):
-                    rate, cpu, cores = window(subjects[name].sync, threads, args.seconds, seq)
-                    print(f"| {threads} | {name} | {rate:,.0f} | {cpu:,.0f} µs | {cores:.2f} |", flush=True)
+                    windows += 1  # each window its own index range: every call is new
+                    w = run_threads(subjects[name].sync, threads, args.seconds, windows * 10_000_000)
+                    figures = w.summary()
+                    print(
+                        f"| {threads} | {name} | {figures['rate']:,.0f} | {figures['cpu_us']:,.0f} µs"
+                        f" | {w.cpu / w.wall:.2f} |",
+                        flush=True,
+                    )
     finally:
         subjects["floor"].close()
         store.close()
