@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import queue
+import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -164,6 +166,57 @@ def test_a_thread_that_ended_gives_its_kept_connection_back(pg_table: str) -> No
     finally:
         store.close()
     assert engine.pool.checkedout() == 0
+
+
+def test_a_sqlite_store_keeps_a_connection_per_thread_and_holds_no_lock_between_calls(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "kept.db"
+    store = SqlStore(f"sqlite:///{path}")
+    engine: sa.Engine = store._engine
+    try:
+        size = engine.pool.size()  # type: ignore[attr-defined]
+        with ThreadPoolExecutor(size) as pool:
+            list(pool.map(lambda _: _call(store), range(4 * size)))
+        assert 1 <= engine.pool.checkedout() <= size, "threads keep their connections, no more than the pool"
+        # Another writer gets the write lock at once, and a checkpoint finds no reader in its way:
+        # a kept connection holds no transaction between calls.
+        other = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("COMMIT")
+            busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            assert busy == 0
+        finally:
+            other.close()
+        _call(store)  # the threads that kept connections have ended: theirs go back
+        assert engine.pool.checkedout() == 1
+    finally:
+        store.close()
+    assert engine.pool.checkedout() == 0, "close() gives every kept connection back"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_journal_of_its_own_keeps_connections_and_close_gives_them_back(
+    backend: str, tmp_path: Path
+) -> None:
+    prefix = f"sgsh{uuid.uuid4().hex[:8]}_"
+    url = f"sqlite:///{tmp_path / 'j.db'}" if backend == "sqlite" else require_postgres()
+    journal = SqlJournal(url, table_prefix=prefix)
+    engine: sa.Engine = journal._engine
+    first = StepRecord(0, "s0", StepKind.COMPENSATABLE, StepState.STARTED)
+    try:
+        journal.start("saga-1", name="n", version=1, input="1", fingerprint="f", lease=60, first=first)
+        assert journal.load("saga-1") is not None
+        assert engine.pool.checkedout() == 1, "the thread keeps its connection between calls"
+    finally:
+        if backend == "postgres":
+            with engine.begin() as conn:
+                for table in ("sagas", "saga_steps", "saga_signals"):
+                    conn.execute(sa.text(f'DROP TABLE IF EXISTS "{prefix}{table}"'))
+        pool = engine.pool
+        journal.close()
+    assert pool.checkedout() == 0, "close() gives every kept connection back"
 
 
 def test_journal_recovers_after_the_server_killed_its_connections(pg_engine: sa.Engine) -> None:

@@ -13,21 +13,22 @@ else (listing, purging, operator actions, the schema) goes through SQLAlchemy Co
 
 Connections come from the engine's SQLAlchemy pool (``Engine.raw_connection()``), one per block, and
 go back to it when the block ends; the pool's own reset-on-return rolls back what a failed block
-left open. A driver made with ``keep`` (the effects store's, on Postgres) instead lets each thread
-keep the connection its block used, checked out, for its next blocks, as many threads as the pool
-keeps connections (``QueuePool.size()``; the others take one per block from the overflow): a
-checkout, the reset and the switch into autocommit and back are most of the driver's own client CPU
-per block (docs/benchmarks.md). A kept connection goes back to the pool when the store closes
-(:meth:`SqlDriver.close`), when its thread has ended (the next thread to keep one sees it), or when
-a block on it fails in a way that may have broken it. Postgres connections run the block in
-autocommit (set on checkout, restored before they go back; a kept one stays in it), so a block of
-one statement is one round trip and one commit; a block asks for a transaction explicitly. A
-connection that may be broken is invalidated (``PoolProxiedConnection.invalidate``); after a
-disconnect the whole pool is disposed, as the server's other sessions are as dead, and every kept
-connection is thrown away before its next use (so a killed server costs one call, not one per pooled
-or kept connection). In a forked child, every engine served here gets a new pool
-(``Engine.dispose(close=False)``, as SQLAlchemy advises) and the kept connections are forgotten, not
-closed, so the child never talks on its parent's sockets.
+left open. A driver made with ``keep`` (the effects store's and the saga journal's on an engine of
+their own) instead lets each thread keep the connection its block used, checked out, for its next
+blocks, as many threads as the pool keeps connections (``QueuePool.size()``; the others take one
+per block from the overflow), by :class:`~idempotency.kept.KeptConnections`: a checkout and the
+reset (on Postgres also the switch into autocommit and back) are most of the driver's own client
+CPU per block (docs/benchmarks.md). Between blocks a kept connection holds no transaction (every
+block ends in a commit or a rollback), so it holds no lock, on SQLite neither the write lock nor a
+read snapshot. Postgres connections run the block in autocommit (set on checkout, restored before
+they go back; a kept one stays in it), so a block of one statement is one round trip and one
+commit; a block asks for a transaction explicitly. A connection that may be broken is invalidated
+(``PoolProxiedConnection.invalidate``); after a disconnect the whole pool is disposed, as the
+server's other sessions are as dead, and every kept connection is thrown away before its next use
+(so a killed server costs one call, not one per pooled or kept connection). In a forked child,
+every engine served here gets a new pool (``Engine.dispose(close=False)``, as SQLAlchemy advises)
+and the kept connections are forgotten, not closed, so the child never talks on its parent's
+sockets.
 
 Transactions, per block: on SQLite (``isolation_level=None``, set by
 :func:`~idempotency.stores.sql_engine.make_engine`) each statement is its own transaction unless the
@@ -52,19 +53,18 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.pool import QueuePool, StaticPool
 
+from idempotency.kept import KeptConnections
+
 __all__ = ["SqlDriver", "Statement"]
 
 _served: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
-_keeping: weakref.WeakSet[SqlDriver] = weakref.WeakSet()
 _served_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
     # The parent's pooled connections are not ours to use, nor to close (closing one would end the
-    # parent's session on the shared socket): a new, empty pool for each engine, and the kept
-    # connections forgotten.
-    for driver in list(_keeping):
-        driver._forget_kept()
+    # parent's session on the shared socket): a new, empty pool for each engine. (The connections
+    # threads kept are forgotten by idempotency.kept's own hook.)
     for engine in list(_served):
         with contextlib.suppress(Exception):
             engine.dispose(close=False)
@@ -108,21 +108,6 @@ class Statement:
         return params
 
 
-class _Kept:
-    """A pooled connection a thread keeps checked out between its blocks (see the module)."""
-
-    __slots__ = ("busy", "conn", "cursor", "fairy", "generation", "gone", "pid", "thread")
-
-    def __init__(self, fairy: Any, conn: Any, generation: int) -> None:
-        self.fairy, self.conn, self.generation = fairy, conn, generation
-        self.cursor: Any = None
-        self.pid = os.getpid()
-        self.thread = weakref.ref(threading.current_thread())
-        self.busy = False
-        self.gone = False
-        """Given back to the pool by another thread (:meth:`SqlDriver.close`)."""
-
-
 class SqlDriver:
     """Blocks of hot statements on connections of ``engine``'s pool, the driver's errors made ours.
 
@@ -132,8 +117,9 @@ class SqlDriver:
         unavailable: builds the error for a transient failure (the server gone, the pool empty,
             SQLite's "database is locked") from the driver's message.
         error: builds the error for any other failure of the driver.
-        keep: on Postgres with a ``QueuePool``, let each thread keep its connection checked out
-            between blocks (see the module); whoever makes the driver then calls :meth:`close`.
+        keep: with a ``QueuePool`` (not SQLite in memory), let each thread keep its connection
+            checked out between blocks (see the module); whoever makes the driver then calls
+            :meth:`close`.
 
     Thread-safe: each block has a connection of its own; on a one-connection pool (``sqlite://``,
     in memory) a re-entrant lock keeps two threads' blocks from interleaving (:attr:`lock`).
@@ -149,12 +135,11 @@ class SqlDriver:
     ) -> None:
         self.engine = engine
         self.postgres = engine.dialect.name == "postgresql"
-        self._keep = keep and self.postgres and isinstance(engine.pool, QueuePool)
-        self._local = threading.local()
-        self._kept: list[_Kept] = []
-        self._kept_lock = threading.Lock()
-        self._generation = 0
-        """Bumped when the server went away: a connection kept before is not used again."""
+        self._kept: KeptConnections[Any] | None = None
+        """The connections threads keep between blocks (``keep``), as SQLAlchemy pool checkouts."""
+        if keep and isinstance(engine.pool, QueuePool):
+            pool = engine.pool
+            self._kept = KeptConnections(pool.size, self._give_back)
         self.lock: contextlib.AbstractContextManager[Any] = (
             threading.RLock() if isinstance(engine.pool, StaticPool) else contextlib.nullcontext()
         )
@@ -176,8 +161,6 @@ class SqlDriver:
         )
         with _served_lock:
             _served.add(engine)
-            if self._keep:
-                _keeping.add(self)
 
     def translate(self, exc: BaseException) -> Exception:
         """Our error for a driver's or SQLAlchemy's, with the driver's message (never SQLAlchemy's,
@@ -215,23 +198,26 @@ class SqlDriver:
             the ``unavailable`` or ``error`` given, chained to the driver's error.
         """
         with self.lock:
-            kept = self._take_kept()
+            kept = self._kept.take() if self._kept is not None else None
+            if kept is not None and not kept.conn.is_valid:  # invalidated since (a failed block)
+                self._kept.discard(kept)  # type: ignore[union-attr]  # kept implies _kept
+                kept = None
             if kept is not None:
-                fairy, conn, cursor = kept.fairy, kept.conn, kept.cursor
+                fairy = kept.conn
             else:
                 try:
                     fairy = self.engine.raw_connection()
                 except (sa_exc.SQLAlchemyError, self.driver_error, OSError) as exc:
                     raise self.translate(exc) from exc
-                conn = fairy.driver_connection
-                cursor = None
+            conn = fairy.driver_connection
+            cursor = None
             try:
                 if self.postgres:
-                    if kept is None:
+                    if kept is None:  # a kept connection stays in autocommit
                         conn.autocommit = True
-                        cursor = fairy.info.get(_CURSOR)
-                        if cursor is None or cursor.connection is not conn or cursor.closed:
-                            cursor = fairy.info[_CURSOR] = raw_cursor(conn)
+                    cursor = fairy.info.get(_CURSOR)
+                    if cursor is None or cursor.connection is not conn or cursor.closed:
+                        cursor = fairy.info[_CURSOR] = raw_cursor(conn)
                     if relaxed:
                         cursor.execute("BEGIN")
                         cursor.execute("SET LOCAL synchronous_commit = off")
@@ -250,97 +236,24 @@ class SqlDriver:
                 raise
             finally:
                 if kept is not None:
-                    kept.busy = False
-                    if not fairy.is_valid:
-                        self._unkeep(kept)
-                elif not self._keep_this(fairy, conn, cursor):
+                    if fairy.is_valid:
+                        self._kept.done(kept)  # type: ignore[union-attr]
+                    else:
+                        self._kept.discard(kept)  # type: ignore[union-attr]
+                elif self._kept is None or not fairy.is_valid or not self._kept.keep(fairy):
                     self._release(fairy, conn)
-
-    def _take_kept(self) -> _Kept | None:
-        """This thread's kept connection, marked busy, if it has one fit to use."""
-        if not self._keep:
-            return None
-        kept: _Kept | None = getattr(self._local, "kept", None)
-        if kept is None or kept.busy:  # none, or a block inside a block of this thread
-            return None
-        with self._kept_lock:  # against a sweep of the kept connections (_failed, close)
-            usable = not kept.gone and kept.pid == os.getpid()
-            kept.busy = usable
-        if not usable:  # given back, or a forked child's copy of the parent's (neither to use nor
-            self._local.kept = None  # to close)
-            return None
-        if kept.generation != self._generation or not kept.fairy.is_valid:
-            kept.busy = False
-            self._unkeep(kept, invalidate=True)  # the server went away since
-            return None
-        return kept
-
-    def _keep_this(self, fairy: Any, conn: Any, cursor: Any) -> bool:
-        """Keep the connection a block of this thread used, if the thread keeps none yet and fewer
-        are kept than the pool keeps connections; whether it was kept."""
-        if not self._keep or getattr(self._local, "kept", None) is not None or not fairy.is_valid:
-            return False
-        with self._kept_lock:
-            self._prune()
-            if len(self._kept) >= self.engine.pool.size():  # type: ignore[attr-defined]  # QueuePool
-                return False
-            kept = _Kept(fairy, conn, self._generation)
-            kept.cursor = cursor
-            self._kept.append(kept)
-        self._local.kept = kept
-        return True
-
-    def _prune(self) -> None:
-        """Give back the connections kept by threads that have ended (under ``_kept_lock``)."""
-        for kept in list(self._kept):
-            thread = kept.thread()
-            if thread is None or not thread.is_alive():
-                self._kept.remove(kept)
-                kept.gone = True
-                self._release(kept.fairy, kept.conn)
-
-    def _unkeep(self, kept: _Kept, *, invalidate: bool = False) -> None:
-        """Stop keeping this thread's ``kept`` and give it back (thrown away with ``invalidate``)."""
-        self._local.kept = None
-        with self._kept_lock:
-            if kept.gone:
-                return
-            kept.gone = True
-            self._kept.remove(kept)
-        if invalidate:
-            with contextlib.suppress(Exception):
-                kept.fairy.invalidate()
-        self._release(kept.fairy, kept.conn)
-
-    def _drop_kept(self) -> None:
-        """After a disconnect: throw away every kept connection no block is using; one in use is
-        thrown away when its thread next takes it (its generation has passed)."""
-        with self._kept_lock:
-            self._generation += 1
-            idle = [kept for kept in self._kept if not kept.busy]
-            for kept in idle:
-                kept.gone = True
-                self._kept.remove(kept)
-        for kept in idle:
-            with contextlib.suppress(Exception):
-                kept.fairy.invalidate()
-            self._release(kept.fairy, kept.conn)
-
-    def _forget_kept(self) -> None:
-        """In a forked child: drop the parent's kept connections without touching them."""
-        self._kept = []
-        self._kept_lock = threading.Lock()
-        self._local = threading.local()
 
     def close(self) -> None:
         """Give back every kept connection (call when no block runs). The driver stays usable."""
-        with self._kept_lock:
-            kept, self._kept = self._kept, []
-            for entry in kept:
-                entry.gone = True  # a thread's own reference to it is not used again
-        for entry in kept:
-            if entry.pid == os.getpid():
-                self._release(entry.fairy, entry.conn)
+        if self._kept is not None:
+            self._kept.close()
+
+    def _give_back(self, fairy: Any, broken: bool) -> None:
+        """A kept connection back to the pool (thrown away when it may be ``broken``)."""
+        if broken and fairy.is_valid:
+            with contextlib.suppress(Exception):
+                fairy.invalidate()
+        self._release(fairy, fairy.driver_connection)
 
     def _failed(self, fairy: Any, conn: Any, cursor: Any, exc: BaseException) -> None:
         """After a block that raised ``exc``: roll back, or throw the connection away when it may
@@ -360,7 +273,8 @@ class SqlDriver:
         with contextlib.suppress(Exception):
             fairy.invalidate(exc)
         if disconnect:  # the server went away: its other sessions are as dead
-            self._drop_kept()
+            if self._kept is not None:
+                self._kept.expire()
             with contextlib.suppress(Exception):
                 self.engine.dispose()
 

@@ -166,7 +166,7 @@ class SqlJournal:
         self._postgres = dialect == "postgresql"
         # What "now" is bound from: the injected clock, else on SQLite (in-process) the host's.
         self._clock = clock if clock is not None or self._postgres else time.time
-        self._driver = SqlDriver(engine, unavailable=_unavailable, error=_error)
+        self._driver = SqlDriver(engine, unavailable=_unavailable, error=_error, keep=self._owned)
         quote = engine.dialect.identifier_preparer.quote
         sagas, steps, signals = (quote(t.name) for t in self._tables)
         self._sql = Statements(sagas, steps, signals, dialect, injected_clock=self._clock is not None)
@@ -468,8 +468,9 @@ class SqlJournal:
             return [_saga(row) for row in conn.execute(query)]
 
     def close(self) -> None:
-        """Dispose the engine the journal made (a given engine is left alone; the journal holds no
-        connection between calls)."""
+        """Give back the connections the journal's threads kept, and dispose the engine the journal
+        made (a given engine is left alone: no connection of it is held between calls)."""
+        self._driver.close()
         if self._owned:
             self._engine.dispose()
 
