@@ -51,15 +51,8 @@ _FATAL = pq.ExecStatus.FATAL_ERROR
 _IDLE = pq.TransactionStatus.IDLE
 _NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 _TEXT = pq.Format.TEXT
-
-
-def _param_type(value: Any) -> int:
-    """The type named for a parameter: bool, int8 or float8; for a str, None or anything else, 0:
-    the server infers it from the statement (every such parameter of ours is a text column or
-    inside a CAST)."""
-    if isinstance(value, bool):
-        return 16
-    return 20 if isinstance(value, int) else 701 if isinstance(value, float) else 0
+_TEXTS_KEPT = 64
+"""Encoded statement texts a cursor keeps (the hot path makes a few fixed ones)."""
 
 
 _NUMBERS: dict[int, Callable[[bytes], Any]] = {
@@ -84,12 +77,20 @@ class PqCursor:
         connection: a psycopg 3 ``Connection`` (one of the pool's).
     """
 
-    __slots__ = ("_decoders", "_encoding", "_result", "_rows", "connection", "rowcount")
+    __slots__ = (
+        "_decoders", "_encoding", "_names", "_result", "_rows", "_shapes", "_sql", "connection",
+        "rowcount",
+    )  # fmt: skip
 
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self.connection = connection
         self._encoding = connection.info.encoding
+        self._sql: dict[str, bytes] = {}
+        """Each statement's text, encoded once."""
+        self._names = self._connection_names()
         self._decoders: dict[int, Callable[[bytes], Any]] = {}
+        self._shapes: dict[tuple[int, ...], list[tuple[int, Callable[[bytes], Any]]]] = {}
+        """Per sequence of column types: each column's index and decoder."""
         self._result: pq.abc.PGresult | None = None
         self._rows: list[tuple[Any, ...]] = []
         self.rowcount = -1
@@ -117,12 +118,20 @@ class PqCursor:
                 is broken.
         """
         pgconn = self.connection.pgconn
-        sql = query.encode(self._encoding)
+        sql = self._sql.get(query)
+        if sql is None:
+            if len(self._sql) >= _TEXTS_KEPT:  # not one of a few fixed statements: keep none
+                self._sql.clear()
+            sql = self._sql[query] = query.encode(self._encoding)
         if params is None and not prepare:
             self._load(pgconn.exec_(sql))
             return
-        values = [self._dump(v) for v in params or ()]
-        types = [_param_type(v) for v in params or ()]
+        values: list[bytes | None] = []
+        types: list[int] = []
+        for value in params or ():
+            text, oid = self._dump(value)
+            values.append(text)
+            types.append(oid)
         if not prepare or self.connection.prepare_threshold is None or pgconn.transaction_status != _IDLE:
             self._load(pgconn.exec_params(sql, values, types))
             return
@@ -140,38 +149,44 @@ class PqCursor:
         rows, self._rows = self._rows, []
         return rows
 
+    def _connection_names(self) -> dict[bytes, bytes]:
+        """The statements prepared on this cursor's connection (shared by its cursors)."""
+        with _prepared_lock:
+            return _prepared.setdefault(self.connection, {})
+
     def _prepare(self, pgconn: pq.abc.PGconn, sql: bytes, types: list[int]) -> bytes:
         """The name ``sql`` is prepared under on this connection, prepared now if it is not."""
-        with _prepared_lock:
-            names = _prepared.setdefault(self.connection, {})
-        name = names.get(sql)
+        name = self._names.get(sql)
         if name is None:
             name = f"sg_{next(_names)}".encode()
             self._check(pgconn, pgconn.prepare(name, sql, types))
-            names[sql] = name
+            self._names[sql] = name
         return name
 
     def _forget(self) -> None:
         with _prepared_lock:
             _prepared.pop(self.connection, None)
+        self._names = self._connection_names()
 
-    def _dump(self, value: Any) -> bytes | None:
-        """A parameter in text format (None is NULL)."""
+    def _dump(self, value: Any) -> tuple[bytes | None, int]:
+        """A parameter in text format (None is NULL), and the type named for it: bool, int8 or
+        float8; for a str, None or anything else, 0: the server infers it from the statement
+        (every such parameter of ours is a text column or inside a CAST)."""
         if isinstance(value, str):  # a str enum too: its value
-            return value.encode(self._encoding)
+            return value.encode(self._encoding), 0
         if value is None:
-            return None
+            return None, 0
         if isinstance(value, bool):
-            return b"t" if value else b"f"
+            return (b"t" if value else b"f"), 16
         if isinstance(value, int):
-            return str(int(value)).encode()  # an int enum too: its value
+            return str(int(value)).encode(), 20  # an int enum too: its value
         if isinstance(value, float):
             if math.isinf(value):
-                return b"Infinity" if value > 0 else b"-Infinity"
-            return repr(float(value)).encode()  # the shortest digits that read back exactly
+                return (b"Infinity" if value > 0 else b"-Infinity"), 701
+            return repr(float(value)).encode(), 701  # the shortest digits that read back exactly
         if isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError("a bytes parameter has no text form here")
-        return str(value).encode(self._encoding)  # e.g. a UUID
+        return str(value).encode(self._encoding), 0  # e.g. a UUID
 
     def _load(self, result: pq.abc.PGresult) -> None:
         self._check(self.connection.pgconn, result)
@@ -182,15 +197,19 @@ class PqCursor:
         if not nfields:
             self._rows = []
             return
-        known = self._decoders
-        decoders = [known.get(oid) or self._decoder(oid) for oid in map(result.ftype, range(nfields))]
-        get, columns = result.get_value, list(enumerate(decoders))
+        oids = tuple(map(result.ftype, range(nfields)))
+        columns = self._shapes.get(oids)
+        if columns is None:
+            columns = self._shapes[oids] = [(col, self._decoder(oid)) for col, oid in enumerate(oids)]
+        get = result.get_value
         self._rows = [
             tuple([None if (v := get(row, col)) is None else decode(v) for col, decode in columns])
             for row in range(result.ntuples)
         ]
 
     def _decoder(self, oid: int) -> Callable[[bytes], Any]:
+        if (known := self._decoders.get(oid)) is not None:
+            return known
         decoder = _NUMBERS.get(oid)
         if decoder is None:
             encoding = self._encoding
