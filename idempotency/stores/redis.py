@@ -33,7 +33,7 @@ from idempotency.errors import CodecError, LostOwnership, StoreError
 from idempotency.keys import EffectIdentity
 from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from idempotency.store import first_token
-from idempotency.stores.redis_client import MAX_CONNECTIONS, connect, store_error
+from idempotency.stores.redis_client import MAX_CONNECTIONS, ScriptRunner, connect, store_error
 from idempotency.stores.redis_persistence import check_persistence
 from idempotency.stores.redis_scripts import CLAIM, COMPLETE, FAIL, FIELDS, HEARTBEAT, PURGE, TAKE_OVER
 
@@ -144,6 +144,7 @@ class RedisStore:
         self._match = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + ":{*}"
         scripts = [client.register_script(s) for s in (CLAIM, COMPLETE, FAIL, HEARTBEAT, PURGE, TAKE_OVER)]
         self._claim, self._complete, self._fail, self._heartbeat, self._purge, self._take_over = scripts
+        self._scripts = ScriptRunner(client, keep=self._owned)
         try:
             # One round trip that both checks Redis is there and spares the first calls a NOSCRIPT.
             pipe = client.pipeline(transaction=False)
@@ -170,7 +171,7 @@ class RedisStore:
             CodecError: a text has no UTF-8 form (a lone surrogate).
         """
         try:
-            text = script(keys=[self._name(key)], args=args)
+            text = self._scripts(script, self._name(key), args)
         except UnicodeEncodeError as exc:  # redis-py encodes each argument as UTF-8
             raise CodecError(f"text cannot be stored in redis: {exc.reason}") from exc
         except redis.RedisError as exc:
@@ -335,6 +336,8 @@ class RedisStore:
         return deleted
 
     def close(self) -> None:
-        """Close the client if the store built it from a URL (and its pool with it)."""
+        """Give back the connections the store's threads kept, and close the client if the store
+        built it from a URL (and its pool with it)."""
+        self._scripts.close()
         if self._owned:
             self._client.close()

@@ -4,17 +4,37 @@ From a URL the client gets a :class:`redis.BlockingConnectionPool` of :data:`MAX
 each call in flight takes one connection and gives it back when it returns, so more threads than
 connections wait for one (up to the read timeout) rather than failing with redis-py's
 ``Too many connections``, as its default pool makes the 101st concurrent call do.
+
+The hot scripts (a guarded call's claim and record) run through :class:`ScriptRunner`: on a client
+of the store's own, each thread keeps the connection its script used for its next ones
+(:class:`~idempotency.kept.KeptConnections`, half the pool at most), and sends ``EVALSHA`` with
+redis-py's public ``Connection.send_command`` and ``read_response``. redis-py's command path (the
+pool's checkout and release, its retry and metrics bookkeeping) costs a call about as much client
+CPU as the round trip itself (docs/benchmarks.md). A kept connection is checked before each use as
+the pool checks one it hands out (``Connection.can_read``: an idle connection the server closed is
+connected afresh, so a Redis restart costs no call), and one whose call failed other than with the
+server's error reply is disconnected and given back. A client you pass runs scripts through
+redis-py's ``Script`` as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import redis
 from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
+from idempotency.kept import KeptConnections
 
-__all__ = ["CONNECT_TIMEOUT", "MAX_CONNECTIONS", "READ_TIMEOUT", "TRANSIENT", "connect", "store_error"]
+__all__ = [
+    "CONNECT_TIMEOUT", "MAX_CONNECTIONS", "READ_TIMEOUT", "TRANSIENT", "ScriptRunner", "connect",
+    "store_error",
+]  # fmt: skip
 
 MAX_CONNECTIONS = 64
 """Connections a client built from a URL keeps open at most. A call holds one for one round trip
@@ -73,3 +93,85 @@ def connect(
     except ValueError as exc:
         raise ConfigurationError(f"malformed redis URL: {exc}") from exc
     return redis.Redis.from_pool(pool), True
+
+
+class ScriptRunner:
+    """Runs registered scripts on one key of ``client`` (see the module).
+
+    Args:
+        client: the client the scripts were registered on.
+        keep: let threads keep connections (a client of the caller's own: False, its pool is
+            shared); whoever makes the runner then calls :meth:`close`.
+
+    Thread-safe.
+    """
+
+    def __init__(self, client: redis.Redis, *, keep: bool) -> None:
+        self._pool = client.connection_pool
+        # redis-py's connections are untyped: Any where one is held.
+        self._kept: KeptConnections[Any] | None = None
+        if keep:
+            limit = max(1, int(getattr(self._pool, "max_connections", 2)) // 2)
+            self._kept = KeptConnections(lambda: limit, self._give_back)
+
+    def __call__(self, script: Script, key: str, args: Sequence[str | float | int]) -> Any:
+        """The script's reply.
+
+        Raises:
+            redis.RedisError: as ``Script.__call__`` raises them.
+            UnicodeEncodeError: an argument has no UTF-8 form.
+        """
+        if self._kept is None:
+            return script(keys=[key], args=args)
+        kept = self._kept.take()
+        conn = kept.conn if kept is not None else self._pool.get_connection()
+        usable = False  # whether the connection is in a known state after the call
+        try:
+            if kept is not None:
+                _ready(conn)
+            reply = _evalsha(conn, script, key, args)
+            usable = True
+            return reply
+        except redis.ResponseError:  # the server's error reply, read in full
+            usable = True
+            raise
+        finally:
+            if kept is not None:
+                if usable:
+                    self._kept.done(kept)
+                else:
+                    self._kept.discard(kept)
+            elif not usable or not self._kept.keep(conn):
+                self._give_back(conn, not usable)
+
+    def close(self) -> None:
+        """Give back every kept connection (call when no script runs)."""
+        if self._kept is not None:
+            self._kept.close()
+
+    def _give_back(self, conn: Any, broken: bool) -> None:
+        if broken:
+            conn.disconnect()  # a reply may be half read: the next use connects afresh
+        self._pool.release(conn)
+
+
+def _ready(conn: Any) -> None:
+    """Make a kept connection fit to send on, as the pool checks one it hands out."""
+    try:
+        if conn.can_read():  # a reply nobody asked for, or the server closed it
+            raise redis.ConnectionError("connection not ready")
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        conn.disconnect()  # send_command connects again
+
+
+def _evalsha(conn: Any, script: Script, key: str, args: Sequence[str | float | int]) -> Any:
+    """``EVALSHA`` on ``conn``; the script loaded first if the server does not have it (nothing
+    ran then), as ``Script.__call__`` does."""
+    try:
+        conn.send_command("EVALSHA", script.sha, 1, key, *args)
+        return conn.read_response()
+    except NoScriptError:
+        conn.send_command("SCRIPT", "LOAD", script.script)
+        conn.read_response()
+        conn.send_command("EVALSHA", script.sha, 1, key, *args)
+        return conn.read_response()

@@ -1,0 +1,154 @@
+"""The Redis store's kept connections (``ScriptRunner``): each thread keeps the connection of its
+scripts between calls; a connection the server closed between calls costs no call; a script the
+server forgot (``SCRIPT FLUSH``, a restart) is loaded again; a forked child never talks on its
+parent's sockets; ``close`` gives every kept connection back. A redis-server of the test's own on a
+free port (the test kills its clients and flushes its scripts)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from conftest import closed_port
+
+from idempotency.keys import EffectIdentity
+from idempotency.stores.redis import RedisStore
+
+FP = "f1_" + "a" * 64
+
+
+@pytest.fixture
+def server() -> Iterator[redis.Redis]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not installed")
+        pytest.skip("redis-server is not installed")
+    port = closed_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    admin = redis.Redis(port=port, decode_responses=True)
+    for _ in range(500):  # until it answers (bounded), not a timing assertion
+        try:
+            admin.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.01)
+    try:
+        yield admin
+    finally:
+        admin.close()
+        proc.kill()
+        proc.wait()
+
+
+def _store(admin: redis.Redis) -> RedisStore:
+    port = admin.connection_pool.connection_kwargs["port"]
+    with pytest.warns(UserWarning):  # no persistence on the test's server
+        return RedisStore(f"redis://127.0.0.1:{port}/0", prefix=f"sg-kept-{uuid.uuid4().hex[:6]}")
+
+
+def _call(store: RedisStore) -> None:
+    identity = EffectIdentity.of("kept", uuid.uuid4().hex, "pay.charge", 0)
+    store.complete(identity.key, store.claim(identity, FP, 30.0).record.token, "1", 60.0)
+
+
+def _clients(admin: redis.Redis) -> int:
+    """The server's client connections other than the admin's own."""
+    return len(admin.client_list()) - 1
+
+
+class Threads:
+    """Live threads that each make a store call when told, one thread at a time."""
+
+    def __init__(self, n: int, call: Callable[[], None]) -> None:
+        self.inboxes: list[queue.Queue[bool]] = [queue.Queue() for _ in range(n)]
+        self.done: queue.Queue[BaseException | None] = queue.Queue()
+        self.threads = [threading.Thread(target=self._work, args=(box, call), daemon=True) for box in self.inboxes]
+        for thread in self.threads:
+            thread.start()
+
+    def _work(self, inbox: queue.Queue[bool], call: Callable[[], None]) -> None:
+        while inbox.get():
+            try:
+                call()
+                self.done.put(None)
+            except BaseException as exc:  # reported to the test's thread
+                self.done.put(exc)
+
+    def round(self) -> list[BaseException]:
+        failed = []
+        for inbox in self.inboxes:
+            inbox.put(True)
+            if (outcome := self.done.get(timeout=60)) is not None:
+                failed.append(outcome)
+        return failed
+
+    def stop(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(False)
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+def test_each_thread_keeps_its_connection_and_a_kill_between_calls_costs_no_call(
+    server: redis.Redis,
+) -> None:
+    store = _store(server)
+    threads = Threads(3, lambda: _call(store))
+    try:
+        assert threads.round() == []
+        # Called one at a time, a shared pool would have served all three with one connection.
+        assert _clients(server) == 3, "each live thread keeps its connection between calls"
+        killed = server.client_kill_filter(_type="normal", skipme=True)
+        assert killed == 3
+        assert threads.round() + threads.round() == [], "a closed idle connection is connected afresh"
+    finally:
+        threads.stop()
+        store.close()
+    assert _clients(server) == 0, "close() gives every kept connection back (and closes the pool)"
+
+
+def test_scripts_the_server_forgot_are_loaded_again(server: redis.Redis) -> None:
+    store = _store(server)
+    try:
+        _call(store)
+        server.script_flush()
+        _call(store)  # on the kept connection: NOSCRIPT, loaded, run
+        assert store.get(EffectIdentity.of("kept", "x", "pay.charge", 0).key) is None
+    finally:
+        store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_uses_its_parents_kept_connection(server: redis.Redis) -> None:
+    store = _store(server)
+    parent = EffectIdentity.of("kept", uuid.uuid4().hex, "pay.charge", 0)
+    child = EffectIdentity.of("kept", uuid.uuid4().hex, "pay.charge", 0)
+    claimed = store.claim(parent, FP, 30.0).record  # the parent's connection is kept now
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 1
+        try:
+            got = store.claim(child, FP, 30.0).record
+            store.complete(child.key, got.token, "2", 60.0)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's connection is intact: its claim completes on it, replies in order.
+    assert store.complete(parent.key, claimed.token, "1", 60.0).result == "1"
+    got = store.get(child.key)
+    assert got is not None and got.result == "2"
+    store.close()
