@@ -4,6 +4,7 @@
 
     .venv/bin/python bench/store_cpu.py                       # Postgres, SQLite, Redis
     .venv/bin/python bench/store_cpu.py --backends postgres --profile 20
+    .venv/bin/python bench/store_cpu.py --saga --backends postgres,sqlite
 
 For each backend, blocks of ``--pairs`` store claims each followed by its ``complete`` (a new key
 every time) alternate with blocks of as many floor calls (bench/_subjects.py: an INSERT commit and
@@ -11,7 +12,9 @@ an UPDATE commit, or SET NX + SET), ``--rounds`` times, so machine load falls on
 block's figure is ``time.process_time`` over the block divided by its pairs. Prints the median and
 the range of each, and of the guarded call (``Guard.effect`` around a no-op: the claim, the record
 and the guard's own work). ``--profile N`` prints the top N functions of a cProfile of one block of
-guarded calls instead (cumulative time).
+guarded calls instead (cumulative time). ``--saga`` measures saga steps instead: sagas of 5 no-op
+steps (``SagaRunner.run`` on a ``SqlJournal``, a fresh saga id per run) against as many one-row
+commits by the floor's client, per step (the throughput yardstick's saga series, on one thread).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import RETENTION
-from _subjects import postgres_floor, redis_floor, sqlite_floor
+from _subjects import postgres_floor, redis_floor, sql_commits_floor, sqlite_floor
 
 from idempotency import Guard, scope
 from idempotency.keys import EffectIdentity
@@ -63,6 +66,61 @@ def _subjects(backend: str, args: argparse.Namespace, tmp: str) -> tuple[Any, An
 
     store = RedisStore(args.redis_url, prefix=f"bench-cpu-{tag}")
     return store, redis_floor(args.redis_url, f"bench-cpu-{tag}", 16)
+
+
+SAGA_STEPS = 5
+
+
+def run_saga(backend: str, args: argparse.Namespace, tmp: str) -> None:
+    """Client CPU per saga step against per one-row commit (see the module)."""
+    from saga import Saga, SagaRunner, SagaState
+    from saga.journals.sql import SqlJournal
+
+    from idempotency.stores.memory import MemoryStore
+
+    tag = uuid.uuid4().hex[:8]
+    if backend == "postgres":
+        url = args.pg_url
+        journal = SqlJournal(url, table_prefix=f"bench_cpu_{tag}_")
+    else:
+        url = f"sqlite:///{os.path.join(tmp, f'{tag}.db')}"
+        journal = SqlJournal(url)
+    floor = sql_commits_floor(backend, url if backend == "postgres" else f"sqlite:///{tmp}/{tag}-floor.db",
+                              f"cpu-{tag}", SAGA_STEPS)  # fmt: skip
+    noops: Saga[int] = Saga("bench_cpu_noops", input=int)
+    for k in range(SAGA_STEPS):
+        noops.step(name=f"s{k}", compensate=None)(lambda ctx, i: None)
+    runner = SagaRunner(journal, Guard(MemoryStore()), wait=0)
+
+    def saga(i: int) -> object:
+        outcome = runner.run(noops, f"{tag}-saga{i}", i)
+        if outcome.state is not SagaState.COMPLETED:
+            raise RuntimeError(f"bench saga ended {outcome.state}")
+        return outcome
+
+    n = max(1, args.pairs // SAGA_STEPS)
+    counter = [0]
+
+    def block(fn: Callable[[int], object]) -> float:
+        counter[0] += n
+        return _cpu(fn, n, counter[0]) / SAGA_STEPS
+
+    for fn in (saga, floor.sync):
+        block(fn)
+    got: dict[str, list[float]] = {"floor": [], "saga": []}
+    for r in range(args.rounds):
+        order = [("floor", floor.sync), ("saga", saga)]
+        for name, fn in order if r % 2 else reversed(order):
+            got[name].append(block(fn))
+    med = {k: statistics.median(v) for k, v in got.items()}
+    print(
+        f"{backend}: client CPU per saga step (floor: per commit), median (min-max) of {args.rounds} "
+        f"blocks of {n} sagas: "
+        + "; ".join(f"{k} {med[k]:.0f} ({min(v):.0f}-{max(v):.0f}) µs" for k, v in got.items())
+        + f"; saga - floor {med['saga'] - med['floor']:+.0f} µs"
+    )
+    floor.close()
+    journal.close()
 
 
 def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
@@ -121,13 +179,17 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--profile", type=int, default=0)
+    parser.add_argument("--saga", action="store_true", help="saga steps (Postgres, SQLite) instead")
     parser.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
     args = parser.parse_args()
     print(f"load: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
         for backend in args.backends.split(","):
-            run(backend, args, tmp)
+            if args.saga:
+                run_saga(backend, args, tmp)
+            else:
+                run(backend, args, tmp)
     print(f"load: {os.getloadavg()}")
 
 
