@@ -74,7 +74,9 @@ class Threads:
     def __init__(self, n: int, call: Callable[[], None]) -> None:
         self.inboxes: list[queue.Queue[bool]] = [queue.Queue() for _ in range(n)]
         self.done: queue.Queue[BaseException | None] = queue.Queue()
-        self.threads = [threading.Thread(target=self._work, args=(box, call), daemon=True) for box in self.inboxes]
+        self.threads = [
+            threading.Thread(target=self._work, args=(box, call), daemon=True) for box in self.inboxes
+        ]
         for thread in self.threads:
             thread.start()
 
