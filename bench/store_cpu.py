@@ -73,10 +73,9 @@ SAGA_STEPS = 5
 
 def run_saga(backend: str, args: argparse.Namespace, tmp: str) -> None:
     """Client CPU per saga step against per one-row commit (see the module)."""
+    from idempotency.stores.memory import MemoryStore
     from saga import Saga, SagaRunner, SagaState
     from saga.journals.sql import SqlJournal
-
-    from idempotency.stores.memory import MemoryStore
 
     tag = uuid.uuid4().hex[:8]
     if backend == "postgres":
