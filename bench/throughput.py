@@ -246,9 +246,10 @@ NOTES = [
     "connections in all. Async floors: psycopg's `AsyncConnection` (15 of them) on Postgres, "
     "redis-py's asyncio client on Redis, and on SQLite the two commits in `asyncio.to_thread` "
     "(sqlite3 has no async interface).",
-    "Redis: the store's client and the floor's get a pool of 512 connections. A store opened "
-    "from a URL gets a blocking pool of 64 (`RedisStore(url, max_connections=)`): more threads "
-    "than that wait for a connection instead of failing.",
+    "Redis: the store is opened from its URL, as users open it (`RedisStore(url, "
+    "max_connections=512)`: its own blocking pool, each thread keeping a connection, up to half "
+    "the pool), and the floor's client gets a pool of 512 connections too (the store's default "
+    "is 64: more threads than that wait for a connection instead of failing).",
     "Each level is a closed loop: every client calls again as soon as its call returns, with a "
     "fresh key each time; calls/s is the calls completed over the window's wall time.",
     "Postgres commits per call: the difference of two sessions' `xact_commit` counts (the "
