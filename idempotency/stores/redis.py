@@ -114,8 +114,8 @@ class RedisStore:
         prefix: the first part of every key, so several ledgers can share one database. The store
             owns every key matching ``{prefix}:{*}``.
         max_connections: connections of the pool of a client built from a URL: one per call in
-            flight; past them a call waits up to the read timeout for one (see
-            :mod:`idempotency.stores.redis_client`).
+            flight, up to half of them kept by the threads that used them last; past them a call
+            waits up to the read timeout for one (see :mod:`idempotency.stores.redis_client`).
 
     Raises:
         ConfigurationError: the URL, the prefix or ``max_connections`` is malformed.
