@@ -154,3 +154,17 @@ def test_a_forked_child_never_uses_its_parents_kept_connection(server: redis.Red
     got = store.get(child.key)
     assert got is not None and got.result == "2"
     store.close()
+
+
+def test_a_pool_of_one_is_never_kept(server: redis.Redis) -> None:
+    port = server.connection_pool.connection_kwargs["port"]
+    with pytest.warns(UserWarning):
+        store = RedisStore(f"redis://127.0.0.1:{port}/0", prefix="sg-kept-one", max_connections=1)
+    try:
+        identity = EffectIdentity.of("kept", uuid.uuid4().hex, "pay.charge", 0)
+        claimed = store.claim(identity, FP, 30.0).record
+        # The thread's next call of another kind needs the pool's one connection: it is there.
+        assert store.get(identity.key) is not None
+        store.complete(identity.key, claimed.token, "1", 60.0)
+    finally:
+        store.close()

@@ -110,8 +110,10 @@ class ScriptRunner:
         self._pool = client.connection_pool
         # redis-py's connections are untyped: Any where one is held.
         self._kept: KeptConnections[Any] | None = None
-        if keep:
-            limit = max(1, int(getattr(self._pool, "max_connections", 2)) // 2)
+        # Half the pool at most, so the store's other calls (and the threads that keep none) always
+        # find connections: with a pool of one, none is kept.
+        limit = int(getattr(self._pool, "max_connections", 0)) // 2
+        if keep and limit:
             self._kept = KeptConnections(lambda: limit, self._give_back)
 
     def __call__(self, script: Script, key: str, args: Sequence[str | float | int]) -> Any:
