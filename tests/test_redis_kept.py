@@ -1,8 +1,9 @@
-"""The Redis store's kept connections (``ScriptRunner``): each thread keeps the connection of its
-scripts between calls; a connection the server closed between calls costs no call; a script the
-server forgot (``SCRIPT FLUSH``, a restart) is loaded again; a forked child never talks on its
-parent's sockets; ``close`` gives every kept connection back. A redis-server of the test's own on a
-free port (the test kills its clients and flushes its scripts)."""
+"""The Redis store's and journal's kept connections (``ScriptRunner``): each thread keeps the
+connection of its scripts between calls; a connection the server closed between calls costs no
+call; a script the server forgot (``SCRIPT FLUSH``, a restart) is loaded again; a pool of one is
+never kept; a forked child never talks on its parent's sockets; ``close`` gives every kept
+connection back. A redis-server of the test's own on a free port (the test kills its clients and
+flushes its scripts)."""
 
 from __future__ import annotations
 
@@ -168,3 +169,25 @@ def test_a_pool_of_one_is_never_kept(server: redis.Redis) -> None:
         store.complete(identity.key, claimed.token, "1", 60.0)
     finally:
         store.close()
+
+
+def test_a_redis_journal_of_its_own_keeps_connections_and_close_gives_them_back(
+    server: redis.Redis,
+) -> None:
+    from saga.journals.redis import RedisJournal
+
+    port = server.connection_pool.connection_kwargs["port"]
+    with pytest.warns(UserWarning):
+        journal = RedisJournal(f"redis://127.0.0.1:{port}/0", prefix=f"sgj-kept-{uuid.uuid4().hex[:6]}")
+
+    def load_one() -> None:
+        assert journal.load(f"saga-{uuid.uuid4().hex}") is None  # a script on the kept connection
+
+    threads = Threads(3, load_one)
+    try:
+        assert threads.round() == []
+        assert _clients(server) == 3, "each live thread keeps its connection between calls"
+    finally:
+        threads.stop()
+        journal.close()
+    assert _clients(server) == 0

@@ -171,7 +171,7 @@ class RedisStore:
             CodecError: a text has no UTF-8 form (a lone surrogate).
         """
         try:
-            text = self._scripts(script, self._name(key), args)
+            text = self._scripts(script, (self._name(key),), args)
         except UnicodeEncodeError as exc:  # redis-py encodes each argument as UTF-8
             raise CodecError(f"text cannot be stored in redis: {exc.reason}") from exc
         except redis.RedisError as exc:

@@ -5,16 +5,16 @@ each call in flight takes one connection and gives it back when it returns, so m
 connections wait for one (up to the read timeout) rather than failing with redis-py's
 ``Too many connections``, as its default pool makes the 101st concurrent call do.
 
-The hot scripts (a guarded call's claim and record) run through :class:`ScriptRunner`: on a client
-of the store's own, each thread keeps the connection its script used for its next ones
-(:class:`~idempotency.kept.KeptConnections`, half the pool at most), and sends ``EVALSHA`` with
-redis-py's public ``Connection.send_command`` and ``read_response``. redis-py's command path (the
-pool's checkout and release, its retry and metrics bookkeeping) costs a call about as much client
-CPU as the round trip itself (docs/benchmarks.md). A kept connection is checked before each use as
-the pool checks one it hands out (``Connection.can_read``: an idle connection the server closed is
-connected afresh, so a Redis restart costs no call), and one whose call failed other than with the
-server's error reply is disconnected and given back. A client you pass runs scripts through
-redis-py's ``Script`` as it is.
+The hot scripts (a guarded call's claim and record, a saga's phase) run through
+:class:`ScriptRunner`: on a client of the store's (or journal's) own, each thread keeps the
+connection its script used for its next ones (:class:`~idempotency.kept.KeptConnections`, half the
+pool at most), and sends ``EVALSHA`` with redis-py's public ``Connection.send_command`` and
+``read_response``. redis-py's command path (the pool's checkout and release, its retry and metrics
+bookkeeping) costs a call about as much client CPU as the round trip itself (docs/benchmarks.md). A
+kept connection is checked before each use as the pool checks one it hands out
+(``Connection.can_read``: an idle connection the server closed is connected afresh, so a Redis
+restart costs no call), and one whose call failed other than with the server's error reply is
+disconnected and given back. A client you pass runs scripts through redis-py's ``Script`` as it is.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def connect(
 
 
 class ScriptRunner:
-    """Runs registered scripts on one key of ``client`` (see the module).
+    """Runs registered scripts on ``client`` (see the module).
 
     Args:
         client: the client the scripts were registered on.
@@ -116,22 +116,22 @@ class ScriptRunner:
         if keep and limit:
             self._kept = KeptConnections(lambda: limit, self._give_back)
 
-    def __call__(self, script: Script, key: str, args: Sequence[str | float | int]) -> Any:
-        """The script's reply.
+    def __call__(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """The script's reply to ``keys`` and ``args``.
 
         Raises:
             redis.RedisError: as ``Script.__call__`` raises them.
             UnicodeEncodeError: an argument has no UTF-8 form.
         """
         if self._kept is None:
-            return script(keys=[key], args=args)
+            return script(keys=list(keys), args=list(args))
         kept = self._kept.take()
         conn = kept.conn if kept is not None else self._pool.get_connection()
         usable = False  # whether the connection is in a known state after the call
         try:
             if kept is not None:
                 _ready(conn)
-            reply = _evalsha(conn, script, key, args)
+            reply = _evalsha(conn, script, keys, args)
             usable = True
             return reply
         except redis.ResponseError:  # the server's error reply, read in full
@@ -166,14 +166,14 @@ def _ready(conn: Any) -> None:
         conn.disconnect()  # send_command connects again
 
 
-def _evalsha(conn: Any, script: Script, key: str, args: Sequence[str | float | int]) -> Any:
+def _evalsha(conn: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
     """``EVALSHA`` on ``conn``; the script loaded first if the server does not have it (nothing
     ran then), as ``Script.__call__`` does."""
     try:
-        conn.send_command("EVALSHA", script.sha, 1, key, *args)
+        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return conn.read_response()
     except NoScriptError:
         conn.send_command("SCRIPT", "LOAD", script.script)
         conn.read_response()
-        conn.send_command("EVALSHA", script.sha, 1, key, *args)
+        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return conn.read_response()

@@ -36,7 +36,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from idempotency.errors import ConfigurationError
-from idempotency.stores.redis import connect
+from idempotency.stores.redis_client import ScriptRunner, connect
 from idempotency.stores.redis_persistence import check_persistence
 from saga import lease as _lease
 from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
@@ -204,6 +204,7 @@ class RedisJournal:
         scripts: list[Script] = [client.register_script(s) for s in sources]
         (self._start, self._claim, self._load, self._commit, self._signal, self._cancel, self._cas,
          self._reopen, self._take_over) = scripts  # fmt: skip
+        self._scripts = ScriptRunner(client, keep=self._owned)
         try:
             pipe = client.pipeline(transaction=False)
             for script in scripts:
@@ -230,7 +231,7 @@ class RedisJournal:
         """Run a script, first lowering ``lower``'s due-index score to 0 in the same round trip."""
         try:
             if lower is None:
-                return _text(script(keys=keys, args=list(args)))
+                return _text(self._scripts(script, keys, args))
             for _ in range(2):
                 # EVALSHA in a plain pipeline: redis-py's script-in-pipeline would add a round trip.
                 pipe = self._client.pipeline(transaction=False)
@@ -494,7 +495,9 @@ class RedisJournal:
         return found
 
     def close(self) -> None:
-        """Close the client if the journal built it from a URL."""
+        """Give back the connections the journal's threads kept, and close the client if the
+        journal built it from a URL."""
+        self._scripts.close()
         if self._owned:
             self._client.close()
 
