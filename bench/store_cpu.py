@@ -4,7 +4,7 @@
 
     .venv/bin/python bench/store_cpu.py                       # Postgres, SQLite, Redis
     .venv/bin/python bench/store_cpu.py --backends postgres --profile 20
-    .venv/bin/python bench/store_cpu.py --saga --backends postgres,sqlite
+    .venv/bin/python bench/store_cpu.py --saga               # saga steps: Postgres, SQLite, Redis
 
 For each backend, blocks of ``--pairs`` store claims each followed by its ``complete`` (a new key
 every time) alternate with blocks of as many floor calls (bench/_subjects.py: an INSERT commit and
@@ -13,8 +13,9 @@ block's figure is ``time.process_time`` over the block divided by its pairs. Pri
 the range of each, and of the guarded call (``Guard.effect`` around a no-op: the claim, the record
 and the guard's own work). ``--profile N`` prints the top N functions of a cProfile of one block of
 guarded calls instead (cumulative time). ``--saga`` measures saga steps instead: sagas of 5 no-op
-steps (``SagaRunner.run`` on a ``SqlJournal``, a fresh saga id per run) against as many one-row
-commits by the floor's client, per step (the throughput yardstick's saga series, on one thread).
+steps (``SagaRunner.run`` on a ``SqlJournal`` or a ``RedisJournal`` opened from its URL, a fresh
+saga id per run) against as many one-row commits by the floor's client (Redis: as many SETs), per
+step (the throughput yardstick's saga series, on one thread).
 """
 
 from __future__ import annotations
@@ -78,14 +79,18 @@ def run_saga(backend: str, args: argparse.Namespace, tmp: str) -> None:
     from saga.journals.sql import SqlJournal
 
     tag = uuid.uuid4().hex[:8]
+    journal: Any
     if backend == "postgres":
-        url = args.pg_url
-        journal = SqlJournal(url, table_prefix=f"bench_cpu_{tag}_")
-    else:
-        url = f"sqlite:///{os.path.join(tmp, f'{tag}.db')}"
-        journal = SqlJournal(url)
-    floor = sql_commits_floor(backend, url if backend == "postgres" else f"sqlite:///{tmp}/{tag}-floor.db",
-                              f"cpu-{tag}", SAGA_STEPS)  # fmt: skip
+        journal = SqlJournal(args.pg_url, table_prefix=f"bench_cpu_{tag}_")
+        floor = sql_commits_floor(backend, args.pg_url, f"cpu-{tag}", SAGA_STEPS)
+    elif backend == "sqlite":
+        journal = SqlJournal(f"sqlite:///{os.path.join(tmp, f'{tag}.db')}")
+        floor = sql_commits_floor(backend, f"sqlite:///{tmp}/{tag}-floor.db", f"cpu-{tag}", SAGA_STEPS)
+    else:  # a step is one script; its floor one SET per step
+        from saga.journals.redis import RedisJournal
+
+        journal = RedisJournal(args.redis_url, prefix=f"bench-cpu-j-{tag}")
+        floor = _redis_sets(args.redis_url, f"bench-cpu-j-{tag}", SAGA_STEPS)
     noops: Saga[int] = Saga("bench_cpu_noops", input=int)
     for k in range(SAGA_STEPS):
         noops.step(name=f"s{k}", compensate=None)(lambda ctx, i: None)
@@ -119,7 +124,28 @@ def run_saga(backend: str, args: argparse.Namespace, tmp: str) -> None:
         + f"; saga - floor {med['saga'] - med['floor']:+.0f} µs"
     )
     floor.close()
+    if backend == "redis":
+        for key in journal._client.scan_iter(match=f"bench-cpu-j-{tag}*"):
+            journal._client.delete(key)
     journal.close()
+
+
+def _redis_sets(url: str, prefix: str, n: int) -> Any:
+    """``n`` SETs of one key in a row, redis-py: the Redis journal's floor per saga of ``n`` steps."""
+    import redis
+
+    client = redis.Redis.from_url(url, decode_responses=True)
+
+    class Floor:
+        @staticmethod
+        def sync(i: int) -> object:
+            for step in range(n):
+                client.set(f"{prefix}:floor:{i}", str(step), px=int(RETENTION * 1000))
+            return i
+
+        close = client.close
+
+    return Floor()
 
 
 def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
@@ -178,7 +204,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--profile", type=int, default=0)
-    parser.add_argument("--saga", action="store_true", help="saga steps (Postgres, SQLite) instead")
+    parser.add_argument("--saga", action="store_true", help="saga steps instead")
     parser.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
     args = parser.parse_args()
