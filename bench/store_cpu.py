@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psycopg
 from _common import RETENTION
 from _subjects import postgres_floor, redis_floor, sql_commits_floor, sqlite_floor
 
@@ -50,8 +51,7 @@ def _cpu(fn: Callable[[int], object], n: int, start: int) -> float:
     return (time.process_time() - t0) / n * 1e6
 
 
-def _subjects(backend: str, args: argparse.Namespace, tmp: str) -> tuple[Any, Any]:
-    tag = uuid.uuid4().hex[:8]
+def _subjects(backend: str, args: argparse.Namespace, tmp: str, tag: str) -> tuple[Any, Any]:
     if backend == "postgres":
         from idempotency.stores.sql import SqlStore
 
@@ -124,10 +124,28 @@ def run_saga(backend: str, args: argparse.Namespace, tmp: str) -> None:
         + f"; saga - floor {med['saga'] - med['floor']:+.0f} µs"
     )
     floor.close()
-    if backend == "redis":
-        for key in journal._client.scan_iter(match=f"bench-cpu-j-{tag}*"):
-            journal._client.delete(key)
     journal.close()
+    journal_tables = [f"bench_cpu_{tag}_{name}" for name in ("sagas", "saga_steps", "saga_signals")]
+    _clean(backend, args, tag, tables=journal_tables)
+
+
+def _clean(backend: str, args: argparse.Namespace, tag: str, *, tables: list[str]) -> None:
+    """Remove what a run wrote to the shared servers: its tables and floor rows (Postgres), its
+    keys (Redis). SQLite's files go with the temporary directory."""
+    if backend == "postgres":
+        with psycopg.connect(args.pg_url, autocommit=True) as conn:
+            for table in tables:
+                conn.execute(f'DROP TABLE IF EXISTS "{table}"')
+            conn.execute("DELETE FROM bench_tp_floor WHERE k LIKE %s", (f"cpu-{tag}-%",))
+    elif backend == "redis":
+        import redis
+
+        client = redis.Redis.from_url(args.redis_url)
+        try:
+            for key in client.scan_iter(match=f"bench-cpu-*{tag}*", count=1000):
+                client.delete(key)
+        finally:
+            client.close()
 
 
 def _redis_sets(url: str, prefix: str, n: int) -> Any:
@@ -149,7 +167,8 @@ def _redis_sets(url: str, prefix: str, n: int) -> Any:
 
 
 def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
-    store, floor = _subjects(backend, args, tmp)
+    tag = uuid.uuid4().hex[:8]
+    store, floor = _subjects(backend, args, tmp, tag)
     guard = Guard(store)
     noop = guard.effect("bench.cpu")(lambda i: i)
     run_id = uuid.uuid4().hex[:8]
@@ -196,6 +215,7 @@ def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
         )
     floor.close()
     store.close()
+    _clean(backend, args, tag, tables=[f"bench_cpu_{tag}"])
 
 
 def main() -> None:
