@@ -192,6 +192,46 @@ def require_redis() -> str:
     return REDIS_URL
 
 
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start redis-servers of the test's own on free ports, with the given extra arguments; each
+    call returns its URL. Stopped afterwards. Without redis-server installed the test is skipped
+    (a failure under CI)."""
+    import shutil
+    import subprocess
+    import time
+
+    import redis
+
+    require_service("redis-server", None if shutil.which("redis-server") else "redis-server is not installed")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> str:
+        port = closed_port()
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(proc)
+        client = redis.Redis(port=port)
+        for _ in range(500):  # until it answers (bounded; no timing assertion)
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if proc.poll() is not None:
+                    pytest.fail(f"redis-server {args} exited with {proc.returncode}")
+                time.sleep(0.02)
+        client.close()
+        return f"redis://127.0.0.1:{port}/0"
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def closed_port() -> int:
     """A local TCP port that nothing listens on (just released by the OS), for unreachable tests."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
-import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from conftest import closed_port
 
 from idempotency.keys import EffectIdentity
 from idempotency.stores.redis import RedisStore
@@ -27,30 +23,13 @@ FP = "f1_" + "a" * 64
 
 
 @pytest.fixture
-def server() -> Iterator[redis.Redis]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("redis-server is not installed")
-        pytest.skip("redis-server is not installed")
-    port = closed_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    admin = redis.Redis(port=port, decode_responses=True)
-    for _ in range(500):  # until it answers (bounded), not a timing assertion
-        try:
-            admin.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.01)
+def server(redis_server: Callable[..., str]) -> Iterator[redis.Redis]:
+    """An admin client of a redis-server of the test's own (conftest's ``redis_server``)."""
+    admin = redis.Redis.from_url(redis_server("--save", "", "--appendonly", "no"), decode_responses=True)
     try:
         yield admin
     finally:
         admin.close()
-        proc.kill()
-        proc.wait()
 
 
 def _store(admin: redis.Redis) -> RedisStore:

@@ -7,16 +7,11 @@ CONFIG disabled), so the check reads a real server's settings.
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import time
 import warnings
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
 
 from idempotency.stores.redis import RedisStore
 from idempotency.stores.redis_persistence import DurabilityWarning
@@ -25,43 +20,7 @@ from saga.journals.redis import RedisJournal
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 
 ServerFactory = Callable[..., str]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[ServerFactory]:
-    """Start a redis-server with the given extra arguments; returns its URL. Stopped afterwards."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str) -> str:
-        port = _free_port()
-        proc = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        procs.append(proc)
-        client = redis.Redis(port=port)
-        for _ in range(500):  # until it answers (bounded; no timing assertion)
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if proc.poll() is not None:
-                    pytest.fail(f"redis-server {args} exited with {proc.returncode}")
-                time.sleep(0.02)
-        client.close()
-        return f"redis://127.0.0.1:{port}/0"
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-        proc.wait(timeout=10)
+"""conftest's ``redis_server``: starts a server of the test's own, returns its URL."""
 
 
 def _open(kind: str, url: str) -> Any:
