@@ -1,5 +1,6 @@
 """Helpers for the guard tests (test_guard.py, test_guard_async.py): result types, call counters,
-an injectable sleep, identities, a span exporter and a multi-process race."""
+an injectable sleep, identities, a span exporter, a multi-process race, and a store used across a
+fork (the backends' connection tests)."""
 
 from __future__ import annotations
 
@@ -310,3 +311,25 @@ def _racer(spec: dict[str, Any], barrier: Any, results: Any) -> None:
     results.put(outcome)
     guard.close()
     store.close()
+
+
+def claim_then_fork(
+    store: IdempotencyStore, parent: EffectIdentity, child: EffectIdentity, fingerprint: str, lease: float
+) -> int:
+    """Claim ``parent`` here (the store's connection is then pooled or kept), fork, and in the child
+    claim and complete ``child`` (result ``"2"``) on the same store object; fails unless the child
+    exited cleanly. Returns the parent's token, for the caller to complete ``parent`` on what the
+    parent kept."""
+    claimed = store.claim(parent, fingerprint, lease).record
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 1
+        try:
+            got = store.claim(child, fingerprint, lease).record
+            store.complete(child.key, got.token, "2", 60.0)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return claimed.token

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from _guardutil import claim_then_fork
 
 from idempotency.keys import EffectIdentity
 from idempotency.stores.redis import RedisStore
@@ -117,20 +118,9 @@ def test_a_forked_child_never_uses_its_parents_kept_connection(server: redis.Red
     store = _store(server)
     parent = EffectIdentity.of("kept", uuid.uuid4().hex, "pay.charge", 0)
     child = EffectIdentity.of("kept", uuid.uuid4().hex, "pay.charge", 0)
-    claimed = store.claim(parent, FP, 30.0).record  # the parent's connection is kept now
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through its exit status
-        code = 1
-        try:
-            got = store.claim(child, FP, 30.0).record
-            store.complete(child.key, got.token, "2", 60.0)
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    token = claim_then_fork(store, parent, child, FP, 30.0)  # the parent's connection is kept
     # The parent's connection is intact: its claim completes on it, replies in order.
-    assert store.complete(parent.key, claimed.token, "1", 60.0).result == "1"
+    assert store.complete(parent.key, token, "1", 60.0).result == "1"
     got = store.get(child.key)
     assert got is not None and got.result == "2"
     store.close()

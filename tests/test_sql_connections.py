@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from _guardutil import claim_then_fork
 from conftest import require_postgres
 
 from idempotency.errors import StoreUnavailable
@@ -278,19 +279,8 @@ def test_a_forked_child_never_uses_its_parents_connections(pg_table: str) -> Non
     url = require_postgres()
     store = SqlStore(url, table_name=pg_table)
     parent_ident, child_ident = _ident(), _ident()
-    claimed = store.claim(parent_ident, FP, LEASE).record  # the parent's connection is in the pool
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through its exit status
-        code = 1
-        try:
-            got = store.claim(child_ident, FP, LEASE).record
-            store.complete(child_ident.key, got.token, "2", 60.0)
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    token = claim_then_fork(store, parent_ident, child_ident, FP, LEASE)  # the parent's is pooled
     # The parent's session is intact: its claim completes on the connection it had pooled.
-    store.complete(parent_ident.key, claimed.token, "1", 60.0)
+    store.complete(parent_ident.key, token, "1", 60.0)
     assert store.get(child_ident.key) is not None and store.get(child_ident.key).result == "2"  # type: ignore[union-attr]
     store.close()
