@@ -267,3 +267,32 @@ def outbox_floor(kind: str, url: str, tag: str) -> Subject:
         return i
 
     return Subject(sync, base.make_async, base.close)
+
+
+def _noop_step(ctx: Any, value: int) -> int:
+    """A saga step that does nothing (its context is a ``saga.StepContext``)."""
+    return value
+
+
+def noop_sagas(journal: Any, steps: int, tag: str) -> Callable[[int], object]:
+    """A call that runs one saga of ``steps`` no-op steps on ``journal`` (a fresh saga id each call,
+    a guard on a memory store) and raises unless it completed: the saga series' subject.
+
+    The caller puts the repository root ahead of bench/ on ``sys.path`` first: bench/saga.py would
+    otherwise shadow the ``saga`` package.
+    """
+    from idempotency.stores.memory import MemoryStore
+    from saga import Saga, SagaRunner, SagaState
+
+    noops: Any = Saga("bench_noops", input=int)
+    for k in range(steps):
+        noops.step(name=f"s{k}", compensate=None)(_noop_step)
+    runner = SagaRunner(journal, Guard(MemoryStore()), wait=0)
+
+    def run(i: int) -> object:
+        outcome = runner.run(noops, f"{tag}-saga{i}", i)
+        if outcome.state is not SagaState.COMPLETED:
+            raise RuntimeError(f"bench saga ended {outcome.state}")
+        return outcome
+
+    return run

@@ -308,36 +308,20 @@ def sql_phase(kind: str, cfg: Settings) -> Result:
     return result
 
 
-def _noop_step(ctx: Any, value: int) -> int:
-    """A saga step that does nothing (its context is a ``saga.StepContext``)."""
-    return value
-
-
 def _saga_levels(kind: str, url: str, cfg: Settings, tag: str) -> dict[str, dict[str, dict[str, float]]]:
     """Sagas of :data:`SAGA_STEPS` no-op steps against as many one-row commits, threads only.
 
     Rates are per step (per commit for the floor): a saga's run counts ``SAGA_STEPS`` calls.
     """
-    from _subjects import sql_commits_floor
+    from _subjects import noop_sagas, sql_commits_floor
 
     # The repository root ahead of bench/ (bench/guard.py puts itself first), whose saga.py would
     # otherwise shadow the ``saga`` package.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from saga import Saga, SagaRunner, SagaState
     from saga.journals.sql import SqlJournal
 
-    noops: Saga[int] = Saga("bench_tp_noops", input=int)
-    for k in range(SAGA_STEPS):
-        noops.step(name=f"s{k}", compensate=None)(_noop_step)
     journal = SqlJournal(url)
-    runner = SagaRunner(journal, Guard(MemoryStore()), wait=0)
-
-    def saga(i: int) -> object:
-        outcome = runner.run(noops, f"{tag}-saga{i}", i)
-        if outcome.state is not SagaState.COMPLETED:
-            raise RuntimeError(f"bench saga ended {outcome.state}")
-        return outcome
-
+    saga = noop_sagas(journal, SAGA_STEPS, tag)
     floor = sql_commits_floor(kind, url, f"{tag}-sf", SAGA_STEPS)
     saga_subject = Subject(saga, floor.make_async)
     try:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 from _common import RETENTION
-from _subjects import postgres_floor, redis_floor, sql_commits_floor, sqlite_floor
+from _subjects import noop_sagas, postgres_floor, redis_floor, sql_commits_floor, sqlite_floor
 
 from idempotency import Guard, scope
 from idempotency.keys import EffectIdentity
@@ -74,8 +74,6 @@ SAGA_STEPS = 5
 
 def run_saga(backend: str, args: argparse.Namespace, tmp: str) -> None:
     """Client CPU per saga step against per one-row commit (see the module)."""
-    from idempotency.stores.memory import MemoryStore
-    from saga import Saga, SagaRunner, SagaState
     from saga.journals.sql import SqlJournal
 
     tag = uuid.uuid4().hex[:8]
@@ -91,16 +89,7 @@ def run_saga(backend: str, args: argparse.Namespace, tmp: str) -> None:
 
         journal = RedisJournal(args.redis_url, prefix=f"bench-cpu-j-{tag}")
         floor = _redis_sets(args.redis_url, f"bench-cpu-j-{tag}", SAGA_STEPS)
-    noops: Saga[int] = Saga("bench_cpu_noops", input=int)
-    for k in range(SAGA_STEPS):
-        noops.step(name=f"s{k}", compensate=None)(lambda ctx, i: None)
-    runner = SagaRunner(journal, Guard(MemoryStore()), wait=0)
-
-    def saga(i: int) -> object:
-        outcome = runner.run(noops, f"{tag}-saga{i}", i)
-        if outcome.state is not SagaState.COMPLETED:
-            raise RuntimeError(f"bench saga ended {outcome.state}")
-        return outcome
+    saga = noop_sagas(journal, SAGA_STEPS, tag)
 
     n = max(1, args.pairs // SAGA_STEPS)
     counter = [0]
