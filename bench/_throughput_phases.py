@@ -243,13 +243,34 @@ class _Tracer:
         return {"statements": self.statements / n, "commits": self.commits / n}
 
 
+def _sqlite_counts(
+    url: str, floor: Subject, tracer: _Tracer, n: int, tag: str
+) -> dict[str, dict[str, float]]:
+    """Statements and commits per call of ``floor`` (made with ``tracer``'s callbacks) and of a
+    guard on a store whose engine's connections ``tracer`` watches (the statements do not depend
+    on the pool)."""
+    from sqlalchemy import event
+
+    from idempotency.stores.sql import SqlStore, make_engine
+
+    engine = make_engine(url)
+    event.listen(engine, "connect", lambda dbapi, _rec: dbapi.set_trace_callback(tracer.callback()))
+    store = SqlStore(engine, table_name="bench_tp_effects")
+    guard = Guard(store, namespace="bench", retention=RETENTION)
+    try:
+        subjects = {"floor": floor, "guard": guard_subject(guard, f"{tag}-n")}
+        return {name: tracer.count(subject.sync, n) for name, subject in subjects.items()}
+    finally:
+        guard.close()
+        store.close()
+        engine.dispose()
+
+
 def sql_phase(kind: str, cfg: Settings) -> Result:
     """Guarded new calls against the two-commit floor on ``kind`` (``sqlite`` or ``postgres``)."""
     import tempfile
 
-    from sqlalchemy import event
-
-    from idempotency.stores.sql import SqlStore, make_engine
+    from idempotency.stores.sql import SqlStore
 
     result = Result()
     tag = run_tag()
@@ -262,12 +283,9 @@ def sql_phase(kind: str, cfg: Settings) -> Result:
             url, dbname = stack.enter_context(_pg_database(cfg))
             result.info["postgres_version"] = str(_pg_stat(cfg, "SHOW server_version_num"))
         tracer = _Tracer()
-        engine = make_engine(url)
-        if kind == "sqlite":
-            event.listen(engine, "connect", lambda dbapi, _rec: dbapi.set_trace_callback(tracer.callback()))
-        # Postgres: a store opened from its URL, as users open one (its own pool, in which its
-        # threads keep their connections); SQLite: on the engine that counts the statements.
-        store = SqlStore(url if kind == "postgres" else engine, table_name="bench_tp_effects")
+        # A store opened from its URL, as users open one (its own pool, in which its threads keep
+        # their connections); SQLite's statements are counted on a second store (_sqlite_counts).
+        store = SqlStore(url, table_name="bench_tp_effects")
         guard = Guard(store, namespace="bench", retention=RETENTION)
         floor = (
             sqlite_floor(url.removeprefix("sqlite:///"), tag, tracer.callback)
@@ -278,13 +296,11 @@ def sql_phase(kind: str, cfg: Settings) -> Result:
         try:
             result.rows["guard"] = _levels(subjects, cfg)
             if kind == "sqlite":
-                for name, subject in subjects.items():
-                    result.counts[name] = tracer.count(subject.sync, cfg.counted)
+                result.counts.update(_sqlite_counts(url, floor, tracer, cfg.counted, tag))
         finally:
             guard.close()
             store.close()
             floor.close()
-            engine.dispose()
         if kind == "postgres":
 
             def make_guard() -> tuple[Subject, Callable[[], None]]:
