@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import os
 import pstats
 import statistics
@@ -67,6 +68,61 @@ def _subjects(backend: str, args: argparse.Namespace, tmp: str, tag: str) -> tup
 
     store = RedisStore(args.redis_url, prefix=f"bench-cpu-{tag}")
     return store, redis_floor(args.redis_url, f"bench-cpu-{tag}", 16)
+
+
+def _statements(
+    backend: str, args: argparse.Namespace, tmp: str, tag: str
+) -> tuple[Callable[[int], object], Callable[[], None]] | None:
+    """The store's own claim and record statements (a new key: the claim, then ``complete_held``,
+    their rows fetched) on the bare driver, as the floor's client sends its own: what the table's
+    layout costs the client without the store's code. Returns the call and what closes its
+    connection (SQL backends; None on Redis, whose floor is the client the store runs on)."""
+    if backend == "redis":
+        return None
+    import sqlite3
+
+    import sqlalchemy as sa
+
+    from idempotency.stores.sql_driver import Statement
+    from idempotency.stores.sql_statements import effect_statements
+
+    postgres = backend == "postgres"
+    dialect = sa.create_engine(args.pg_url if postgres else "sqlite://").dialect
+    table = dialect.identifier_preparer.quote(f"bench_cpu_{tag}" if postgres else "sagaguard_effects")
+    texts = effect_statements(table, dialect.name, bound_now=not postgres)
+    claim, record = (
+        Statement(texts[n], dialect) for n in ("claim" if postgres else "insert", "complete_held")
+    )
+    run_id = uuid.uuid4().hex[:8]
+    conn: Any
+    if postgres:
+        conn = psycopg.connect(args.pg_url, autocommit=True, cursor_factory=psycopg.RawCursor)
+    else:
+        conn = sqlite3.connect(os.path.join(tmp, f"{tag}.db"), isolation_level=None, timeout=30)
+        for pragma in ("journal_mode = WAL", "synchronous = FULL"):
+            conn.execute(f"PRAGMA {pragma}")
+
+    def pair(i: int) -> object:
+        ident = EffectIdentity.of("bench", f"{run_id}-r{i}", "cpu", 0)
+        params: dict[str, Any] = {
+            "key": ident.key, "namespace": ident.namespace, "scope": ident.scope, "name": ident.name,
+            "ordinal": ident.ordinal, "fingerprint": "f" * 64, "lease": 30.0, "first_token": 7,
+            "holder": "bench-host:1:1", "result": "null", "token": 7, "retention": RETENTION,
+        }  # fmt: skip
+        if not postgres:
+            now = time.time()
+            params.update(now=now, lease_until=now + 30.0)
+        for statement in (claim, record):
+            values = statement.values(params)
+            rows = (
+                conn.execute(statement.sql, values, prepare=True)
+                if postgres
+                else conn.execute(statement.sql, values)
+            )
+            rows.fetchall()  # SQLite finishes a RETURNING statement (and commits) only then
+        return i
+
+    return pair, conn.close
 
 
 SAGA_STEPS = 5
@@ -178,7 +234,12 @@ def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
         counter[0] += n
         return _cpu(fn, n, counter[0])
 
-    for fn in (pair, guarded, floor.sync):  # warm-up: prepared statements, pools, caches
+    statements = _statements(backend, args, tmp, tag)
+    series: dict[str, Callable[[int], object]] = {"floor": floor.sync}
+    if statements is not None:
+        series["statements"] = statements[0]
+    series.update(store=pair, guarded=guarded)
+    for fn in series.values():  # warm-up: prepared statements, pools, caches
         block(fn)
     if args.profile:
         prof = cProfile.Profile()
@@ -188,20 +249,24 @@ def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
     else:
-        got: dict[str, list[float]] = {"floor": [], "store": [], "guarded": []}
+        got: dict[str, list[float]] = {name: [] for name in series}
         for r in range(args.rounds):
-            order = [("floor", floor.sync), ("store", pair), ("guarded", guarded)]
+            order = list(series.items())
             if r % 2:
                 order.reverse()
             for name, fn in order:
                 got[name].append(block(fn))
         med = {k: statistics.median(v) for k, v in got.items()}
+        steps = list(med)
         print(
             f"{backend}: client CPU per call, median (min-max) of {args.rounds} blocks of {n}: "
             + "; ".join(f"{k} {med[k]:.0f} ({min(v):.0f}-{max(v):.0f}) µs" for k, v in got.items())
-            + f"; guarded - floor {med['guarded'] - med['floor']:+.0f} µs, store pair - floor "
-            f"{med['store'] - med['floor']:+.0f} µs"
+            + f"; guarded - floor {med['guarded'] - med['floor']:+.0f} µs ("
+            + ", ".join(f"{b} - {a} {med[b] - med[a]:+.0f}" for a, b in itertools.pairwise(steps))
+            + ")"
         )
+    if statements is not None:
+        statements[1]()
     floor.close()
     store.close()
     _clean(backend, args, tag, tables=[f"bench_cpu_{tag}"])
