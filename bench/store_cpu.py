@@ -52,7 +52,7 @@ def _cpu(fn: Callable[[int], object], n: int, start: int) -> float:
     return (time.process_time() - t0) / n * 1e6
 
 
-def _subjects(backend: str, args: argparse.Namespace, tmp: str, tag: str) -> tuple[Any, Any]:
+def subjects(backend: str, args: argparse.Namespace, tmp: str, tag: str) -> tuple[Any, Any]:
     if backend == "postgres":
         from idempotency.stores.sql import SqlStore
 
@@ -70,7 +70,7 @@ def _subjects(backend: str, args: argparse.Namespace, tmp: str, tag: str) -> tup
     return store, redis_floor(args.redis_url, f"bench-cpu-{tag}", 16)
 
 
-def _statements(
+def statements(
     backend: str, args: argparse.Namespace, tmp: str, tag: str
 ) -> tuple[Callable[[int], object], Callable[[], None]] | None:
     """The store's own claim and record statements (a new key: the claim, then ``complete_held``,
@@ -171,10 +171,10 @@ def run_saga(backend: str, args: argparse.Namespace, tmp: str) -> None:
     floor.close()
     journal.close()
     journal_tables = [f"bench_cpu_{tag}_{name}" for name in ("sagas", "saga_steps", "saga_signals")]
-    _clean(backend, args, tag, tables=journal_tables)
+    clean(backend, args, tag, tables=journal_tables)
 
 
-def _clean(backend: str, args: argparse.Namespace, tag: str, *, tables: list[str]) -> None:
+def clean(backend: str, args: argparse.Namespace, tag: str, *, tables: list[str]) -> None:
     """Remove what a run wrote to the shared servers: its tables and floor rows (Postgres), its
     keys (Redis). SQLite's files go with the temporary directory."""
     if backend == "postgres":
@@ -213,7 +213,7 @@ def _redis_sets(url: str, prefix: str, n: int) -> Any:
 
 def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
     tag = uuid.uuid4().hex[:8]
-    store, floor = _subjects(backend, args, tmp, tag)
+    store, floor = subjects(backend, args, tmp, tag)
     guard = Guard(store)
     noop = guard.effect("bench.cpu")(lambda i: i)
     run_id = uuid.uuid4().hex[:8]
@@ -234,10 +234,10 @@ def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
         counter[0] += n
         return _cpu(fn, n, counter[0])
 
-    statements = _statements(backend, args, tmp, tag)
+    bare = statements(backend, args, tmp, tag)
     series: dict[str, Callable[[int], object]] = {"floor": floor.sync}
-    if statements is not None:
-        series["statements"] = statements[0]
+    if bare is not None:
+        series["statements"] = bare[0]
     series.update(store=pair, guarded=guarded)
     for fn in series.values():  # warm-up: prepared statements, pools, caches
         block(fn)
@@ -265,11 +265,11 @@ def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
             + ", ".join(f"{b} - {a} {med[b] - med[a]:+.0f}" for a, b in itertools.pairwise(steps))
             + ")"
         )
-    if statements is not None:
-        statements[1]()
+    if bare is not None:
+        bare[1]()
     floor.close()
     store.close()
-    _clean(backend, args, tag, tables=[f"bench_cpu_{tag}"])
+    clean(backend, args, tag, tables=[f"bench_cpu_{tag}"])
 
 
 def main() -> None:
