@@ -43,8 +43,7 @@ def _child(backend: str, series: str, calls: int, args: argparse.Namespace) -> N
     warnings.simplefilter("ignore")  # the Redis store's durability warning, once per child
     import store_cpu
 
-    from idempotency import Guard, MemoryStore, scope
-    from idempotency.keys import EffectIdentity
+    from idempotency import Guard, MemoryStore
 
     run_id = uuid.uuid4().hex[:8]
     closers: list[Callable[[], object]] = []
@@ -59,17 +58,6 @@ def _child(backend: str, series: str, calls: int, args: argparse.Namespace) -> N
             closers += [floor.close, store.close]
         guard = Guard(store)
         closers.insert(0, guard.close)
-        noop = guard.effect("bench.cpu")(lambda i: i)
-
-        def pair(i: int) -> object:
-            ident = EffectIdentity.of("bench", f"{run_id}-{i}", "cpu", 0)
-            claimed = store.claim(ident, "f" * 64, 30.0)
-            return store.complete(ident.key, claimed.record.token, "null", 3600.0)
-
-        def guarded(i: int) -> object:
-            with scope(f"{run_id}-g{i}"):
-                return noop(i)
-
         fn: Callable[[int], object]
         if series == "floor":
             fn = floor.sync
@@ -79,7 +67,11 @@ def _child(backend: str, series: str, calls: int, args: argparse.Namespace) -> N
             fn = made[0]
             closers.insert(0, made[1])
         else:
-            fn = pair if series == "store" else guarded
+            fn = (
+                store_cpu.store_pair(store, run_id)
+                if series == "store"
+                else store_cpu.guarded_noop(guard, run_id)
+            )
         for i in range(WARM_UP):
             fn(i)
         for i in range(WARM_UP, WARM_UP + calls):

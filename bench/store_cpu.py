@@ -211,21 +211,35 @@ def _redis_sets(url: str, prefix: str, n: int) -> Any:
     return Floor()
 
 
-def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
-    tag = uuid.uuid4().hex[:8]
-    store, floor = subjects(backend, args, tmp, tag)
-    guard = Guard(store)
-    noop = guard.effect("bench.cpu")(lambda i: i)
-    run_id = uuid.uuid4().hex[:8]
+def store_pair(store: Any, run_id: str) -> Callable[[int], object]:
+    """The store's work for call ``i``: a claim of a new key, then its ``complete``."""
 
     def pair(i: int) -> object:
         ident = EffectIdentity.of("bench", f"{run_id}-{i}", "cpu", 0)
         claimed = store.claim(ident, "f" * 64, 30.0)
         return store.complete(ident.key, claimed.record.token, "null", RETENTION)
 
+    return pair
+
+
+def guarded_noop(guard: Guard, run_id: str) -> Callable[[int], object]:
+    """Guarded new call ``i``: ``Guard.effect`` around a no-op, in a scope of its own."""
+    noop = guard.effect("bench.cpu")(lambda i: i)
+
     def guarded(i: int) -> object:
         with scope(f"{run_id}-g{i}"):
             return noop(i)
+
+    return guarded
+
+
+def run(backend: str, args: argparse.Namespace, tmp: str) -> None:
+    tag = uuid.uuid4().hex[:8]
+    store, floor = subjects(backend, args, tmp, tag)
+    guard = Guard(store)
+    run_id = uuid.uuid4().hex[:8]
+    pair = store_pair(store, run_id)
+    guarded = guarded_noop(guard, run_id)
 
     n = args.pairs
     counter = [0]
