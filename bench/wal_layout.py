@@ -6,12 +6,16 @@
     .venv/bin/python bench/wal_layout.py --dump           # also one call's WAL records (pg_waldump)
 
 The store's claim then its record (``SqlStore.claim`` + ``complete``, a new key each time: the two
-statements a no-op guarded call makes) on two layouts of the effects table, against the floor (as
+statements a no-op guarded call makes) on three layouts of the effects table, against the floor (as
 in bench/_subjects.py: an INSERT commit and an UPDATE commit of a two-column row):
 
 - ``as created``: the table with its two partial indexes (``expires_at``; ``(state, key)``);
 - ``no secondary index``: the same table with both dropped, so no index names a column the record
   changes and Postgres can make the record's UPDATE a heap-only (HOT) update;
+- ``lean row``: that table with the key and the fingerprint stored as their 32 bytes of digest
+  (``bytea``) instead of their 68 and 67 characters of text: what a leaner row would write. The
+  store cannot run on it, so the store's own claim and record statements run on psycopg
+  (prepared, ``RawCursor``) with the values the store would bind.
 
 WAL bytes are ``pg_current_wal_lsn()`` around ``--calls`` calls, the least of three windows (the
 server is shared: others' WAL can only add). The HOT column is ``pg_stat_user_tables``'s share of
@@ -38,8 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg
 from _common import RETENTION
 
+from idempotency import holder
 from idempotency.keys import EffectIdentity
-from idempotency.stores.sql import SqlStore
+from idempotency.stores.sql import SqlStore, make_engine
+from idempotency.stores.sql_driver import Statement
+from idempotency.stores.sql_statements import effect_statements
 
 FP = "f1_" + "a" * 64
 _RECORD = re.compile(r"rmgr: (\w+)\s+len \(rec/tot\):\s*\d+/\s*(\d+),.*?desc: ([^,]*)")
@@ -89,6 +96,36 @@ def _dump(admin: psycopg.Connection[Any], call: Callable[[int], object], at: int
     return "\n".join(lines)
 
 
+def _lean(url: str, admin: psycopg.Connection[Any], table: str) -> tuple[Callable[[int], object], Any]:
+    """The ``lean row`` layout's call (see the module) on ``table`` (made by the store, its secondary
+    indexes dropped), and what closes its connection."""
+    admin.execute(
+        f"ALTER TABLE {table} ALTER COLUMN key TYPE bytea USING key::bytea, "
+        "ALTER COLUMN fingerprint TYPE bytea USING fingerprint::bytea"
+    )
+    engine = make_engine(url)  # for its dialect only: it renders the ``$n`` parameters
+    dialect = engine.dialect
+    engine.dispose()
+    texts = effect_statements(table, "postgresql", bound_now=False)
+    claim, record = (Statement(texts[name], dialect) for name in ("claim", "complete_held"))
+    conn = psycopg.connect(url, autocommit=True, cursor_factory=psycopg.RawCursor)
+
+    def call(i: int) -> object:
+        identity = EffectIdentity.of("bench", f"{table}-{i}", "wal", 0)
+        params = {
+            "key": bytes.fromhex(identity.key[4:]), "namespace": identity.namespace,
+            "scope": identity.scope, "name": identity.name, "ordinal": identity.ordinal,
+            "fingerprint": bytes.fromhex(FP[3:]), "lease": 30.0, "first_token": 7,
+            "holder": holder.current(), "result": "null", "token": 7, "retention": RETENTION,
+        }  # fmt: skip
+        for statement in (claim, record):
+            rows = conn.execute(statement.sql, statement.values(params), prepare=True).fetchall()
+            assert rows, "the lean row's claim or record changed nothing"
+        return i
+
+    return call, conn
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/test")
@@ -115,7 +152,7 @@ def main() -> int:
         results.append(("floor (INSERT + UPDATE, two columns)", _least_wal(admin, floor, args.calls), ""))
         if args.dump:
             dumps.append(("floor", _dump(admin, floor, 2 * 10**6)))
-        for layout in ("as created", "no secondary index"):
+        for layout in ("as created", "no secondary index", "lean row"):
             table = f"bench_wal_{tag}_{len(results)}"
             store = SqlStore(args.pg_url, table_name=table)
             if layout != "as created":
@@ -127,6 +164,10 @@ def main() -> int:
                 claimed = store.claim(identity, FP, 30.0).record
                 return store.complete(identity.key, claimed.token, "null", RETENTION)
 
+            closing: Any = store
+            if layout == "lean row":
+                store.close()
+                pair, closing = _lean(args.pg_url, admin, table)
             try:
                 for i in range(200):
                     pair(10**6 + i)
@@ -140,7 +181,7 @@ def main() -> int:
                 hot = f"{row[1] / row[0]:.0%} HOT" if row and row[0] else "?"
                 results.append((f"guarded call, {layout}", wal, hot))
             finally:
-                store.close()
+                closing.close()
                 admin.execute(f'DROP TABLE IF EXISTS "{table}"')
     finally:
         floor_conn.close()
