@@ -7,7 +7,9 @@ STAMP := $(VENV)/.installed
 CREW_VENV ?= .venv-crewai
 CREW_STAMP := $(CREW_VENV)/.installed
 
-.PHONY: demo agent-demo test lint typecheck docs bench clean slow sweep ci
+.PHONY: demo agent-demo test lint typecheck docs bench clean slow sweep ci namespace
+
+SHELL := bash
 
 # Create the virtualenv and install sagaguard with its dev extras, once (again when pyproject changes).
 $(STAMP): pyproject.toml
@@ -44,13 +46,24 @@ slow: $(STAMP)
 sweep: $(STAMP)
 	$(PY) -m pytest -q -m sweep
 
-lint: $(STAMP)
+# The three folders install as sagaguard.idempotency, sagaguard.saga and sagaguard.connectors
+# (pyproject.toml's package-dir). mypy and the API pages read modules by those names from the files,
+# so they read them through a tree of links that lays the folders out as installed.
+NAMESPACE := build/namespace
+namespace:
+	@mkdir -p $(NAMESPACE)/sagaguard
+	@for f in __init__.py py.typed; do ln -sfn ../../../sagaguard/$$f $(NAMESPACE)/sagaguard/$$f; done
+	@for p in idempotency saga connectors; do ln -sfn ../../../$$p $(NAMESPACE)/sagaguard/$$p; done
+
+# mypy names the files by the tree's paths: its output is turned back into the repository's.
+lint: $(STAMP) namespace
 	$(VENV)/bin/ruff check sagaguard idempotency saga connectors tests bench
-	$(VENV)/bin/mypy --strict sagaguard idempotency saga connectors
+	set -o pipefail; MYPYPATH=$(NAMESPACE) $(VENV)/bin/mypy --strict -p sagaguard \
+		| sed -E 's#^$(NAMESPACE)/sagaguard/(idempotency|saga|connectors)/#\1/#; s#^$(NAMESPACE)/##'
 
 typecheck: lint
 
-docs: $(STAMP)
+docs: $(STAMP) namespace
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
@@ -61,4 +74,4 @@ ci:
 	.ci/run
 
 clean:
-	rm -rf $(VENV) $(CREW_VENV) site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CREW_VENV) $(NAMESPACE) site .pytest_cache .mypy_cache .ruff_cache

@@ -8,8 +8,8 @@ from typing import Any
 from _common import RETENTION, anoop, noop
 from _harness import AsyncCase, Case
 
-from idempotency import Guard, scope
-from idempotency.keys import EffectIdentity
+from sagaguard.idempotency import Guard, scope
+from sagaguard.idempotency.keys import EffectIdentity
 
 
 def store_cases(store: Any, tag: str, total: int) -> dict[str, Case]:

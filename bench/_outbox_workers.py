@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlalchemy as sa
 
-from idempotency.outbox import Outbox, OutboxControl, Relay, RelaySettings, create_tables, uuid7
-from idempotency.outbox.model import SCHEMA_TABLE, outbox_table
-from idempotency.stores.sql import make_engine
+from sagaguard.idempotency.outbox import Outbox, OutboxControl, Relay, RelaySettings, create_tables, uuid7
+from sagaguard.idempotency.outbox.model import SCHEMA_TABLE, outbox_table
+from sagaguard.idempotency.stores.sql import make_engine
 
 
 def _pg_dsn(url: str) -> str:

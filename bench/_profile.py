@@ -22,12 +22,12 @@ from _cases import store_cases
 from _common import RETENTION, Config, PhaseResult, noop, run_tag
 from _harness import Case, interleave
 
-from idempotency import Guard, MemoryStore, scope
-from idempotency.effect import _current_effect
-from idempotency.flow import Flow
-from idempotency.keys import EffectIdentity, fingerprint, key_deriver
-from idempotency.options import binder, build_spec, codec_for
-from idempotency.telemetry import EffectSpan, counter_attributes, effect_counter
+from sagaguard.idempotency import Guard, MemoryStore, scope
+from sagaguard.idempotency.effect import _current_effect
+from sagaguard.idempotency.flow import Flow
+from sagaguard.idempotency.keys import EffectIdentity, fingerprint, key_deriver
+from sagaguard.idempotency.options import binder, build_spec, codec_for
+from sagaguard.idempotency.telemetry import EffectSpan, counter_attributes, effect_counter
 
 
 def _best_us(fn: Callable[[], object], number: int) -> float:
@@ -145,7 +145,7 @@ def run(cfg: Config) -> PhaseResult:
 def _redis_profile(cfg: Config, result: PhaseResult, tag: str, calls: int) -> None:
     from _redis import _cleanup, client_for
 
-    from idempotency.stores.redis import RedisStore
+    from sagaguard.idempotency.stores.redis import RedisStore
 
     client = client_for(cfg.redis_url)
     prefix = f"sgbp{os.getpid()}"

@@ -23,9 +23,9 @@ from _harness import Case, interleave, interleave_async
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from idempotency import Guard, scope
-from idempotency.stores.redis import RedisStore
-from idempotency.stores.redis_scripts import FIELDS as _FIELDS
+from sagaguard.idempotency import Guard, scope
+from sagaguard.idempotency.stores.redis import RedisStore
+from sagaguard.idempotency.stores.redis_scripts import FIELDS as _FIELDS
 
 _VALUE = "x" * 200  # about the size of a claimed record's fields
 _TTL = int(RETENTION)

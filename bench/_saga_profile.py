@@ -8,7 +8,7 @@
 - *flow*: a saga of 10 no-op steps on a journal that stores nothing (:class:`NullJournal`), so
   what is left is the coordinator's decisions, the runner's loop, contexts and records.
 - *journal*: one atomic phase (a step's success + the next step started) through
-  :class:`~saga.journals.sql.SqlJournal` on an in-memory SQLite database, against a raw sqlite3
+  :class:`~sagaguard.saga.journals.sql.SqlJournal` on an in-memory SQLite database, against a raw sqlite3
   commit of one UPDATE on the same kind of database: no fsync on either side, so the difference is
   the journal's CPU per phase (Python, pool, statements).
 
@@ -33,10 +33,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from idempotency import Guard, MemoryStore
-from saga import Saga, SagaRunner, StepContext
-from saga.journals.sql import SqlJournal
-from saga.records import (
+from sagaguard.idempotency import Guard, MemoryStore
+from sagaguard.saga import Saga, SagaRunner, StepContext
+from sagaguard.saga.journals.sql import SqlJournal
+from sagaguard.saga.records import (
     Phase,
     SagaRecord,
     SagaSnapshot,

@@ -4,7 +4,7 @@ Two floors, each an INSERT commit then an UPDATE commit of one row of the very t
 store uses (same columns, same indexes, made by the store's own model):
 
 - ``floor_core``: SQLAlchemy Core ``insert()``/``update()``, each in ``engine.begin()``, on the
-  engine :func:`idempotency.stores.sql.make_engine` builds (the store's engine, shared).
+  engine :func:`sagaguard.idempotency.stores.sql.make_engine` builds (the store's engine, shared).
 - ``floor_raw``: the bare driver. sqlite3 with the same pragmas and ``BEGIN IMMEDIATE``; psycopg 3
   in autocommit (one round trip, one commit per statement: the physical minimum).
 
@@ -28,8 +28,8 @@ from _cases import async_cases, store_cases
 from _common import DBOS_ROUNDS, RETENTION, Config, PhaseResult, noop, run_tag
 from _harness import Case, interleave, interleave_async, stats
 
-from idempotency import Guard, scope
-from idempotency.stores.sql import SqlStore, make_engine
+from sagaguard.idempotency import Guard, scope
+from sagaguard.idempotency.stores.sql import SqlStore, make_engine
 
 _FP = "f1_" + "0" * 64
 

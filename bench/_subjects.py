@@ -25,7 +25,7 @@ from typing import Any
 
 from _common import RETENTION, anoop, noop
 
-from idempotency import Guard, scope
+from sagaguard.idempotency import Guard, scope
 
 SQL_CONNECTIONS = 15
 """Connections the SQL floors share: SQLAlchemy's default pool (5, overflow 10), the store's."""
@@ -277,12 +277,9 @@ def _noop_step(ctx: Any, value: int) -> int:
 def noop_sagas(journal: Any, steps: int, tag: str) -> Callable[[int], object]:
     """A call that runs one saga of ``steps`` no-op steps on ``journal`` (a fresh saga id each call,
     a guard on a memory store) and raises unless it completed: the saga series' subject.
-
-    The caller puts the repository root ahead of bench/ on ``sys.path`` first: bench/saga.py would
-    otherwise shadow the ``saga`` package.
     """
-    from idempotency.stores.memory import MemoryStore
-    from saga import Saga, SagaRunner, SagaState
+    from sagaguard.idempotency.stores.memory import MemoryStore
+    from sagaguard.saga import Saga, SagaRunner, SagaState
 
     noops: Any = Saga("bench_noops", input=int)
     for k in range(steps):

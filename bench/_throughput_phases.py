@@ -11,18 +11,16 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from _common import RETENTION, run_tag
 from _load import Window, run_tasks, run_threads
 from _subjects import Subject, guard_subject, postgres_floor, redis_floor, sqlite_floor
 
-from idempotency import Guard, MemoryStore
+from sagaguard.idempotency import Guard, MemoryStore
 
 THREADS = (1, 8, 32, 128)
 TASKS = (64, 256)
@@ -251,7 +249,7 @@ def _sqlite_counts(
     on the pool)."""
     from sqlalchemy import event
 
-    from idempotency.stores.sql import SqlStore, make_engine
+    from sagaguard.idempotency.stores.sql import SqlStore, make_engine
 
     engine = make_engine(url)
     event.listen(engine, "connect", lambda dbapi, _rec: dbapi.set_trace_callback(tracer.callback()))
@@ -270,7 +268,7 @@ def sql_phase(kind: str, cfg: Settings) -> Result:
     """Guarded new calls against the two-commit floor on ``kind`` (``sqlite`` or ``postgres``)."""
     import tempfile
 
-    from idempotency.stores.sql import SqlStore
+    from sagaguard.idempotency.stores.sql import SqlStore
 
     result = Result()
     tag = run_tag()
@@ -331,10 +329,7 @@ def _saga_levels(kind: str, url: str, cfg: Settings, tag: str) -> dict[str, dict
     """
     from _subjects import noop_sagas, sql_commits_floor
 
-    # The repository root ahead of bench/ (bench/guard.py puts itself first), whose saga.py would
-    # otherwise shadow the ``saga`` package.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from saga.journals.sql import SqlJournal
+    from sagaguard.saga.journals.sql import SqlJournal
 
     journal = SqlJournal(url)
     saga = noop_sagas(journal, SAGA_STEPS, tag)
@@ -366,8 +361,8 @@ def _outbox_levels(kind: str, url: str, cfg: Settings, tag: str) -> dict[str, di
     from _subjects import outbox_floor
     from sqlalchemy.orm import Session
 
-    from idempotency.outbox import Outbox, Relay, RelaySettings, create_tables
-    from idempotency.stores.sql import make_engine
+    from sagaguard.idempotency.outbox import Outbox, Relay, RelaySettings, create_tables
+    from sagaguard.idempotency.stores.sql import make_engine
 
     engine = make_engine(url)
     orders = sa.Table(
@@ -421,7 +416,7 @@ def redis_phase(cfg: Settings) -> Result:
     import redis
     from _redis import _cleanup
 
-    from idempotency.stores.redis import RedisStore
+    from sagaguard.idempotency.stores.redis import RedisStore
 
     result = Result()
     tag = run_tag()

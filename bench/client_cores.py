@@ -27,8 +27,8 @@ import psycopg
 from _load import run_threads
 from _subjects import guard_subject, postgres_floor
 
-from idempotency import Guard
-from idempotency.stores.sql import SqlStore
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.stores.sql import SqlStore
 
 
 def main() -> int:

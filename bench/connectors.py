@@ -35,26 +35,22 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
-# The project root goes first: this file's name is the package it measures, and its own directory
-# (on the path as the script's) must not shadow ``connectors``.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import httpx
 import openai
 import redis
 import stripe
 from _harness import Case, Stats, interleave
 
-from connectors.email import Email, EmailEffects, SmtpSettings
-from connectors.http import IdempotentHttp, header_value
-from connectors.llm import ChatJournal
-from connectors.stripe import StripeEffects
-from connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
-from connectors.testing.smtp import SmtpSink
-from idempotency import Guard, MemoryStore, scope
-from idempotency.store import IdempotencyStore
-from idempotency.stores.redis import RedisStore
-from idempotency.stores.sql import SqlStore
+from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
+from sagaguard.connectors.http import IdempotentHttp, header_value
+from sagaguard.connectors.llm import ChatJournal
+from sagaguard.connectors.stripe import StripeEffects
+from sagaguard.connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency import Guard, MemoryStore, scope
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores.redis import RedisStore
+from sagaguard.idempotency.stores.sql import SqlStore
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -372,7 +368,8 @@ def render(results: dict[str, dict[str, Stats]], meta: dict[str, Any]) -> str:
         if c in WHAT
     ]
     out += [
-        "- The HTTP servers (`connectors.testing`) run in their own processes on 127.0.0.1 (HTTP/1.1 "
+        "- The HTTP servers (`sagaguard.connectors.testing`) run in their own processes on 127.0.0.1 "
+        "(HTTP/1.1 "
         "keep-alive); the SMTP server (aiosmtpd) runs in a thread of the benchmark process. Against a "
         "real provider (tens to hundreds of milliseconds per call) the same absolute overhead is a "
         "far smaller ratio: these local servers answer in about a millisecond, the worst case for "

@@ -187,7 +187,8 @@ def _notes(info: dict[str, Any], cfg: Config, series: dict[str, Any]) -> list[st
         "slow network holds up the call, never the loop), rarer calls in a worker thread. Redis "
         "and memory: called "
         "directly (one round trip costs less than two thread hops). `offload=True` forces the "
-        "thread for every store call (`idempotency.offload`: the package's worker threads, a "
+        "thread for every store call (`sagaguard.idempotency.backends.offload`: the package's worker "
+        "threads, a "
         "queue and a future per hop), `offload=False` forces direct calls.",
     ]
     if cfg.million:

@@ -43,7 +43,7 @@ def _child(backend: str, series: str, calls: int, args: argparse.Namespace) -> N
     warnings.simplefilter("ignore")  # the Redis store's durability warning, once per child
     import store_cpu
 
-    from idempotency import Guard, MemoryStore
+    from sagaguard.idempotency import Guard, MemoryStore
 
     run_id = uuid.uuid4().hex[:8]
     closers: list[Callable[[], object]] = []

@@ -102,8 +102,8 @@ def enqueue_overhead(url: str, transactions: int) -> dict[str, float]:
     import sqlalchemy as sa
     from sqlalchemy.orm import Session
 
-    from idempotency.outbox import Outbox, create_tables
-    from idempotency.stores.sql import make_engine
+    from sagaguard.idempotency.outbox import Outbox, create_tables
+    from sagaguard.idempotency.stores.sql import make_engine
 
     engine = make_engine(url)
     orders = sa.Table(

@@ -141,10 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=300)
     cfg = parser.parse_args(argv)
 
-    from idempotency import Guard, MemoryStore
-    from idempotency.stores.sql import SqlStore
-    from saga import Saga, SagaRunner, SagaState
-    from saga.journals.sql import SqlJournal
+    from sagaguard.idempotency import Guard, MemoryStore
+    from sagaguard.idempotency.stores.sql import SqlStore
+    from sagaguard.saga import Saga, SagaRunner, SagaState
+    from sagaguard.saga.journals.sql import SqlJournal
 
     tag = run_tag()
     with cluster() as url:

@@ -6,7 +6,7 @@
     .venv/bin/python bench/saga.py              # full run, writes the docs
 
 A saga of ``--steps`` (10) no-op steps runs under a fresh saga id per call on a
-:class:`~saga.journals.sql.SqlJournal`; its cost per step is the whole run divided by the steps.
+:class:`~sagaguard.saga.journals.sql.SqlJournal`; its cost per step is the whole run divided by the steps.
 Interleaved with it in the same process (``_harness.interleave``): the floor, one UPDATE commit of
 one row on the journal's own engine (SQLAlchemy Core; judged as a run of ``--steps`` commits divided
 by ``--steps``, timed like the saga, and shown alone as context) and on the bare driver (context), and
@@ -39,12 +39,8 @@ from _harness import Case, interleave
 from _report import write
 from guard import _command, _load, _machine, _versions
 
-# The repository root first (guard.py puts bench/ first): this file's own name would otherwise
-# shadow the ``saga`` package.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from idempotency import Guard, MemoryStore
-from saga import Saga, SagaRunner, SagaState, StepContext
+from sagaguard.idempotency import Guard, MemoryStore
+from sagaguard.saga import Saga, SagaRunner, SagaState, StepContext
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- bench:saga:start -->", "<!-- bench:saga:end -->"
@@ -162,7 +158,7 @@ def _count_round_trips(journal: Any, engine: Any, saga_case: Case, index: int) -
     import psycopg
     import sqlalchemy as sa
 
-    from idempotency.stores.sql_pq import PqCursor
+    from sagaguard.idempotency.backends.sql_pq import PqCursor
 
     counts = {"commits": 0, "statements": 0}
     sqlite = engine.dialect.name == "sqlite"
@@ -213,7 +209,7 @@ def _count_round_trips(journal: Any, engine: Any, saga_case: Case, index: int) -
     sa.event.listen(engine, "checkout", on_checkout)
     sa.event.listen(engine, "checkin", on_checkin)
     sa.event.listen(engine, "commit", on_commit)
-    from idempotency.stores import sql_driver
+    from sagaguard.idempotency.backends import sql_driver
 
     engine.dispose()  # connections made afresh, with counting cursors (the pool keeps one each)
     hot_cursor, sql_driver.raw_cursor = sql_driver.raw_cursor, CountingRaw  # type: ignore[assignment]
@@ -245,8 +241,8 @@ def _phase(kind: str, cfg: Settings) -> dict[str, Any]:
     import sqlalchemy as sa
     from _sql import _database
 
-    from idempotency.stores.sql import make_engine
-    from saga.journals.sql import SqlJournal
+    from sagaguard.idempotency.stores.sql import make_engine
+    from sagaguard.saga.journals.sql import SqlJournal
 
     info: dict[str, Any] = {"sqlalchemy": sa.__version__}
     tag = f"sb-{uuid.uuid4().hex[:8]}"

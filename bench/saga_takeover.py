@@ -14,7 +14,7 @@ API's counts are checked (one refund, one cancellation).
     .venv/bin/python bench/saga_takeover.py --runs 3 --code /work/main  # another tree's (before)
     .venv/bin/python bench/saga_takeover.py --runs 3 --declared 60      # the declared trip saga
 
-``--declared LEASE``: the declared trip saga of :mod:`saga.testing` (runner and guard lease LEASE
+``--declared LEASE``: the declared trip saga of :mod:`sagaguard.saga.testing` (runner and guard lease LEASE
 seconds; 60 is the runner's default), SIGKILLed right after its seat-release compensation reached
 the counter service, then run again at once with the same id: seconds from the kill to the end of
 the rerun (COMPENSATED).
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if sys.path[0] != str(ROOT):  # the project's connectors package, not bench/connectors.py
     sys.path.insert(0, str(ROOT))
 CHILD = ROOT / "tests" / "_agentsagachild.py"
-_CLI = "import sys; from idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
+_CLI = "import sys; from sagaguard.idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _env(code: Path, api: str, db: str, marks: Path) -> dict[str, str]:
@@ -56,7 +56,7 @@ def _env(code: Path, api: str, db: str, marks: Path) -> dict[str, str]:
 
 def _state(env: dict[str, str], db: str) -> str:
     probe = (
-        f"from saga.journals import open_journal; j = open_journal({db!r}); "
+        f"from sagaguard.saga.journals import open_journal; j = open_journal({db!r}); "
         "print(j.load('thread-1').saga.state.value)"
     )
     return subprocess.run(
@@ -92,12 +92,13 @@ def one(code: Path, api: str) -> dict[str, object]:
 
 
 def declared(code: Path, service: str, lease: float) -> dict[str, object]:
-    """The declared trip saga (``saga.testing``), killed as its release compensation was sent, then
+    """The declared trip saga (``sagaguard.saga.testing``), killed as its release compensation was sent, then
     run again at once with the same id; seconds from the kill to the rerun's end."""
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/trip.db"
         saga_id = f"trip-{os.getpid()}-{time.monotonic_ns()}"
-        argv = [sys.executable, "-m", "saga.testing", "child", "--scenario", "saga.testing:trip_scenario"]
+        argv = [sys.executable, "-m", "sagaguard.saga.testing", "child"]
+        argv += ["--scenario", "sagaguard.saga.testing:trip_scenario"]
         argv += ["--saga-id", saga_id, "--namespace", saga_id, "--journal", url, "--store", url]
         argv += ["--lease", str(lease), "--param", f"service={service}", "--param", "fail_at=book_hotel"]
         argv += ["--param", "guarded=yes"]
@@ -123,8 +124,8 @@ def main() -> int:
         help="measure the declared trip saga instead, its runner and guard lease LEASE seconds",
     )  # fmt: skip
     args = parser.parse_args()
-    from connectors.testing.http_server import LocalIdempotentApi
-    from idempotency.testing import CounterService
+    from sagaguard.connectors.testing.http_server import LocalIdempotentApi
+    from sagaguard.idempotency.testing import CounterService
 
     times = []
     if args.declared:

@@ -41,8 +41,8 @@ import psycopg
 from _common import RETENTION
 from _subjects import noop_sagas, postgres_floor, redis_floor, sql_commits_floor, sqlite_floor
 
-from idempotency import Guard, scope
-from idempotency.keys import EffectIdentity
+from sagaguard.idempotency import Guard, scope
+from sagaguard.idempotency.keys import EffectIdentity
 
 
 def _cpu(fn: Callable[[int], object], n: int, start: int) -> float:
@@ -54,17 +54,17 @@ def _cpu(fn: Callable[[int], object], n: int, start: int) -> float:
 
 def subjects(backend: str, args: argparse.Namespace, tmp: str, tag: str) -> tuple[Any, Any]:
     if backend == "postgres":
-        from idempotency.stores.sql import SqlStore
+        from sagaguard.idempotency.stores.sql import SqlStore
 
         store = SqlStore(args.pg_url, table_name=f"bench_cpu_{tag}")
         return store, postgres_floor(args.pg_url, f"cpu-{tag}")
     if backend == "sqlite":
-        from idempotency.stores.sql import SqlStore
+        from sagaguard.idempotency.stores.sql import SqlStore
 
         path = os.path.join(tmp, f"{tag}.db")
         store = SqlStore(f"sqlite:///{path}")
         return store, sqlite_floor(os.path.join(tmp, f"{tag}-floor.db"), f"cpu-{tag}")
-    from idempotency.stores.redis import RedisStore
+    from sagaguard.idempotency.stores.redis import RedisStore
 
     store = RedisStore(args.redis_url, prefix=f"bench-cpu-{tag}")
     return store, redis_floor(args.redis_url, f"bench-cpu-{tag}", 16)
@@ -83,8 +83,8 @@ def statements(
 
     import sqlalchemy as sa
 
-    from idempotency.stores.sql_driver import Statement
-    from idempotency.stores.sql_statements import effect_statements
+    from sagaguard.idempotency.backends.sql_driver import Statement
+    from sagaguard.idempotency.stores.sql_statements import effect_statements
 
     postgres = backend == "postgres"
     dialect = sa.create_engine(args.pg_url if postgres else "sqlite://").dialect
@@ -130,7 +130,7 @@ SAGA_STEPS = 5
 
 def run_saga(backend: str, args: argparse.Namespace, tmp: str) -> None:
     """Client CPU per saga step against per one-row commit (see the module)."""
-    from saga.journals.sql import SqlJournal
+    from sagaguard.saga.journals.sql import SqlJournal
 
     tag = uuid.uuid4().hex[:8]
     journal: Any
@@ -141,7 +141,7 @@ def run_saga(backend: str, args: argparse.Namespace, tmp: str) -> None:
         journal = SqlJournal(f"sqlite:///{os.path.join(tmp, f'{tag}.db')}")
         floor = sql_commits_floor(backend, f"sqlite:///{tmp}/{tag}-floor.db", f"cpu-{tag}", SAGA_STEPS)
     else:  # a step is one script; its floor one SET per step
-        from saga.journals.redis import RedisJournal
+        from sagaguard.saga.journals.redis import RedisJournal
 
         journal = RedisJournal(args.redis_url, prefix=f"bench-cpu-j-{tag}")
         floor = _redis_sets(args.redis_url, f"bench-cpu-j-{tag}", SAGA_STEPS)

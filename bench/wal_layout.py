@@ -42,11 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg
 from _common import RETENTION
 
-from idempotency import holder
-from idempotency.keys import EffectIdentity
-from idempotency.stores.sql import SqlStore, make_engine
-from idempotency.stores.sql_driver import Statement
-from idempotency.stores.sql_statements import effect_statements
+from sagaguard.idempotency import holder
+from sagaguard.idempotency.backends.sql_driver import Statement
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.stores.sql import SqlStore, make_engine
+from sagaguard.idempotency.stores.sql_statements import effect_statements
 
 FP = "f1_" + "a" * 64
 _RECORD = re.compile(r"rmgr: (\w+)\s+len \(rec/tot\):\s*\d+/\s*(\d+),.*?desc: ([^,]*)")

@@ -8,11 +8,11 @@ Reads the recorded responses of journaled model calls (effects whose name starts
 and totals their token usage by effect and model: what a resumed run that replays them does not pay
 for, per replay. How often replays actually happened is counted in the running processes, by the
 metrics ``sagaguard.llm.calls`` and ``sagaguard.llm.tokens`` with ``sagaguard.llm.source=journal``
-(see :mod:`connectors.telemetry`); the store does not count replays.
+(see :mod:`sagaguard.connectors.telemetry`); the store does not count replays.
 
 :func:`add_commands` adds ``llm`` to another CLI's sub-parsers (the ``sagaguard`` command); the
 parsed namespace carries ``connector_command``, which :func:`run` dispatches. :func:`main` runs the
-commands on their own (``python -m connectors.cli``).
+commands on their own (``python -m sagaguard.connectors.cli``).
 
 Exit status: 0 done; 1 the store failed; 2 bad usage.
 """
@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from connectors.telemetry import usage_of
-from idempotency.cliutil import open_existing_store
-from idempotency.errors import ConfigurationError, IdempotencyError
-from idempotency.records import Record, State
-from idempotency.store import IdempotencyStore
-from idempotency.stores import DEFAULT_URL
+from sagaguard.connectors.telemetry import usage_of
+from sagaguard.idempotency.cliutil import open_existing_store
+from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
+from sagaguard.idempotency.records import Record, State
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores import DEFAULT_URL
 
 __all__ = ["Savings", "add_commands", "main", "run", "savings"]
 

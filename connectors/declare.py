@@ -19,14 +19,15 @@ A tool whose world-changing calls are guarded effects of their own (``StripeEffe
 ``EmailEffects``, ``guard.effect``) may stay read-only: those calls replay or are reconciled as
 effects do, and one left in doubt is resolved on its own record.
 
-A tool that changes the world can also say how an agent saga undoes it (:mod:`saga.agent`): the
+A tool that changes the world can also say how an agent saga undoes it (:mod:`sagaguard.saga.agent`): the
 name of its undo in the agent saga's ``UndoRegistry`` (``@changes_world(undo="cancel_booking")``,
 a compensatable step), or that it is the run's pivot (``@changes_world(pivot=True)``: after it the
 run only goes forward). The same declaration serves every framework; the adapters that run agent
-sagas (:class:`connectors.langgraph_saga.SagaTools`, :class:`connectors.langchain_saga.SagaMiddleware`,
-:class:`connectors.openai_agents_saga.SagaTurn`) read it, the others ignore it. Each gives the undo
-the call's arguments and the tool's output as :func:`recorded_output` reads it, so the same undo
-serves every framework.
+sagas (:class:`sagaguard.connectors.frameworks.langgraph_saga.SagaTools`,
+:class:`sagaguard.connectors.frameworks.langchain_saga.SagaMiddleware`,
+:class:`sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn`) read it, the others ignore it. Each
+gives the undo the call's arguments and the tool's output as :func:`recorded_output` reads it, so the same
+undo serves every framework.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar, overload
 
-from idempotency.effect import NO_RETRY, Policy
-from idempotency.errors import ConfigurationError, OutcomeUnknown
-from idempotency.records import Disposition
+from sagaguard.idempotency.effect import NO_RETRY, Policy
+from sagaguard.idempotency.errors import ConfigurationError, OutcomeUnknown
+from sagaguard.idempotency.records import Disposition
 
 __all__ = [
     "ToolDeclaration",

@@ -37,7 +37,7 @@ connection lost or timeout after the message body  ``ProviderUnavailable``  ambi
 The compensation for a sent email is a correction, in reply to the original ``Message-ID``, and it
 never reaches anyone before the original: :meth:`EmailEffects.correction` (a saga compensation) and
 :meth:`EmailEffects.correction_undo` (an agent saga's undo) cancel an original still waiting in the
-outbox, or queue the correction behind it (:mod:`connectors.email_correction`).
+outbox, or queue the correction behind it (:mod:`sagaguard.connectors.email_correction`).
 """
 
 from __future__ import annotations
@@ -54,22 +54,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from connectors.errors import (
+from sagaguard.connectors.errors import (
     ProviderRejected,
     ProviderUnavailable,
     ProviderUnreachable,
     classify,
     replayable,
 )
-from idempotency.codec import Codec
-from idempotency.effect import Policy, current_effect
-from idempotency.errors import ConfigurationError
-from idempotency.guard import Guard
-from idempotency.keys import EffectIdentity, current_scope, scope
-from idempotency.records import State
+from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.effect import Policy, current_effect
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.keys import EffectIdentity, current_scope, scope
+from sagaguard.idempotency.records import State
 
 if TYPE_CHECKING:
-    from idempotency.outbox import Outbox
+    from sagaguard.idempotency.outbox import Outbox
 
 __all__ = ["SEND", "Email", "EmailEffects", "Sent", "SmtpSettings", "map_smtp_error", "message_id_for"]
 
@@ -163,7 +163,7 @@ class EmailEffects:
     Args:
         guard: the guard the sends run under.
         smtp: the server.
-        outbox: an :class:`idempotency.outbox.Outbox`: :meth:`send` enqueues there, and the
+        outbox: an :class:`sagaguard.idempotency.outbox.Outbox`: :meth:`send` enqueues there, and the
             message type ``name`` is registered on it with :meth:`deliver` as the handler.
         sender: the default ``From``.
         domain: the right-hand side of the ``Message-ID`` (default: the sender's domain).
@@ -207,7 +207,7 @@ class EmailEffects:
 
         Inside a scope (a saga step) it is enqueued once per effect: a re-run of the step, after its
         transaction committed or not, finds the message it enqueued instead of adding another
-        (:meth:`idempotency.outbox.DeferredEffect.defer`).
+        (:meth:`sagaguard.idempotency.outbox.DeferredEffect.defer`).
 
         Raises:
             ConfigurationError: no outbox was given, or ``session`` is an ``AsyncSession`` inside a
@@ -261,7 +261,7 @@ class EmailEffects:
 
     def deliver(self, message: Any) -> Sent:
         """The outbox handler: send what an outbox relay hands over (an
-        :class:`idempotency.outbox.Message` whose ``payload`` is ``{"message": <Email as JSON>}``)
+        :class:`sagaguard.idempotency.outbox.Message` whose ``payload`` is ``{"message": <Email as JSON>}``)
         as the effect of scope ``outbox/<message id>``, so a redelivery replays the record and the
         ``Message-ID`` is derived from ``message.provider_key``. Registered on ``outbox``
         automatically; call it from your own relay otherwise."""
@@ -290,7 +290,7 @@ class EmailEffects:
         - an outbox message id (the step used :meth:`send`): an original no relay has claimed yet is
           cancelled in the outbox, and no email reaches anyone for it; otherwise the correction is
           enqueued under the original's ordering key (its aggregate), so the relay delivers it after
-          the original, once (:mod:`connectors.email_correction`). Needs ``engine``.
+          the original, once (:mod:`sagaguard.connectors.email_correction`). Needs ``engine``.
         - :class:`Sent` (the step used :meth:`send_now`): the server accepted the original before
           the compensation began; the correction is sent inline now, once.
         - None (a crash between the send and its record): the original is found by the step's
@@ -306,7 +306,7 @@ class EmailEffects:
         name = effect or self.name
 
         def compensate(ctx: _HasStepScope, input: Any, result: Sent | str | None) -> None:
-            from connectors.email_correction import correct_deferred, reply_to
+            from sagaguard.connectors.email_correction import correct_deferred, reply_to
 
             if isinstance(result, str):
                 correct_deferred(self, engine, result, lambda original: build(input, original))
@@ -343,7 +343,7 @@ class EmailEffects:
         """
 
         def undo(arguments: Any, result: Any) -> None:
-            from connectors.email_correction import OriginalUnknown, correct_deferred, reply_to
+            from sagaguard.connectors.email_correction import OriginalUnknown, correct_deferred, reply_to
 
             if result is None:
                 raise OriginalUnknown(f"{self.name}: the tool call's result was never recorded")

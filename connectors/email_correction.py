@@ -6,7 +6,7 @@ was sent:
 
 - **Through the outbox** (``send``, ``send_later``: the step recorded the outbox message id). If no
   relay has claimed the original yet, it is *cancelled* in the outbox
-  (:meth:`~idempotency.outbox.OutboxControl.cancel`) and no email at all reaches the recipient
+  (:meth:`~sagaguard.idempotency.outbox.OutboxControl.cancel`) and no email at all reaches the recipient
   for it: nothing to correct. Otherwise (a relay is delivering it right now, it was delivered, or
   it is a dead letter that may have gone out) the correction is *enqueued* in the outbox under the
   original's aggregate, its ordering key: the relays deliver one aggregate's messages one at a
@@ -14,7 +14,7 @@ was sent:
   the original (and stays behind it while the original is a dead letter, until an operator
   replays or discards it). An original that never went out (no send record, or a refusal) and is
   dead is discarded instead, so a later replay cannot send it uncorrected.
-- **Inline** (``send_now``: the step recorded :class:`~connectors.email.Sent`). The SMTP server
+- **Inline** (``send_now``: the step recorded :class:`~sagaguard.connectors.email.Sent`). The SMTP server
   accepted the original before the compensation began, so the correction, sent inline now, is
   accepted after it. Past that first server SMTP promises no order; the correction's
   ``In-Reply-To``/``References`` thread it under the original in the recipient's client.
@@ -32,12 +32,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from connectors.email import Email, EmailEffects, message_id_for
-from idempotency.codec import Codec
-from idempotency.errors import ConfigurationError, IdempotencyError
-from idempotency.keys import EffectIdentity, current_scope
-from idempotency.outbox import MessageNotFound, MessageStatus, uuid7
-from idempotency.records import State
+from sagaguard.connectors.email import Email, EmailEffects, message_id_for
+from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
+from sagaguard.idempotency.keys import EffectIdentity, current_scope
+from sagaguard.idempotency.outbox import MessageNotFound, MessageStatus, uuid7
+from sagaguard.idempotency.records import State
 
 __all__ = ["CORRECTION", "OriginalUnknown", "correct_deferred", "reply_to"]
 

@@ -3,7 +3,7 @@
 A connector maps its SDK's exceptions onto these, so code that wraps several providers handles one
 set of types, and a recorded failure replays as the same type as the first call raised::
 
-    IdempotencyError                      (idempotency.errors)
+    IdempotencyError                      (sagaguard.idempotency.errors)
     ├── NotApplied
     │   ├── ProviderRejected              refused before changing anything: card declined, validation,
     │   │                                 any other 4xx; retryable=True when asking again may work (429)
@@ -22,8 +22,8 @@ a replay of a recorded failure has no cause, only the attributes (``provider``, 
 
 from __future__ import annotations
 
-from idempotency.errors import IdempotencyError, KeyConflict, NotApplied
-from idempotency.records import Disposition
+from sagaguard.idempotency.errors import IdempotencyError, KeyConflict, NotApplied
+from sagaguard.idempotency.records import Disposition
 
 __all__ = [
     "ConnectorError",

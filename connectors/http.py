@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from connectors.errors import (
+from sagaguard.connectors.errors import (
     ProviderBusy,
     ProviderKeyConflict,
     ProviderRejected,
@@ -48,9 +48,9 @@ from connectors.errors import (
     classify,
     replayable,
 )
-from idempotency.effect import Policy, ReconcileRequest, Retry, current_effect
-from idempotency.errors import ConfigurationError
-from idempotency.guard import Guard, Operation
+from sagaguard.idempotency.effect import Policy, ReconcileRequest, Retry, current_effect
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.guard import Guard, Operation
 
 __all__ = [
     "HEADER",

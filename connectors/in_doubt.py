@@ -28,9 +28,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from idempotency.errors import OutcomeUnknown
-from idempotency.records import State
-from idempotency.store import IdempotencyStore
+from sagaguard.idempotency.errors import OutcomeUnknown
+from sagaguard.idempotency.records import State
+from sagaguard.idempotency.store import IdempotencyStore
 
 __all__ = ["OnDoubt", "Pending", "ReturnPending", "Stop", "WaitForOperator", "asettle", "settle"]
 

@@ -21,8 +21,8 @@ opt in knowingly.
 
 Usage: every call's token usage is in its recorded response. :class:`LlmUsage` totals what was paid
 and what replays saved, in this process; the metrics ``sagaguard.llm.calls`` and
-``sagaguard.llm.tokens`` (:mod:`connectors.telemetry`) report the same by source, and
-``sagaguard llm savings`` (:mod:`connectors.cli`) reads what the journal holds.
+``sagaguard.llm.tokens`` (:mod:`sagaguard.connectors.telemetry`) report the same by source, and
+``sagaguard llm savings`` (:mod:`sagaguard.connectors.cli`) reads what the journal holds.
 """
 
 from __future__ import annotations
@@ -38,13 +38,20 @@ from typing import Any, ParamSpec, TypeVar, cast, overload
 import openai
 from openai.types.chat import ChatCompletion
 
-from connectors.errors import ProviderRejected, ProviderUnavailable, classify, replayable
-from connectors.telemetry import record_llm_call, usage_of
-from idempotency.effect import NOT_APPLIED, Applied, NotAppliedResolution, Policy, ReconcileRequest, Retry
-from idempotency.effect import current_effect as _current_effect
-from idempotency.errors import ConfigurationError
-from idempotency.guard import Guard, Operation
-from idempotency.records import Disposition
+from sagaguard.connectors.errors import ProviderRejected, ProviderUnavailable, classify, replayable
+from sagaguard.connectors.telemetry import record_llm_call, usage_of
+from sagaguard.idempotency.effect import (
+    NOT_APPLIED,
+    Applied,
+    NotAppliedResolution,
+    Policy,
+    ReconcileRequest,
+    Retry,
+)
+from sagaguard.idempotency.effect import current_effect as _current_effect
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.guard import Guard, Operation
+from sagaguard.idempotency.records import Disposition
 
 __all__ = [
     "AsyncChatJournal",

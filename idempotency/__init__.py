@@ -1,10 +1,10 @@
 """sagaguard's effect ledger: calls that change the world happen once.
 
 See docs/concepts.md. The public API is re-exported here; backends live in
-``idempotency.stores``.
+``sagaguard.idempotency.stores``.
 """
 
-from idempotency.effect import (
+from sagaguard.idempotency.effect import (
     NOT_APPLIED,
     Applied,
     EffectContext,
@@ -15,7 +15,7 @@ from idempotency.effect import (
     Unknown,
     current_effect,
 )
-from idempotency.errors import (
+from sagaguard.idempotency.errors import (
     AlreadyInProgress,
     CodecError,
     ConfigurationError,
@@ -31,11 +31,11 @@ from idempotency.errors import (
     StoreError,
     StoreUnavailable,
 )
-from idempotency.guard import Guard, Operation
-from idempotency.keys import EffectIdentity, Scope, current_scope, derive_key, fingerprint, scope
-from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
-from idempotency.store import IdempotencyStore
-from idempotency.stores import MemoryStore, open_store
+from sagaguard.idempotency.guard import Guard, Operation
+from sagaguard.idempotency.keys import EffectIdentity, Scope, current_scope, derive_key, fingerprint, scope
+from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores import MemoryStore, open_store
 
 __all__ = [
     "NOT_APPLIED",

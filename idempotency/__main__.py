@@ -1,5 +1,5 @@
-"""``python -m idempotency``: the ``sagaguard`` command line (see :mod:`idempotency.cli`)."""
+"""``python -m sagaguard.idempotency``: the ``sagaguard`` command line (:mod:`sagaguard.idempotency.cli`)."""
 
-from idempotency.cli import main
+from sagaguard.idempotency.cli import main
 
 raise SystemExit(main())

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import json
 import os
 import sys
@@ -29,12 +28,12 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, TextIO
 
-from idempotency.cliutil import duration, open_existing_store, positive
-from idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
-from idempotency.records import Disposition, Record, State
-from idempotency.store import IdempotencyStore
-from idempotency.stores import DEFAULT_URL
-from idempotency.stores.urls import masked
+from sagaguard.idempotency.backends.urls import masked
+from sagaguard.idempotency.cliutil import duration, open_existing_store, positive
+from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
+from sagaguard.idempotency.records import Disposition, Record, State
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores import DEFAULT_URL
 
 __all__ = ["main"]
 
@@ -70,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 PLUGIN_GROUP = "sagaguard.commands"
-"""Entry-point group of modules that add commands (``saga.cli``, ``connectors.cli``, the outbox's).
+"""Entry-point group of modules that add commands (``sagaguard.saga.cli``, ``sagaguard.connectors.cli``, the
+outbox's).
 
 Each such module has ``add_commands(subparsers)`` and ``run(args) -> int``. They are found through
 the installed distribution's entry points, so this package never imports the packages above it
@@ -482,34 +482,33 @@ def _version() -> str:
 
 
 DEMO_GROUP = "sagaguard.demo"
-"""Entry-point group of the full demo (``connectors.demo``: the trip-booking saga), found without
-importing the packages above this one."""
+"""Entry-point group of the demos (``sagaguard.connectors.demo``: the trip-booking saga, and
+``sagaguard.connectors.demo.small``), found without importing the packages above this one."""
+
+SMALL_DEMO = "small"
+"""The entry point of the small demo (a guarded charge, a SIGKILL, a restart), which needs no extra."""
 
 
 def _run_demo(args: list[str]) -> int:
-    """``sagaguard demo``: the trip-booking demo when installed, else the effect-only demo.
+    """``sagaguard demo``: the trip-booking demo when installed, else the small demo.
 
     ``sagaguard demo --small`` (or a ``--store``, which only the small demo takes) runs the small
     one: a guarded charge, a SIGKILL, a restart.
     """
     small = "--small" in args or any(a == "--store" or a.startswith("--store=") for a in args)
     args = [a for a in args if a != "--small"]
+    demos = {entry.name: entry for entry in entry_points(group=DEMO_GROUP)}
     if not small:
-        for entry in sorted(entry_points(group=DEMO_GROUP), key=lambda e: e.name):
+        for name in sorted(set(demos) - {SMALL_DEMO}):
             try:
-                full = entry.load()
+                full = demos[name].load()
             except ImportError:  # its extras are not installed: fall back to the small demo
                 continue
             return int(full(args) or 0)
-    # Imported lazily: only this command needs the demo (and whatever it imports).
-    try:
-        demo = importlib.import_module("idempotency.demo")
-    except ModuleNotFoundError as exc:
-        if exc.name != "idempotency.demo":
-            raise
+    if SMALL_DEMO not in demos:
         print(f"{PROG}: the demo is not part of this installation", file=sys.stderr)
         return EXIT_FAILED
-    return int(demo.main(args) or 0)
+    return int(demos[SMALL_DEMO].load()(args) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

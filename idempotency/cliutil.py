@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from idempotency.errors import IdempotencyError, StoreUnavailable
-from idempotency.store import IdempotencyStore
-from idempotency.stores.urls import check_url, masked
+from sagaguard.idempotency.backends.urls import check_url, masked
+from sagaguard.idempotency.errors import IdempotencyError, StoreUnavailable
+from sagaguard.idempotency.store import IdempotencyStore
 
 __all__ = [
     "SchemaMissing",
@@ -87,7 +87,7 @@ def require_schema(url: str, tables: Sequence[str], *, what: str, option: str = 
     """
     import sqlalchemy as sa
 
-    from idempotency.stores.sql import make_engine
+    from sagaguard.idempotency.stores.sql import make_engine
 
     file = sqlite_file(url)
     if file is not None and not file.exists():
@@ -118,8 +118,8 @@ def open_existing_store(url: str) -> IdempotencyStore:
         ConfigurationError: the URL cannot be used.
         StoreUnavailable: the store cannot be reached.
     """
-    from idempotency.stores import open_store
-    from idempotency.stores.sql import DEFAULT_TABLE, SqlStore
+    from sagaguard.idempotency.stores import open_store
+    from sagaguard.idempotency.stores.sql import DEFAULT_TABLE, SqlStore
 
     if check_url(url, what="store") not in ("sqlite", "postgresql"):
         return open_store(url)

@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError
 
-from idempotency.errors import CodecError
+from sagaguard.idempotency.errors import CodecError
 
 __all__ = ["Codec", "ErrorInfo", "decode_error", "encode_error"]
 
@@ -116,6 +116,14 @@ class ErrorInfo(typing.NamedTuple):
 def qualified_name(tp: type[BaseException]) -> str:
     """``module.QualName`` of an exception type."""
     return f"{tp.__module__}.{tp.__qualname__}"
+
+
+def names_type(recorded: str, tp: type[BaseException]) -> bool:
+    """Whether a recorded type name is ``tp``'s: its qualified name, or the name sagaguard's own types
+    were recorded under before its packages moved into the ``sagaguard`` namespace (0.1 wrote
+    ``saga.errors.StepTimeout`` for what is now ``sagaguard.saga.errors.StepTimeout``)."""
+    name = qualified_name(tp)
+    return recorded == name or (name.startswith("sagaguard.") and recorded == name.removeprefix("sagaguard."))
 
 
 def encode_error(exc: BaseException) -> str:

@@ -1,12 +1,13 @@
-"""Driving a guarded call's :class:`~idempotency.flow.Flow`: once for sync code, once for async code.
+"""Driving a guarded call's :class:`~sagaguard.idempotency.flow.Flow`: once for sync code, once for async
+code.
 
 The flow decides; a driver only answers the I/O it asks for (the httpx ``auth_flow`` and tenacity
 ``iter`` pattern). :class:`SyncDriver` and :class:`AsyncDriver` read line for line alike: each sends
 the flow the answer to its last request (or throws the error that request raised) and answers the
 next one, until the flow returns the call's result or raises. The async driver differs only where
 async code must: it awaits the body, its sleeps and an async reconciler; it runs blocking store
-calls in a worker thread (:mod:`idempotency.offload`) unless the guard runs them inline; and a
-claim made for a call cancelled meanwhile is given back.
+calls in a worker thread (:mod:`sagaguard.idempotency.backends.offload`) unless the guard runs them inline;
+and a claim made for a call cancelled meanwhile is given back.
 """
 
 from __future__ import annotations
@@ -20,8 +21,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import tenacity
 
-from idempotency.effect import NO_RETRY, ReconcileRequest, Retry, RunningEffect, Unknown, _current_effect
-from idempotency.flow import (
+from sagaguard.idempotency.backends.offload import in_thread, submit
+from sagaguard.idempotency.effect import (
+    NO_RETRY,
+    ReconcileRequest,
+    Retry,
+    RunningEffect,
+    Unknown,
+    _current_effect,
+)
+from sagaguard.idempotency.flow import (
     Claim,
     Complete,
     Execute,
@@ -35,14 +44,13 @@ from idempotency.flow import (
     TakeOver,
     abandon,
 )
-from idempotency.holder import is_dead_on_this_host
-from idempotency.offload import in_thread, submit
-from idempotency.records import ClaimResult
-from idempotency.store import IdempotencyStore
-from idempotency.telemetry import EffectSpan
+from sagaguard.idempotency.holder import is_dead_on_this_host
+from sagaguard.idempotency.records import ClaimResult
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.telemetry import EffectSpan
 
 if TYPE_CHECKING:
-    from idempotency.guard import Guard, Plan
+    from sagaguard.idempotency.guard import Guard, Plan
 
 __all__ = ["AsyncDriver", "Retrier", "RetryPolicy", "SyncDriver", "reconciled", "settled", "store_call"]
 
@@ -53,7 +61,7 @@ _NEVER_RETRIED = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.Cancelle
 
 class RetryPolicy(Protocol):
     """What :class:`Retrier` retries by: a budget and backoff, and which failures are retried
-    (an effect's :class:`~idempotency.flow.EffectSpec` is one)."""
+    (an effect's :class:`~sagaguard.idempotency.flow.EffectSpec` is one)."""
 
     @property
     def retry(self) -> Retry:
@@ -151,7 +159,7 @@ def store_call(store: IdempotencyStore, flow: Flow[Any], op: Claim | Complete | 
 
 def _probe(store: IdempotencyStore, op: Probe) -> bool:
     """The answer to :class:`Probe`: a store that cannot take a claim over (a wrapper written
-    before :meth:`~idempotency.store.IdempotencyStore.take_over`) has the flow wait instead. A read
+    before :meth:`~sagaguard.idempotency.store.IdempotencyStore.take_over`) has the flow wait instead. A read
     of ``/proc``: no thread needed."""
     return hasattr(store, "take_over") and is_dead_on_this_host(op.holder)
 
@@ -231,8 +239,9 @@ class AsyncDriver:
     Args:
         guard: the guard whose store and heartbeat it uses.
         sleep: the event loop's sleep (inject one in tests).
-        offload: run each store call in a worker thread (:func:`idempotency.offload.in_thread`), so
-            the event loop never blocks on a commit; False runs them inline on the loop.
+        offload: run each store call in a worker thread
+            (:func:`sagaguard.idempotency.backends.offload.in_thread`), so the event loop never blocks on a
+            commit; False runs them inline on the loop.
     """
 
     def __init__(self, guard: Guard, sleep: Callable[[float], Awaitable[None]], offload: bool) -> None:

@@ -1,6 +1,6 @@
 """What an effect declares: its policy, error classification, retries and reconciler.
 
-These are the knobs of :meth:`idempotency.guard.Guard.effect`; they hold no I/O.
+These are the knobs of :meth:`sagaguard.idempotency.guard.Guard.effect`; they hold no I/O.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 import tenacity
 
-from idempotency.errors import ConfigurationError, NotApplied
-from idempotency.keys import EffectIdentity
-from idempotency.records import Disposition, Record
+from sagaguard.idempotency.errors import ConfigurationError, NotApplied
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import Disposition, Record
 
 __all__ = [
     "APPLIED_UNKNOWN",
@@ -43,7 +43,7 @@ class Policy(enum.StrEnum):
     """What to do with an in-doubt effect that no reconciler or provider key can settle."""
 
     AT_MOST_ONCE = "at_most_once"
-    """Default: raise :class:`~idempotency.errors.OutcomeUnknown`; the record stays IN_DOUBT for an
+    """Default: raise :class:`~sagaguard.idempotency.errors.OutcomeUnknown`; the record stays IN_DOUBT for an
     operator. A charge is never made twice; it may need a human to say whether it was made once."""
     AT_LEAST_ONCE = "at_least_once"
     """Opt-in: run the effect again. For effects that are harmless to repeat."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from idempotency.records import Record
+    from sagaguard.idempotency.records import Record
 
 __all__ = [
     "AlreadyInProgress",

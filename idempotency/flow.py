@@ -3,7 +3,7 @@
 :func:`decide` maps a claim result to what the guard does next; it is a pure function and is
 table-tested. :class:`Flow` strings the decisions together as a generator that *yields* the I/O it
 needs (:class:`Claim`, :class:`Execute`, :class:`Complete`, ...) and receives the answers, so the sync
-and the async drivers in :mod:`idempotency.driving` are each a short loop (the httpx ``auth_flow``
+and the async drivers in :mod:`sagaguard.idempotency.driving` are each a short loop (the httpx ``auth_flow``
 pattern) and can never drift apart.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar, cast
 
-from idempotency.codec import Codec, decode_error, encode_error
-from idempotency.effect import (
+from sagaguard.idempotency.codec import Codec, decode_error, encode_error, names_type
+from sagaguard.idempotency.effect import (
     Applied,
     Classifier,
     NotApplied,
@@ -27,7 +27,7 @@ from idempotency.effect import (
     Retry,
     classify,
 )
-from idempotency.errors import (
+from sagaguard.idempotency.errors import (
     AlreadyInProgress,
     CodecError,
     KeyConflict,
@@ -36,9 +36,9 @@ from idempotency.errors import (
     ReplayedFailure,
     StoreError,
 )
-from idempotency.keys import EffectIdentity
-from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
-from idempotency.telemetry import Outcome
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from sagaguard.idempotency.telemetry import Outcome
 
 __all__ = ["Action", "EffectSpec", "Flow", "abandon", "decide"]
 
@@ -82,7 +82,7 @@ def decide(
     (one explicit key shared by two effects) is a conflict, never replayed as this effect's result.
 
     ``holder_dead``: the driver's probe found the holder of a live claim dead on this host
-    (:func:`idempotency.holder.is_dead_on_this_host`); such a claim (IN_PROGRESS, or IN_DOUBT
+    (:func:`sagaguard.idempotency.holder.is_dead_on_this_host`); such a claim (IN_PROGRESS, or IN_DOUBT
     while a dead taker resolved it) is taken over at once instead of waited for.
     """
     if claim.outcome is ClaimOutcome.CLAIMED:
@@ -152,7 +152,7 @@ class EffectSpec(Generic[T]):
         """
         info = decode_error(text)
         for tp in (*self.permanent, NotApplied):
-            if f"{tp.__module__}.{tp.__qualname__}" == info.type_name:
+            if names_type(info.type_name, tp):
                 try:
                     return cast(BaseException, tp(*info.args))
                 except Exception:

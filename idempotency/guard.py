@@ -12,8 +12,8 @@
         charge("cus_1", 1000)   # runs once; a re-run of this block replays the receipt
 
 This module declares effects (:class:`Guard`, its decorators and :class:`Operation`); the decisions
-live in :mod:`idempotency.flow`, and :mod:`idempotency.driving` drives them, once for sync code and
-once for async code.
+live in :mod:`sagaguard.idempotency.flow`, and :mod:`sagaguard.idempotency.driving` drives them, once for sync
+code and once for async code.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
-from idempotency.driving import AsyncDriver, SyncDriver
-from idempotency.effect import Classifier, Policy, ReconcileRequest, Retry
-from idempotency.errors import ConfigurationError
-from idempotency.flow import EffectSpec, Flow
-from idempotency.heartbeat import Heartbeater
-from idempotency.keys import EffectIdentity, current_scope, fingerprint, key_deriver
-from idempotency.options import (
+from sagaguard.idempotency.driving import AsyncDriver, SyncDriver
+from sagaguard.idempotency.effect import Classifier, Policy, ReconcileRequest, Retry
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.flow import EffectSpec, Flow
+from sagaguard.idempotency.heartbeat import Heartbeater
+from sagaguard.idempotency.keys import EffectIdentity, current_scope, fingerprint, key_deriver
+from sagaguard.idempotency.options import (
     FingerprintSpec,
     binder,
     build_spec,
@@ -41,8 +41,8 @@ from idempotency.options import (
     fingerprint_selector,
     seconds,
 )
-from idempotency.store import IdempotencyStore
-from idempotency.telemetry import EffectNaming, Outcome, counter_attributes, effect_naming
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.telemetry import EffectNaming, Outcome, counter_attributes, effect_naming
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT", "FingerprintSpec", "Guard", "Operation"]
 
@@ -147,7 +147,7 @@ class Guard:
         namespace: the tenant; part of every key's hash, so tenants never replay each other.
         lease: seconds a claim is owned before another worker may take it over (renewed in the
             background while a call runs, and while a reconciler runs). A claim whose holder died
-            on this host is taken over at once, whatever its lease (see :mod:`idempotency.holder`).
+            on this host is taken over at once, whatever its lease (see :mod:`sagaguard.idempotency.holder`).
         retention: seconds a finished record is kept (and replayed) before it may be purged.
         wait: seconds a duplicate call waits, in total, for a live claim before ``AlreadyInProgress``.
         sleep: the sleep used between waits and retries (inject one in tests).
@@ -354,7 +354,7 @@ class Guard:
 
         Raises:
             KeyConflict, AlreadyInProgress, OutcomeUnknown, LostOwnership, StoreError: see
-            :mod:`idempotency.errors`; and whatever ``fn`` raises for a not-applied failure.
+            :mod:`sagaguard.idempotency.errors`; and whatever ``fn`` raises for a not-applied failure.
         """
         return cast(T, self._operation(name, result_type, options).run(fn, arguments=arguments, key=key))
 

@@ -1,9 +1,9 @@
-"""Lease renewal for long effects: the guard's heartbeat, one :class:`~idempotency.renewal.Renewer`
+"""Lease renewal for long effects: the guard's heartbeat, one :class:`~sagaguard.idempotency.renewal.Renewer`
 per guard, shared by every running call.
 
 A call is held while its body (or a reconciler) runs and renewed every third of its lease, so a
 long call keeps its claim through two missed renewals. A renewal refused with
-:class:`~idempotency.errors.LostOwnership` ends that call's renewals: the call's own ``complete``
+:class:`~sagaguard.idempotency.errors.LostOwnership` ends that call's renewals: the call's own ``complete``
 will be refused too, which is what tells the caller.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from idempotency.errors import LostOwnership
-from idempotency.renewal import Renewer
-from idempotency.store import IdempotencyStore
+from sagaguard.idempotency.errors import LostOwnership
+from sagaguard.idempotency.renewal import Renewer
+from sagaguard.idempotency.store import IdempotencyStore
 
 __all__ = ["Heartbeater"]
 

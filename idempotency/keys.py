@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
-from idempotency.errors import CodecError, ConfigurationError, NoScope
+from sagaguard.idempotency.errors import CodecError, ConfigurationError, NoScope
 
 __all__ = [
     "KEY_VERSION",

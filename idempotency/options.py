@@ -1,8 +1,9 @@
-"""From the options of :meth:`Guard.effect` to an :class:`~idempotency.flow.EffectSpec`, checked once.
+"""From the options of :meth:`Guard.effect` to an :class:`~sagaguard.idempotency.flow.EffectSpec`, checked
+once.
 
 Everything here runs when an effect is declared (a decorator applied, an operation built), never per
 call: the option checks, the codec for the result type, the argument binder and the fingerprint
-selector. A bad option is therefore a :class:`~idempotency.errors.ConfigurationError` at definition
+selector. A bad option is therefore a :class:`~sagaguard.idempotency.errors.ConfigurationError` at definition
 time, and the hot path only reads what was built here.
 """
 
@@ -14,10 +15,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from idempotency.codec import Codec
-from idempotency.effect import Policy, Retry
-from idempotency.errors import ConfigurationError
-from idempotency.flow import EffectSpec
+from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.effect import Policy, Retry
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.flow import EffectSpec
 
 __all__ = [
     "RUN_OPTIONS",

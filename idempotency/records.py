@@ -59,7 +59,7 @@ class Record:
     result: str | None = None
     error: str | None = None
     holder: str | None = None
-    """Who claimed or last took over the record (:mod:`idempotency.holder`); None in records
+    """Who claimed or last took over the record (:mod:`sagaguard.idempotency.holder`); None in records
     written before holders were recorded."""
 
     def lease_live(self, now: float) -> bool:
@@ -78,7 +78,7 @@ class ClaimOutcome(enum.StrEnum):
     """No live record existed: the caller now owns a fresh IN_PROGRESS record and must run the effect."""
     TOOK_OVER = "took_over"
     """The previous holder's lease ran out (it crashed), its holder is dead (see
-    :meth:`~idempotency.store.IdempotencyStore.take_over`) or the record was left IN_DOUBT: the
+    :meth:`~sagaguard.idempotency.store.IdempotencyStore.take_over`) or the record was left IN_DOUBT: the
     caller owns the record under a new token and must resolve it before running anything."""
     EXISTING = "existing"
     """A record exists that the caller does not own: replay it, wait for it, or report a conflict."""

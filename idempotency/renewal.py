@@ -11,9 +11,9 @@ lost to another worker, or a deadline has passed), and the hold stays until rele
 is logged and the renewal tried again after an interval: a lease cannot be renewed while its store
 is unreachable, and a call that outlives it finds it lost when it writes.
 
-The guard's heartbeat (:mod:`idempotency.heartbeat`), the saga runner's lease renewer
-(:mod:`saga.renewer`) and the outbox relay's claim renewer (:mod:`idempotency.outbox.renewal`)
-are each a thin adapter over one :class:`Renewer`.
+The guard's heartbeat (:mod:`sagaguard.idempotency.heartbeat`), the saga runner's lease renewer
+(:mod:`sagaguard.saga.renewer`) and the outbox relay's claim renewer
+(:mod:`sagaguard.idempotency.outbox.renewal`) are each a thin adapter over one :class:`Renewer`.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ the store; a backend only has to make each primitive below atomic. The contract 
 Times are seconds since the epoch on the *store's* clock (the database's or Redis's own time unless a
 clock is injected), so workers with skewed clocks agree on lease expiry.
 
-Every primitive raises :class:`~idempotency.errors.StoreUnavailable` when the backend cannot be
-reached and :class:`~idempotency.errors.StoreError` for any other backend failure; the driver's own
+Every primitive raises :class:`~sagaguard.idempotency.errors.StoreUnavailable` when the backend cannot be
+reached and :class:`~sagaguard.idempotency.errors.StoreError` for any other backend failure; the driver's own
 exception is chained as ``__cause__``.
 """
 
@@ -18,8 +18,8 @@ import secrets
 from collections.abc import Collection
 from typing import Final, Protocol, runtime_checkable
 
-from idempotency.keys import EffectIdentity
-from idempotency.records import ClaimResult, Disposition, Record, State
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import ClaimResult, Disposition, Record, State
 
 __all__ = ["FIRST_TOKEN_BITS", "IdempotencyStore", "first_token"]
 
@@ -54,7 +54,7 @@ class IdempotencyStore(Protocol):
         """Atomically claim the record for ``identity.key``. One round trip where the backend allows.
 
         Every record a claim writes (CLAIMED or TOOK_OVER) stores this process's holder identity
-        (:func:`idempotency.holder.current`) as ``holder``; an EXISTING record is returned with the
+        (:func:`sagaguard.idempotency.holder.current`) as ``holder``; an EXISTING record is returned with the
         holder it has.
 
         - No record: write a fresh IN_PROGRESS record (attempts 1, lease ``now + lease``) under a
@@ -81,7 +81,7 @@ class IdempotencyStore(Protocol):
         token + 1, attempts + 1, lease ``now + lease``, ``updated_at = now`` and ``holder`` to this
         process's identity, and return it: the caller now owns it, exactly as after a claim that
         answered TOOK_OVER, and must resolve it before running anything. The lease is not checked:
-        the caller proved the holder dead (:func:`idempotency.holder.is_dead_on_this_host`), which
+        the caller proved the holder dead (:func:`sagaguard.idempotency.holder.is_dead_on_this_host`), which
         is why it need not wait for the lease.
 
         Returns None, writing nothing, when the record changed since (another claimant took it

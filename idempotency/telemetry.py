@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
-from idempotency.errors import ConfigurationError
+from sagaguard.idempotency.errors import ConfigurationError
 
 __all__ = [
     "TOOL_CALL_ID",
@@ -114,7 +114,7 @@ def span_attributes(naming: EffectNaming, identity: Any = None) -> dict[str, str
 
     Args:
         naming: the effect's :func:`effect_naming`.
-        identity: the call's :class:`~idempotency.keys.EffectIdentity` (its ``scope``), if known.
+        identity: the call's :class:`~sagaguard.idempotency.keys.EffectIdentity` (its ``scope``), if known.
     """
     attrs = dict(naming.attributes)
     if naming.tool:
@@ -129,7 +129,7 @@ def span_attributes(naming: EffectNaming, identity: Any = None) -> dict[str, str
 
 
 def error_type(error: BaseException | type[BaseException]) -> str:
-    """``error.type`` of an exception: its fully-qualified type name (``idempotency.errors.
+    """``error.type`` of an exception: its fully-qualified type name (``sagaguard.idempotency.errors.
     OutcomeUnknown``); a builtin's plain name (``TimeoutError``), as Python's tracebacks print it."""
     tp = error if isinstance(error, type) else type(error)
     return error_type_name(f"{tp.__module__}.{tp.__qualname__}")
@@ -164,7 +164,7 @@ def expose_identifiers(*identifiers: Identifier | str) -> frozenset[Identifier]:
 
     ::
 
-        from idempotency.telemetry import expose_identifiers
+        from sagaguard.idempotency.telemetry import expose_identifiers
         expose_identifiers("saga_id", "business_key")   # once, where tracing is configured
 
     Args:
@@ -270,7 +270,7 @@ class EffectSpan:
         naming: the effect's :func:`effect_naming`.
         counted: :func:`counter_attributes` of its name.
         call: what reports the call's identity, and its outcome once it is over (a
-            :class:`~idempotency.flow.Flow`).
+            :class:`~sagaguard.idempotency.flow.Flow`).
     """
 
     __slots__ = ("_call", "_counted", "_naming", "_span", "_token")

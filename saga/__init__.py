@@ -1,8 +1,8 @@
 """Sagas on top of the idempotency guard (docs/sagas.md).
 
 Declare a saga with :class:`Saga`, run it with :class:`SagaRunner` over a :class:`SagaJournal`
-(:class:`MemoryJournal`; ``from saga.journals.sql import SqlJournal`` for SQLite and Postgres;
-``from saga.journals.redis import RedisJournal``). A crash anywhere resumes the saga; a failure
+(:class:`MemoryJournal`; ``from sagaguard.saga.journals.sql import SqlJournal`` for SQLite and Postgres;
+``from sagaguard.saga.journals.redis import RedisJournal``). A crash anywhere resumes the saga; a failure
 undoes what was done in reverse order; what cannot be undone is parked as NEEDS_ATTENTION with its
 cause. :func:`recover` (or a :class:`RecoveryWorker`) continues sagas whose runner is gone; a step
 can wait for a :func:`signal` with no process held; :func:`cancel` undoes a saga before its pivot;
@@ -11,11 +11,11 @@ can wait for a :func:`signal` with no process held; :func:`cancel` undoes a saga
 a :class:`SagaRegistry` lets old instances finish on the version that started them.
 """
 
-from saga.context import StepContext
-from saga.control import NotParked, cancel, resolve, retry, signal
-from saga.coordinator import SagaFlow, decide, decide_start, failure_state
-from saga.definition import FORWARD_RETRY, Saga, Step
-from saga.errors import (
+from sagaguard.saga.context import StepContext
+from sagaguard.saga.control import NotParked, cancel, resolve, retry, signal
+from sagaguard.saga.coordinator import SagaFlow, decide, decide_start, failure_state
+from sagaguard.saga.definition import FORWARD_RETRY, Saga, Step
+from sagaguard.saga.errors import (
     CompensationsFailed,
     DefinitionError,
     DefinitionMismatch,
@@ -40,9 +40,9 @@ from saga.errors import (
     UnknownSaga,
     UnstorableType,
 )
-from saga.journal import SagaJournal
-from saga.journals.memory import MemoryJournal
-from saga.records import (
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.journals.memory import MemoryJournal
+from sagaguard.saga.records import (
     CancelOutcome,
     CompensationPolicy,
     Phase,
@@ -57,11 +57,11 @@ from saga.records import (
     StepRecord,
     StepState,
 )
-from saga.recovery import RecoveryReport, RecoveryWorker, arecover, recover, run_worker
-from saga.registry import SagaRegistry
-from saga.renewer import LeaseRenewer
-from saga.runner import SagaRunner, compensation_key, step_scope
-from saga.timeline import Event, render, timeline
+from sagaguard.saga.recovery import RecoveryReport, RecoveryWorker, arecover, recover, run_worker
+from sagaguard.saga.registry import SagaRegistry
+from sagaguard.saga.renewer import LeaseRenewer
+from sagaguard.saga.runner import SagaRunner, compensation_key, step_scope
+from sagaguard.saga.timeline import Event, render, timeline
 
 __all__ = [
     "FORWARD_RETRY",

@@ -12,9 +12,9 @@ import typing
 from collections.abc import Callable
 from typing import Any, Union
 
-from idempotency.codec import Codec
-from idempotency.errors import CodecError
-from saga.errors import SignatureError, UnstorableType
+from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.errors import CodecError
+from sagaguard.saga.errors import SignatureError, UnstorableType
 
 __all__ = ["check_callable", "check_compensation", "result_codec"]
 

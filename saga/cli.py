@@ -15,13 +15,13 @@ action), else ``$SAGAGUARD_STORE``, else ``sqlite:///sagaguard.db``; it holds th
 the worker's guard. ``--journal`` and ``$SAGAGUARD_JOURNAL`` are deprecated aliases (a warning on
 stderr). Every command but ``worker`` opens it without creating anything: a SQLite file or saga
 table that does not exist is an error naming the URL, never an empty database. The worker imports
-the saga definitions it may run from ``--app`` (a :class:`~saga.registry.SagaRegistry`, one saga, a
+the saga definitions it may run from ``--app`` (a :class:`~sagaguard.saga.registry.SagaRegistry`, one saga, a
 list of sagas, or a function returning one) and uses the module's ``guard`` (or ``--guard``, or a
 guard on ``--store``) for compensations.
 
 :func:`add_commands` adds ``sagas`` to another CLI's sub-parsers (the ``sagaguard`` command); the
 parsed namespace carries ``saga_command``, which :func:`run` dispatches. :func:`main` runs the
-commands on their own (``python -m saga.cli``).
+commands on their own (``python -m sagaguard.saga.cli``).
 
 Exit status: 0 done; 1 the journal refused or failed (no such saga, unreachable); 2 bad usage.
 """
@@ -38,20 +38,20 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from idempotency.cliutil import duration, positive, require_schema
-from idempotency.errors import ConfigurationError, IdempotencyError
-from idempotency.guard import Guard
-from idempotency.stores import open_store
-from idempotency.stores.urls import check_url, masked
-from saga.control import cancel, resolve, retry, signal
-from saga.definition import Saga
-from saga.errors import SagaError, SagaNotFound
-from saga.journal import SagaJournal
-from saga.journals import DEFAULT_URL, open_journal
-from saga.records import FOREVER, RESUMABLE_STATES, SagaRecord, SagaSnapshot, SagaState
-from saga.recovery import RecoveryReport, RecoveryWorker, run_worker
-from saga.registry import SagaRegistry, as_registry
-from saga.timeline import timeline
+from sagaguard.idempotency.backends.urls import check_url, masked
+from sagaguard.idempotency.cliutil import duration, positive, require_schema
+from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.stores import open_store
+from sagaguard.saga.control import cancel, resolve, retry, signal
+from sagaguard.saga.definition import Saga
+from sagaguard.saga.errors import SagaError, SagaNotFound
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.journals import DEFAULT_URL, open_journal
+from sagaguard.saga.records import FOREVER, RESUMABLE_STATES, SagaRecord, SagaSnapshot, SagaState
+from sagaguard.saga.recovery import RecoveryReport, RecoveryWorker, run_worker
+from sagaguard.saga.registry import SagaRegistry, as_registry
+from sagaguard.saga.timeline import timeline
 
 __all__ = ["add_commands", "main", "run"]
 
@@ -304,8 +304,8 @@ def _journal(args: argparse.Namespace) -> SagaJournal:
         scheme = check_url(url, what="store")
         if scheme not in ("sqlite", "postgresql") or getattr(args, "saga_command", None) is cmd_worker:
             return open_journal(url)
-        from saga.journals.sql import SqlJournal
-        from saga.journals.sql_schema import DEFAULT_PREFIX, journal_models
+        from sagaguard.saga.journals.sql import SqlJournal
+        from sagaguard.saga.journals.sql_schema import DEFAULT_PREFIX, journal_models
 
         tables = [str(model.__tablename__) for model in journal_models(DEFAULT_PREFIX)]
         require_schema(url, tables, what="sagas")

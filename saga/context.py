@@ -6,13 +6,13 @@ A step waits for a human (or any outside event) with :meth:`StepContext.wait_for
     def approve(ctx: StepContext, order: Order) -> Approval:
         return ctx.wait_for("approval", timeout=3 * DAY, payload_type=Approval)
 
-The first time, no signal is recorded: ``wait_for`` raises :class:`~saga.errors.SagaSuspended`, the
+The first time, no signal is recorded: ``wait_for`` raises :class:`~sagaguard.saga.errors.SagaSuspended`, the
 runner parks the saga as WAITING and returns, holding nothing. :func:`saga.signal` records the
 payload; the recovery sweeper (or a later ``run``) takes the saga over and runs the step again from its
 start, and this time ``wait_for`` returns the payload. If the deadline passes first, ``wait_for``
-raises :class:`~saga.errors.SignalTimeout`: the step fails *not applied* and the saga compensates.
+raises :class:`~sagaguard.saga.errors.SignalTimeout`: the step fails *not applied* and the saga compensates.
 Because the step runs again from its start, put the wait first in its step (or use
-:meth:`Saga.wait <saga.definition.Saga.wait>`, a step that only waits).
+:meth:`Saga.wait <sagaguard.saga.definition.Saga.wait>`, a step that only waits).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from idempotency.codec import Codec
-from saga.errors import ResultUnavailable, SagaSuspended, SignalTimeout
+from sagaguard.idempotency.codec import Codec
+from sagaguard.saga.errors import ResultUnavailable, SagaSuspended, SignalTimeout
 
 if TYPE_CHECKING:
-    from saga.definition import Step
+    from sagaguard.saga.definition import Step
 
 __all__ = ["StepContext"]
 

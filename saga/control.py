@@ -8,7 +8,7 @@
     resolve(journal, "order-45", "book_hotel", note="refunded by phone")  # undone by hand: go on
 
 All only write to the journal; the saga is continued by its runner or by
-:func:`saga.recovery.recover` (the ``sagaguard sagas worker`` command).
+:func:`sagaguard.saga.recovery.recover` (the ``sagaguard sagas worker`` command).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import functools
 import re
 from typing import Any
 
-from idempotency.codec import Codec, encode_error
-from idempotency.errors import ConfigurationError
-from saga.decisions import failure_state, pivot_started
-from saga.errors import SagaCancelled, SagaError, SagaNotFound
-from saga.journal import SagaJournal
-from saga.records import (
+from sagaguard.idempotency.codec import Codec, encode_error
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.saga.decisions import failure_state, pivot_started
+from sagaguard.saga.errors import SagaCancelled, SagaError, SagaNotFound
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.records import (
     RESUMABLE_STATES,
     CancelOutcome,
     SagaRecord,

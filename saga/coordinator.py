@@ -1,8 +1,8 @@
 """One saga run as a generator of I/O requests: :class:`SagaFlow` (decide once, drive twice).
 
-The flow strings the pure decisions of :mod:`saga.decisions` together and *yields* the I/O it needs
+The flow strings the pure decisions of :mod:`sagaguard.saga.decisions` together and *yields* the I/O it needs
 (:class:`Begin`, :class:`Claim`, :class:`Write`, :class:`Act`, :class:`Undo`, :class:`Sleep`) and
-receives the answers, so the sync and async drivers in :mod:`saga.runner` are each a short loop.
+receives the answers, so the sync and async drivers in :mod:`sagaguard.saga.runner` are each a short loop.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from idempotency.codec import decode_error, encode_error
-from idempotency.driving import Retrier
-from idempotency.effect import Retry
-from idempotency.errors import CodecError
-from idempotency.records import Disposition
-from saga.decisions import (
+from sagaguard.idempotency.codec import decode_error, encode_error
+from sagaguard.idempotency.driving import Retrier
+from sagaguard.idempotency.effect import Retry
+from sagaguard.idempotency.errors import CodecError
+from sagaguard.idempotency.records import Disposition
+from sagaguard.saga.decisions import (
     Abandon,
     Compensate,
     Done,
@@ -42,8 +42,8 @@ from saga.decisions import (
     step_deadline,
     wake_at,
 )
-from saga.definition import Saga, Step, StepContext
-from saga.errors import (
+from sagaguard.saga.definition import Saga, Step, StepContext
+from sagaguard.saga.errors import (
     DefinitionMismatch,
     NothingToUndo,
     RecoveryExhausted,
@@ -54,8 +54,8 @@ from saga.errors import (
     StepTimeout,
     UnknownSaga,
 )
-from saga.ops import Act, Begin, Claim, Op, Ran, Sleep, Undo, Write
-from saga.records import (
+from sagaguard.saga.ops import Act, Begin, Claim, Op, Ran, Sleep, Undo, Write
+from sagaguard.saga.records import (
     LIVE_STATES,
     Phase,
     SagaOutcome,
@@ -68,7 +68,7 @@ from saga.records import (
 )
 
 if TYPE_CHECKING:
-    from saga.registry import SagaRegistry
+    from sagaguard.saga.registry import SagaRegistry
 
 __all__ = [
     "Abandon",
@@ -104,7 +104,7 @@ _WAIT_MAX = 1.0
 
 @dataclass(frozen=True, slots=True)
 class _Budget:
-    """A step's (or compensation's) retry strategies, for :class:`~idempotency.driving.Retrier`:
+    """A step's (or compensation's) retry strategies, for :class:`~sagaguard.idempotency.driving.Retrier`:
     every failure it is handed may be retried (the flow has already decided which are)."""
 
     retry: Retry
@@ -136,7 +136,7 @@ def _stamped(rows: tuple[StepRecord, ...], stamp: float) -> tuple[StepRecord, ..
 
 
 class SagaFlow:
-    """One saga run, as a generator of I/O requests. Drive :meth:`run` with :mod:`saga.runner`.
+    """One saga run, as a generator of I/O requests. Drive :meth:`run` with :mod:`sagaguard.saga.runner`.
 
     Args:
         saga: the (frozen) definition.
@@ -150,7 +150,7 @@ class SagaFlow:
             started on that version finishes on it.
         compensation_inline: seconds the flow may sleep between attempts of one failing
             compensation before it parks the saga for the recovery worker (see
-            :func:`~saga.decisions.compensation_retry`).
+            :func:`~sagaguard.saga.decisions.compensation_retry`).
     """
 
     def __init__(
@@ -186,7 +186,7 @@ class SagaFlow:
         """A step this flow wrote STARTED and has not run yet (a cancellation fails it unrun)."""
         self.trace_step: Callable[[int], str | None] | None = None
         """Set by the driver: starts step ``index``'s span and returns its ``traceparent``, which
-        is written with the step's STARTED row (see :mod:`saga.telemetry`)."""
+        is written with the step's STARTED row (see :mod:`sagaguard.saga.telemetry`)."""
         self.untrace_step: Callable[[int], None] | None = None
         """Set by the driver: forgets the span :attr:`trace_step` started for a row that was not
         written after all (the first step's, when the start did not create the saga)."""

@@ -5,7 +5,7 @@
 failed step leaves the saga, :func:`compensation_failure_state` where a failed compensation does;
 :func:`abandon_cause`, :func:`step_deadline` and :func:`wake_at` say when cancellation and deadlines
 stop the saga going forward; :func:`compensation_retry` says whether a failed compensation is
-retried in-line, parked for the recovery worker, or given up. :mod:`saga.coordinator` strings them
+retried in-line, parked for the recovery worker, or given up. :mod:`sagaguard.saga.coordinator` strings them
 together; nothing here reads a clock: "now" is the journal time of the snapshot's latest write
 (``saga.updated_at``).
 """
@@ -16,17 +16,17 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from idempotency.codec import decode_error, encode_error
-from idempotency.errors import CodecError
-from saga.definition import Saga
-from saga.errors import (
+from sagaguard.idempotency.codec import decode_error, encode_error
+from sagaguard.idempotency.errors import CodecError
+from sagaguard.saga.definition import Saga
+from sagaguard.saga.errors import (
     CompensationsFailed,
     DefinitionMismatch,
     SagaCancelled,
     SagaDeadlineExceeded,
     StepMismatch,
 )
-from saga.records import (
+from sagaguard.saga.records import (
     FOREVER,
     LIVE_STATES,
     CompensationPolicy,
@@ -178,7 +178,7 @@ def compensation_failures(snapshot: SagaSnapshot) -> str | None:
     """The cause (JSON) a saga records when it ends compensating with failed compensations, or
     None when none failed. Pure.
 
-    One failure: that compensation's error. Several: :class:`~saga.errors.CompensationsFailed`
+    One failure: that compensation's error. Several: :class:`~sagaguard.saga.errors.CompensationsFailed`
     naming each step (latest first) with its error's message.
     """
     failed = [row for row in reversed(snapshot.steps) if row.state is StepState.COMPENSATION_FAILED]

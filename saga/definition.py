@@ -37,18 +37,24 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import tenacity
 
-from idempotency.codec import Codec
-from idempotency.effect import Classifier, Retry
-from idempotency.errors import CodecError
-from saga.checks import check_callable, check_compensation
-from saga.context import StepContext
-from saga.errors import DefinitionError, DuplicateStep, SignatureError, StepOrderError, UnstorableType
-from saga.records import CompensationPolicy, StepKind, StepRecord, StepState
-from saga.step import MISSING, Step, _StepDecorator
+from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.effect import Classifier, Retry
+from sagaguard.idempotency.errors import CodecError
+from sagaguard.saga.checks import check_callable, check_compensation
+from sagaguard.saga.context import StepContext
+from sagaguard.saga.errors import (
+    DefinitionError,
+    DuplicateStep,
+    SignatureError,
+    StepOrderError,
+    UnstorableType,
+)
+from sagaguard.saga.records import CompensationPolicy, StepKind, StepRecord, StepState
+from sagaguard.saga.step import MISSING, Step, _StepDecorator
 
 if TYPE_CHECKING:
-    from idempotency.guard import Guard
-    from saga.records import SagaSnapshot
+    from sagaguard.idempotency.guard import Guard
+    from sagaguard.saga.records import SagaSnapshot
 
 __all__ = ["FORWARD_RETRY", "Saga", "Step", "StepContext"]
 
@@ -71,15 +77,15 @@ class Saga(Generic[I]):
     Args:
         name: the saga's name, recorded in the journal.
         version: recorded in the journal; a saga id resumes only under the version that started it
-            (register several versions in a :class:`~saga.registry.SagaRegistry`).
+            (register several versions in a :class:`~sagaguard.saga.registry.SagaRegistry`).
         input: the type of the input every action and compensation receives; must be storable as
             JSON (a dataclass, a pydantic model, plain JSON types).
         timeout: seconds from the saga's start by which it must have started its pivot (or, without
             a pivot, finished); None for no deadline. Past it, the runner stops going forward at
-            the next step boundary and compensates (:class:`~saga.errors.SagaDeadlineExceeded`).
+            the next step boundary and compensates (:class:`~sagaguard.saga.errors.SagaDeadlineExceeded`).
             Once the pivot has started the saga only goes forward, deadline or not.
         on_compensation_failure: what happens when a compensation exhausts its retries (a
-            :class:`~saga.records.CompensationPolicy` or its value). ``"halt"`` (default): the
+            :class:`~sagaguard.saga.records.CompensationPolicy` or its value). ``"halt"`` (default): the
             step is COMPENSATION_FAILED and the saga NEEDS_ATTENTION at once; the earlier
             compensations wait for an operator. ``"continue"``: the step is COMPENSATION_FAILED,
             the earlier compensations still run in reverse order, and the saga then ends
@@ -164,7 +170,7 @@ class Saga(Generic[I]):
             retry: how a failing action is retried before the saga compensates (default: 3 tries).
             compensation_retry: how a failing compensation is retried (default: :data:`FORWARD_RETRY`).
             not_applied: exception types meaning "the step changed nothing": not retried, and its own
-                compensation is skipped. :class:`~idempotency.errors.NotApplied` always counts.
+                compensation is skipped. :class:`~sagaguard.idempotency.errors.NotApplied` always counts.
             classify: maps an exception to a disposition before ``not_applied`` is consulted.
             timeout: seconds the step may take from its start, all tries included (see
                 :attr:`Step.timeout`); None for no limit.
@@ -173,7 +179,7 @@ class Saga(Generic[I]):
 
         Raises:
             DuplicateStep, StepOrderError, SignatureError, UnstorableType, DefinitionError: see
-                :mod:`saga.errors`.
+                :mod:`sagaguard.saga.errors`.
         """
         options = {
             "name": name,
@@ -273,7 +279,7 @@ class Saga(Generic[I]):
 
         The saga parks as WAITING (no process held) until :func:`saga.signal` delivers it; later
         steps read it with ``ctx.result(the_step)``. When ``timeout`` seconds pass first, the step
-        fails *not applied* (:class:`~saga.errors.SignalTimeout`): before the pivot the saga
+        fails *not applied* (:class:`~sagaguard.saga.errors.SignalTimeout`): before the pivot the saga
         compensates, after it the saga needs attention. The step is compensatable (with nothing to
         undo) before the pivot and retriable after it.
 
@@ -285,7 +291,7 @@ class Saga(Generic[I]):
             payload: the payload's type (storable as JSON).
 
         Raises:
-            DuplicateStep, SignatureError, UnstorableType: see :mod:`saga.errors`.
+            DuplicateStep, SignatureError, UnstorableType: see :mod:`sagaguard.saga.errors`.
         """
         step_name = name if name is not None else signal
         if not _NAME.fullmatch(signal):
@@ -453,7 +459,7 @@ class Saga(Generic[I]):
     def for_run(self, snapshot: SagaSnapshot, guard: Guard) -> Saga[Any]:
         """The definition that drives the instance ``snapshot`` (just claimed), whose effects go
         through ``guard``. A declared saga: itself. A saga whose steps are decided as it runs (an
-        agent run's, :class:`saga.agent.AgentSaga`) builds one from the journal's rows.
+        agent run's, :class:`sagaguard.saga.agent.AgentSaga`) builds one from the journal's rows.
 
         Raises:
             DefinitionMismatch: the rows name something this process cannot run.

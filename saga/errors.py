@@ -34,7 +34,7 @@ Errors carry their data as attributes (``saga_id``, ``step``), never only in the
 
 from __future__ import annotations
 
-from idempotency.errors import CodecError, KeyConflict
+from sagaguard.idempotency.errors import CodecError, KeyConflict
 
 __all__ = [
     "CompensationsFailed",
@@ -261,7 +261,7 @@ class SignalTimeout(SagaError, TimeoutError):
 
 
 class NothingToUndo(SagaError):
-    """A step's effect provably never happened (:meth:`~saga.step.Step.never_applied`): the step is
+    """A step's effect provably never happened (:meth:`~sagaguard.saga.step.Step.never_applied`): the step is
     marked *not applied* instead of compensated, and its compensation does not run.
 
     Attributes:

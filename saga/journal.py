@@ -1,15 +1,15 @@
 """The journal contract: the few atomic primitives a saga backend implements.
 
 The saga rules (what runs next, when to compensate, when to park) live above the journal, in
-:mod:`saga.decisions` and :mod:`saga.coordinator`; a backend only has to make each primitive below
-atomic. ``tests/test_journal_contract.py`` holds every backend to this contract, and
+:mod:`sagaguard.saga.decisions` and :mod:`sagaguard.saga.coordinator`; a backend only has to make each
+primitive below atomic. ``tests/test_journal_contract.py`` holds every backend to this contract, and
 ``tests/test_saga_run.py`` runs every journal through the same sagas.
 
 Times are seconds since the epoch on the *journal's* clock (the database's own time unless a clock
 is injected), so runners with skewed clocks agree on lease expiry.
 
-Every primitive raises :class:`~saga.errors.JournalUnavailable` when the backend cannot be reached
-and :class:`~saga.errors.JournalError` for any other backend failure, with the driver's exception
+Every primitive raises :class:`~sagaguard.saga.errors.JournalUnavailable` when the backend cannot be reached
+and :class:`~sagaguard.saga.errors.JournalError` for any other backend failure, with the driver's exception
 chained as ``__cause__``.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
-from saga.records import (
+from sagaguard.saga.records import (
     CancelOutcome,
     Phase,
     SagaRecord,
@@ -36,8 +36,9 @@ __all__ = ["SagaJournal"]
 class SagaJournal(Protocol):
     """Where saga instances, their steps and their signals are recorded.
 
-    Implementations: :class:`~saga.journals.memory.MemoryJournal`,
-    :class:`~saga.journals.sql.SqlJournal` (SQLite, Postgres), :class:`~saga.journals.redis.RedisJournal`.
+    Implementations: :class:`~sagaguard.saga.journals.memory.MemoryJournal`,
+    :class:`~sagaguard.saga.journals.sql.SqlJournal` (SQLite, Postgres),
+    :class:`~sagaguard.saga.journals.redis.RedisJournal`.
     """
 
     def now(self) -> float:
@@ -68,12 +69,13 @@ class SagaJournal(Protocol):
           ``version`` and ``fingerprint`` match: taken over as by :meth:`claim` -> TOOK_OVER.
         - It is RUNNING or COMPENSATING under a live lease whose holder is provably dead on this
           host, and the three match: taken over with :meth:`take_over` (a second, fenced
-          transaction) -> TOOK_OVER; of racing starts exactly one takes it (see :mod:`saga.lease`).
+          transaction) -> TOOK_OVER; of racing starts exactly one takes it (see :mod:`sagaguard.saga.lease`).
         - Anything else -> EXISTING, unchanged (the caller replays, attaches or reports a conflict).
 
         ``first`` is written only when the saga is created; a take-over or an existing saga keeps
         its own rows. Creating or taking over records ``holder`` (None: this process,
-        :func:`idempotency.holder.current`) as the saga's :attr:`~saga.records.SagaRecord.holder`.
+        :func:`sagaguard.idempotency.holder.current`) as the saga's
+        :attr:`~sagaguard.saga.records.SagaRecord.holder`.
 
         Never check-then-act: of two concurrent starts, exactly one creates or takes over.
         The result carries the saga with all its step rows and signals as they stand after the start.
@@ -101,10 +103,10 @@ class SagaJournal(Protocol):
     ) -> SagaSnapshot | None:
         """Take over the saga held under ``token`` whatever its lease; one transaction.
 
-        For a caller that proved the holder dead (:mod:`saga.lease`). Only when the saga is
+        For a caller that proved the holder dead (:mod:`sagaguard.saga.lease`). Only when the saga is
         RUNNING or COMPENSATING and its token equals ``token``: token + 1, lease ``now + lease``,
         holder ``holder`` (None: this process), ``recoveries`` + 1. The bumped token refuses the
-        dead holder's late commits (:class:`~saga.errors.LostSagaLease`); of racing take-overs with
+        dead holder's late commits (:class:`~sagaguard.saga.errors.LostSagaLease`); of racing take-overs with
         the same ``token`` exactly one succeeds.
 
         Returns:

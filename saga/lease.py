@@ -1,14 +1,14 @@
 """Who holds a saga's lease, and when a live lease is taken over at once.
 
 Every start, claim and take-over records the lease's holder on the saga row
-(:attr:`~saga.records.SagaRecord.holder`): the process's identity ``<host>|<pid>|<start time>``
-(:mod:`idempotency.holder`). A saga RUNNING or COMPENSATING under a live lease is normally left to
+(:attr:`~sagaguard.saga.records.SagaRecord.holder`): the process's identity ``<host>|<pid>|<start time>``
+(:mod:`sagaguard.idempotency.holder`). A saga RUNNING or COMPENSATING under a live lease is normally left to
 its holder until the lease runs out; but when the holder is provably dead on this host (same machine
 and pid namespace; its pid gone, a zombie, or reused by a process with another start time), waiting
 for the lease would only delay the recovery, so the journal takes the saga over at once with
-:meth:`~saga.journal.SagaJournal.take_over`: fenced on the token, which it bumps, so the dead
+:meth:`~sagaguard.saga.journal.SagaJournal.take_over`: fenced on the token, which it bumps, so the dead
 holder's late writes (a process frozen rather than dead cannot be told apart, only a dead one is
-taken over) are refused with :class:`~saga.errors.LostSagaLease`.
+taken over) are refused with :class:`~sagaguard.saga.errors.LostSagaLease`.
 
 A holder on another host, on an unknown host (no ``/proc``), or a row with no holder (written
 before holders were recorded) is never judged dead: its saga waits for the lease as before.
@@ -24,13 +24,21 @@ import enum
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from idempotency import holder as _holder
-from saga.records import LIVE_STATES, RESUMABLE_STATES, SagaRecord, SagaSnapshot, StartOutcome, StartResult
+from sagaguard.idempotency import holder as _holder
+from sagaguard.saga.records import (
+    LIVE_STATES,
+    RESUMABLE_STATES,
+    SagaRecord,
+    SagaSnapshot,
+    StartOutcome,
+    StartResult,
+)
 
 __all__ = ["LeaseVerdict", "after_claim", "after_start", "current", "dead_held", "host_prefix", "verdict"]
 
 Probe = Callable[[str | None], bool]
-"""Whether a holder is provably dead on this host (:func:`idempotency.holder.is_dead_on_this_host`)."""
+"""Whether a holder is provably dead on this host
+(:func:`sagaguard.idempotency.holder.is_dead_on_this_host`)."""
 
 
 class LeaseVerdict(enum.Enum):

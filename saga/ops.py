@@ -1,4 +1,4 @@
-"""The I/O a :class:`~saga.coordinator.SagaFlow` asks its driver for, and the answers it gets.
+"""The I/O a :class:`~sagaguard.saga.coordinator.SagaFlow` asks its driver for, and the answers it gets.
 
 Each request carries what the driver needs and nothing it must decide: the journal calls, the step
 and compensation calls, the sleeps. ``token`` on a call is the saga's fencing token while it runs,
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from saga.context import StepContext
-from saga.records import Phase, StepRecord
+from sagaguard.saga.context import StepContext
+from sagaguard.saga.records import Phase, StepRecord
 
 __all__ = ["Act", "Begin", "Claim", "Op", "Ran", "Sleep", "Undo", "Write"]
 

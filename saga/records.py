@@ -12,8 +12,8 @@ State machine of a saga (docs/sagas.md tells the story)::
     COMPENSATING --a compensation exhausts its retries--> NEEDS_ATTENTION
                  (with on_compensation_failure="continue": once the earlier compensations ran)
 
-A saga is *taken over* (by :meth:`~saga.journal.SagaJournal.start` or
-:meth:`~saga.journal.SagaJournal.claim`) when it is RUNNING, COMPENSATING or WAITING and its
+A saga is *taken over* (by :meth:`~sagaguard.saga.journal.SagaJournal.start` or
+:meth:`~sagaguard.saga.journal.SagaJournal.claim`) when it is RUNNING, COMPENSATING or WAITING and its
 ``lease_until`` has passed: for a running saga that is its runner's lease, for a waiting one its
 wake-up time (the wait's deadline, or at once when the signal or a cancellation arrives).
 
@@ -30,11 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from idempotency.codec import ErrorInfo
-from saga.errors import ResultUnavailable
+from sagaguard.idempotency.codec import ErrorInfo
+from sagaguard.saga.errors import ResultUnavailable
 
 if TYPE_CHECKING:
-    from saga.definition import Step
+    from sagaguard.saga.definition import Step
 
 R = TypeVar("R")
 
@@ -164,9 +164,9 @@ class SagaRecord:
     """:func:`saga.cancel` asked for the saga to be undone; honoured before the pivot starts."""
     holder: str | None = None
     """Who took the lease last (a start, claim or take-over): the process's identity
-    ``<host>|<pid>|<start time>`` (:func:`idempotency.holder.current`); None when unknown (a row
+    ``<host>|<pid>|<start time>`` (:func:`sagaguard.idempotency.holder.current`); None when unknown (a row
     written before holders were recorded). A live lease whose holder is provably dead on this host
-    is taken over at once (:mod:`saga.lease`)."""
+    is taken over at once (:mod:`sagaguard.saga.lease`)."""
 
     def evolve(self, **changes: object) -> SagaRecord:
         """A copy with ``changes`` applied.
@@ -199,9 +199,9 @@ class StepRecord:
     updated_at: float = 0.0
     trace: str | None = None
     """The W3C ``traceparent`` of the step's span, written with the STARTED row, so that its
-    compensation links to it even when it runs in another process (see :mod:`saga.telemetry`)."""
+    compensation links to it even when it runs in another process (see :mod:`sagaguard.saga.telemetry`)."""
     resolution: str | None = None
-    """An operator's note: the compensation was resolved by hand (:func:`saga.control.resolve`)."""
+    """An operator's note: the compensation was resolved by hand (:func:`sagaguard.saga.control.resolve`)."""
 
     def evolve(self, **changes: object) -> StepRecord:
         """A copy with ``changes`` applied.

@@ -1,7 +1,7 @@
 """The recovery sweeper: continue sagas whose runner is gone, or whose wait is over.
 
 :func:`recover` asks the journal for *due* sagas (running or compensating with an expired lease,
-or with a live one whose holder is provably dead on this host, see :mod:`saga.lease`; waiting
+or with a live one whose holder is provably dead on this host, see :mod:`sagaguard.saga.lease`; waiting
 with their signal delivered, their deadline passed or a cancellation pending), claims each
 (one conditional write: of any number of workers racing for a saga exactly one gets it), looks up
 its definition by the name and version its journal records, and drives it on: forward from the
@@ -27,16 +27,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from idempotency.codec import decode_error, encode_error
-from idempotency.errors import CodecError
-from idempotency.guard import Guard
-from idempotency.offload import in_thread
-from saga.definition import Saga
-from saga.errors import DefinitionMismatch, LostSagaLease, UnknownSaga
-from saga.journal import SagaJournal
-from saga.records import Phase, SagaOutcome, SagaSnapshot, SagaState
-from saga.registry import SagaRegistry, as_registry
-from saga.runner import DEFAULT_MAX_RECOVERIES, SagaRunner
+from sagaguard.idempotency.backends.offload import in_thread
+from sagaguard.idempotency.codec import decode_error, encode_error
+from sagaguard.idempotency.errors import CodecError
+from sagaguard.idempotency.guard import Guard
+from sagaguard.saga.definition import Saga
+from sagaguard.saga.errors import DefinitionMismatch, LostSagaLease, UnknownSaga
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.records import Phase, SagaOutcome, SagaSnapshot, SagaState
+from sagaguard.saga.registry import SagaRegistry, as_registry
+from sagaguard.saga.runner import DEFAULT_MAX_RECOVERIES, SagaRunner
 
 __all__ = ["RecoveryReport", "RecoveryWorker", "arecover", "recover", "run_worker"]
 
@@ -174,7 +174,7 @@ def recover(
     Returns:
         What the sweep did. A journal error while listing propagates; errors while driving one
         saga are reported and the sweep goes on. A saga whose journal no longer matches its
-        definition (:class:`~saga.errors.StepMismatch`) or whose input no longer reads back is
+        definition (:class:`~sagaguard.saga.errors.StepMismatch`) or whose input no longer reads back is
         parked as NEEDS_ATTENTION with that error.
     """
     reg = as_registry(registry)

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from saga.definition import Saga
-from saga.errors import DefinitionError, UnknownSaga
+from sagaguard.saga.definition import Saga
+from sagaguard.saga.errors import DefinitionError, UnknownSaga
 
 __all__ = ["SagaRegistry", "as_registry"]
 

@@ -1,4 +1,4 @@
-"""Lease renewal for running sagas: one :class:`~idempotency.renewal.Renewer` per runner, shared
+"""Lease renewal for running sagas: one :class:`~sagaguard.idempotency.renewal.Renewer` per runner, shared
 by every saga it runs.
 
 A runner *holds* a saga's lease while one of its steps, compensations or retry pauses runs; a hold
@@ -8,7 +8,7 @@ lease too, so only long calls need the thread.
 
 A hold may carry a deadline (journal time): renewal stops once the journal's clock passes it, so a
 step that hangs past its timeout lets its lease run out and the recovery sweeper takes the saga over
-and fails the step. A renewal refused with :class:`~saga.errors.LostSagaLease` ends that hold's
+and fails the step. A renewal refused with :class:`~sagaguard.saga.errors.LostSagaLease` ends that hold's
 renewals: the runner's next commit is refused too, which is what tells it.
 """
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from idempotency.renewal import Renewer
-from saga.errors import LostSagaLease
-from saga.journal import SagaJournal
-from saga.records import Phase
+from sagaguard.idempotency.renewal import Renewer
+from sagaguard.saga.errors import LostSagaLease
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.records import Phase
 
 __all__ = ["LeaseRenewer"]
 

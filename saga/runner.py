@@ -1,4 +1,4 @@
-"""Running sagas: the sync and async drivers of :class:`saga.coordinator.SagaFlow`.
+"""Running sagas: the sync and async drivers of :class:`sagaguard.saga.coordinator.SagaFlow`.
 
 ::
 
@@ -13,9 +13,9 @@ through the guard under its own key (``{saga_id}/{step}/~compensate``, policy at
 compensation that crashed midway runs again and one that finished is not), with the same string as
 the scope of the effects inside it.
 
-While a step, compensation or retry pause runs, a :class:`~saga.renewer.LeaseRenewer` thread renews
-the saga's lease; a runner that dies stops renewing, and :func:`saga.recovery.recover` takes over.
-Each run is traced (:mod:`saga.telemetry`).
+While a step, compensation or retry pause runs, a :class:`~sagaguard.saga.renewer.LeaseRenewer` thread renews
+the saga's lease; a runner that dies stops renewing, and :func:`sagaguard.saga.recovery.recover` takes over.
+Each run is traced (:mod:`sagaguard.saga.telemetry`).
 """
 
 from __future__ import annotations
@@ -27,21 +27,21 @@ import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
-from idempotency.effect import Policy
-from idempotency.errors import CodecError, ConfigurationError, OutcomeUnknown
-from idempotency.guard import Guard
-from idempotency.keys import fingerprint, scope
-from idempotency.offload import in_thread
-from idempotency.records import Disposition
-from saga.coordinator import SagaFlow
-from saga.definition import Saga, StepContext
-from saga.errors import NothingToUndo, SagaSuspended, StepTimeout, UnstorableType
-from saga.journal import SagaJournal
-from saga.ops import Act, Begin, Claim, Op, Ran, Sleep, Undo, Write
-from saga.records import SagaOutcome, SagaSnapshot
-from saga.registry import SagaRegistry
-from saga.renewer import LeaseRenewer
-from saga.telemetry import RunTrace
+from sagaguard.idempotency.backends.offload import in_thread
+from sagaguard.idempotency.effect import Policy
+from sagaguard.idempotency.errors import CodecError, ConfigurationError, OutcomeUnknown
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.keys import fingerprint, scope
+from sagaguard.idempotency.records import Disposition
+from sagaguard.saga.coordinator import SagaFlow
+from sagaguard.saga.definition import Saga, StepContext
+from sagaguard.saga.errors import NothingToUndo, SagaSuspended, StepTimeout, UnstorableType
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.ops import Act, Begin, Claim, Op, Ran, Sleep, Undo, Write
+from sagaguard.saga.records import SagaOutcome, SagaSnapshot
+from sagaguard.saga.registry import SagaRegistry
+from sagaguard.saga.renewer import LeaseRenewer
+from sagaguard.saga.telemetry import RunTrace
 
 __all__ = ["SagaRunner", "compensation_key", "step_scope"]
 
@@ -83,20 +83,20 @@ class SagaRunner:
         lease: seconds a runner owns a saga after each commit or renewal; another runner may take it
             over once the lease runs out.
         wait: seconds :meth:`run` attaches to a saga another runner holds before
-            :class:`~saga.errors.SagaInProgress`.
+            :class:`~sagaguard.saga.errors.SagaInProgress`.
         sleep: the sleep between retries (inject one in tests).
         async_sleep: the same for :meth:`arun`.
         registry: other versions of the sagas this runner runs: an instance started on another
             registered version finishes on it instead of raising
-            :class:`~saga.errors.DefinitionMismatch`.
+            :class:`~sagaguard.saga.errors.DefinitionMismatch`.
         max_recoveries: take-overs after a lost lease a saga may have before this runner parks it
-            as NEEDS_ATTENTION (:class:`~saga.errors.RecoveryExhausted`); None for no cap.
+            as NEEDS_ATTENTION (:class:`~sagaguard.saga.errors.RecoveryExhausted`); None for no cap.
         renewer: renews leases during long calls: True (default) for one of its own, with a daemon
             thread started on first use; False for none (each commit still renews the lease).
         compensation_inline: seconds a run may sleep between attempts of one failing compensation.
             A longer pause parks the saga COMPENSATING, its lease ending when the next attempt is
-            due, and :meth:`run` returns: the recovery worker (:mod:`saga.recovery`) retries it then,
-            with the compensation's retry policy going on from the attempts already made.
+            due, and :meth:`run` returns: the recovery worker (:mod:`sagaguard.saga.recovery`) retries it
+            then, with the compensation's retry policy going on from the attempts already made.
     """
 
     def __init__(
@@ -217,7 +217,7 @@ class SagaRunner:
         Raises:
             SagaConflict: the id was started with another input.
             DefinitionMismatch: the id was started by another saga, or a version the runner's
-                registry does not hold; :class:`~saga.errors.StepMismatch` when the journal's steps
+                registry does not hold; :class:`~sagaguard.saga.errors.StepMismatch` when the journal's steps
                 no longer match the definition's.
             SagaInProgress: another runner still holds it after ``wait`` seconds.
             LostSagaLease: another runner took the saga over while this one ran.
@@ -230,7 +230,7 @@ class SagaRunner:
 
     def resume(self, saga: Saga[Any], snapshot: SagaSnapshot) -> SagaOutcome:
         """Drive a saga this process has just taken over with ``journal.claim`` (``snapshot`` is
-        the claim's answer) until it ends or waits. Used by :func:`saga.recovery.recover`.
+        the claim's answer) until it ends or waits. Used by :func:`sagaguard.saga.recovery.recover`.
 
         Raises:
             as :meth:`run`.

@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-from idempotency.codec import Codec
-from idempotency.effect import Classifier, Retry, classify
-from idempotency.records import Disposition
-from saga.checks import check_compensation, result_codec
-from saga.context import StepContext
-from saga.errors import StepOrderError
-from saga.records import CompensationPolicy, StepKind
+from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.effect import Classifier, Retry, classify
+from sagaguard.idempotency.records import Disposition
+from sagaguard.saga.checks import check_compensation, result_codec
+from sagaguard.saga.context import StepContext
+from sagaguard.saga.errors import StepOrderError
+from sagaguard.saga.records import CompensationPolicy, StepKind
 
 if TYPE_CHECKING:
-    from saga.definition import Saga
+    from sagaguard.saga.definition import Saga
 
 __all__ = ["MISSING", "Action", "Compensation", "Step"]
 
@@ -47,7 +47,7 @@ class Step(Generic[I, R]):
         retry: how the action is retried before the step counts as failed.
         compensation_retry: how the compensation is retried before the saga needs attention.
         timeout: seconds the step may take from its start (all tries), or None. Past it the step
-            fails as *maybe applied* (:class:`~saga.errors.StepTimeout`): it is not retried and its
+            fails as *maybe applied* (:class:`~sagaguard.saga.errors.StepTimeout`): it is not retried and its
             compensation runs with ``result=None``.
         signal: for a step declared with :meth:`Saga.wait`, the signal it waits for.
         on_compensation_failure: halt, or continue with the earlier compensations, when the
@@ -111,11 +111,11 @@ class Step(Generic[I, R]):
         """Whether the step's effect provably never happened, so its compensation has nothing to
         undo; asked (it may read the effect ledger) before each compensation runs. A declared step:
         False, its compensation decides; an agent step: whether its tool call never claimed its
-        effect (see :mod:`saga.agent.definition`)."""
+        effect (see :mod:`sagaguard.saga.agent.definition`)."""
         return False
 
     def disposition(self, exc: BaseException) -> Disposition:
-        """Classify an exception raised by the action (see :func:`idempotency.effect.classify`)."""
+        """Classify an exception raised by the action (see :func:`sagaguard.idempotency.effect.classify`)."""
         return classify(exc, self.classifier, self.not_applied, ())
 
     @property

@@ -2,18 +2,18 @@
 
 Depends on ``opentelemetry-api`` only: without an SDK configured every call here is a no-op.
 
-- ``saga {name}``: one span per :meth:`~saga.runner.SagaRunner.run` (or recovery ``resume``), with
+- ``saga {name}``: one span per :meth:`~sagaguard.saga.runner.SagaRunner.run` (or recovery ``resume``), with
   the saga's name, version and the state it ended in (``sagaguard.saga.state``).
 - ``saga.step {step}``: a child of the run's span, from the commit that starts the step (the atomic
   phase) to the commit that records its result or failure. Its W3C ``traceparent`` is written into
-  the step's journal row with that very commit (:attr:`~saga.records.StepRecord.trace`).
+  the step's journal row with that very commit (:attr:`~sagaguard.saga.records.StepRecord.trace`).
 - ``saga.compensate {step}``: one per compensation attempt, a child of the span of the run that
   compensates, with a *link* to the step span it undoes, read from the journal, so the link holds
   when the compensation runs in another process after a crash.
 
 No inputs, results or error messages go on spans: names, kinds, attempts, states and error *types*
 (``error.type``, fully qualified, on every ERROR span) only. Saga ids and a business key go on them
-only when opted in (:func:`idempotency.telemetry.expose_identifiers`): ``sagaguard.saga.id``,
+only when opted in (:func:`sagaguard.idempotency.telemetry.expose_identifiers`): ``sagaguard.saga.id``,
 ``sagaguard.business_key``. Metrics: ``sagaguard.sagas`` (saga runs by outcome state) and
 ``sagaguard.compensations`` (compensation attempts by result: ``succeeded``, ``failed``).
 """
@@ -28,14 +28,14 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from idempotency.codec import decode_error
-from idempotency.errors import CodecError
-from idempotency.telemetry import error_type, error_type_name, identifier_attributes, tracing
-from saga.records import SagaOutcome, StepRecord, StepState
+from sagaguard.idempotency.codec import decode_error
+from sagaguard.idempotency.errors import CodecError
+from sagaguard.idempotency.telemetry import error_type, error_type_name, identifier_attributes, tracing
+from sagaguard.saga.records import SagaOutcome, StepRecord, StepState
 
 if TYPE_CHECKING:
-    from saga.coordinator import SagaFlow
-    from saga.ops import Act, Undo
+    from sagaguard.saga.coordinator import SagaFlow
+    from sagaguard.saga.ops import Act, Undo
 
 __all__ = ["RunTrace", "compensation_counter", "link", "saga_counter", "traceparent", "tracer"]
 

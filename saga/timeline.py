@@ -16,8 +16,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from idempotency.codec import decode_error
-from saga.records import SagaSnapshot, SagaState, StepRecord, StepState
+from sagaguard.idempotency.codec import decode_error
+from sagaguard.saga.records import SagaSnapshot, SagaState, StepRecord, StepState
 
 __all__ = ["Event", "render", "timeline"]
 

@@ -1,11 +1,14 @@
 """sagaguard: calls that change the world happen once; failed multi-step jobs are undone.
 
 The public API in one import (``from sagaguard import Guard, Saga, SagaRunner, open_store, scope``).
-The code lives in three packages, importable on their own: ``idempotency`` (the effect ledger: the
-guard, stores, the transactional outbox), ``saga`` (sagas on top of the guard) and ``connectors``
-(Stripe, email, HTTP, model calls, framework adapters). Only the core is
-re-exported here: nothing that needs an extra (``connectors``, the Redis and Postgres stores, the
-OpenTelemetry SDK), so ``import sagaguard`` works on a plain ``pip install sagaguard``.
+The code lives in three packages of this distribution, each importable on its own:
+``sagaguard.idempotency`` (the effect ledger: the guard, stores, the transactional outbox),
+``sagaguard.saga`` (sagas on top of the guard) and ``sagaguard.connectors`` (Stripe, email, HTTP,
+model calls, framework adapters, MCP). Only what users call is re-exported here: the engine's parts
+(the coordinator's decisions, journal phases, the store protocol's claim results) stay in their
+packages, and nothing that needs an extra (``sagaguard.connectors``, the Redis and Postgres stores,
+the OpenTelemetry SDK) is imported, so ``import sagaguard`` works on a plain ``pip install
+sagaguard``.
 
 ``__version__`` is the installed distribution's version (pyproject.toml is its one source).
 """
@@ -13,12 +16,10 @@ OpenTelemetry SDK), so ``import sagaguard`` works on a plain ``pip install sagag
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from idempotency import (
+from sagaguard.idempotency import (
     NOT_APPLIED,
     AlreadyInProgress,
     Applied,
-    ClaimOutcome,
-    ClaimResult,
     CodecError,
     ConfigurationError,
     Disposition,
@@ -54,7 +55,7 @@ from idempotency import (
     open_store,
     scope,
 )
-from saga import (
+from sagaguard.saga import (
     FORWARD_RETRY,
     CancelOutcome,
     CompensationPolicy,
@@ -65,11 +66,9 @@ from saga import (
     Event,
     JournalError,
     JournalUnavailable,
-    LeaseRenewer,
     LostSagaLease,
     MemoryJournal,
     NotParked,
-    Phase,
     RecoveryExhausted,
     RecoveryReport,
     RecoveryWorker,
@@ -79,7 +78,6 @@ from saga import (
     SagaConflict,
     SagaDeadlineExceeded,
     SagaError,
-    SagaFlow,
     SagaInProgress,
     SagaJournal,
     SagaNotFound,
@@ -93,8 +91,6 @@ from saga import (
     SignalOutcome,
     SignalTimeout,
     SignatureError,
-    StartOutcome,
-    StartResult,
     Step,
     StepContext,
     StepKind,
@@ -108,9 +104,6 @@ from saga import (
     arecover,
     cancel,
     compensation_key,
-    decide,
-    decide_start,
-    failure_state,
     recover,
     render,
     resolve,
@@ -120,10 +113,10 @@ from saga import (
     step_scope,
     timeline,
 )
-from saga.journals import open_journal
+from sagaguard.saga.journals import open_journal
 
 if TYPE_CHECKING:
-    from idempotency.outbox import (
+    from sagaguard.idempotency.outbox import (
         DeadLetter,
         Message,
         MessageStatus,
@@ -145,15 +138,15 @@ _OUTBOX = frozenset(
         "Relay", "RelaySettings", "aenqueue", "create_tables", "current_message", "enqueue",
     }
 )  # fmt: skip
-"""Re-exported from ``idempotency.outbox`` on first use: it loads SQLAlchemy, which ``import
+"""Re-exported from ``sagaguard.idempotency.outbox`` on first use: it loads SQLAlchemy, which ``import
 sagaguard`` alone (a guard on Redis, say) should not pay for."""
 
 
 def __getattr__(name: str) -> Any:
     if name in _OUTBOX:
-        import idempotency.outbox
+        from sagaguard.idempotency import outbox
 
-        value = getattr(idempotency.outbox, name)
+        value = getattr(outbox, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'sagaguard' has no attribute {name!r}")
@@ -168,8 +161,6 @@ __all__ = [
     "AlreadyInProgress",
     "Applied",
     "CancelOutcome",
-    "ClaimOutcome",
-    "ClaimResult",
     "CodecError",
     "CompensationPolicy",
     "CompensationsFailed",
@@ -189,7 +180,6 @@ __all__ = [
     "JournalError",
     "JournalUnavailable",
     "KeyConflict",
-    "LeaseRenewer",
     "LostOwnership",
     "LostSagaLease",
     "MemoryJournal",
@@ -208,7 +198,6 @@ __all__ = [
     "OutboxStatus",
     "OutcomeNotRecorded",
     "OutcomeUnknown",
-    "Phase",
     "Policy",
     "ReconcileRequest",
     "Record",
@@ -226,7 +215,6 @@ __all__ = [
     "SagaConflict",
     "SagaDeadlineExceeded",
     "SagaError",
-    "SagaFlow",
     "SagaInProgress",
     "SagaJournal",
     "SagaNotFound",
@@ -241,8 +229,6 @@ __all__ = [
     "SignalOutcome",
     "SignalTimeout",
     "SignatureError",
-    "StartOutcome",
-    "StartResult",
     "State",
     "Step",
     "StepContext",
@@ -266,11 +252,8 @@ __all__ = [
     "current_effect",
     "current_message",
     "current_scope",
-    "decide",
-    "decide_start",
     "derive_key",
     "enqueue",
-    "failure_state",
     "fingerprint",
     "open_journal",
     "open_store",

@@ -1,7 +1,7 @@
 """A trip agent for the agent-saga crash tests, run as a real process (and imported by the worker).
 
 The agent books a hotel and charges a card at a local HTTP API (``$AGENT_API``, a
-``connectors.testing`` server that counts what it applied), then its flight tool fails. Kill points,
+``sagaguard.connectors.testing`` server that counts what it applied), then its flight tool fails. Kill points,
 by ``$AGENT_KILL``: ``after_charge`` (the agent process SIGKILLs itself once the charge is recorded),
 ``in_refund`` (the process running the refund undo SIGKILLs itself right after the API applied the
 refund, once: a marker file in ``$AGENT_MARKS`` says it happened). The undos are idempotent the
@@ -25,10 +25,10 @@ from typing import Any
 
 import httpx
 
-from idempotency import Guard, open_store
-from saga import SagaRegistry
-from saga.agent import AgentRunEnded, AgentRunner, AgentSaga, UndoRegistry, current_run
-from saga.journals import open_journal
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.saga import SagaRegistry
+from sagaguard.saga.agent import AgentRunEnded, AgentRunner, AgentSaga, UndoRegistry, current_run
+from sagaguard.saga.journals import open_journal
 
 API = os.environ.get("AGENT_API", "http://127.0.0.1:9")
 DB = os.environ.get("AGENT_DB", "sqlite:///agent.db")

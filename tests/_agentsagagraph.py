@@ -4,8 +4,8 @@ by the worker, which finds its undos here).
 A scripted model (fixed tool call ids, as a journaled model replays them) books a hotel and charges
 a card in one ``ToolNode`` turn, then calls a flight tool that fails. The graph checkpoints to SQLite
 in ``$AGENT_DIR``; the effects, the journal and the tools' API (``$AGENT_API``, a local
-``connectors.testing`` server that counts what it applied) are shared with the worker. Kill points
-(``$SAGAGUARD_CRASH_AT``, through :func:`idempotency.testing.crash_point`): ``in_model`` (the model
+``sagaguard.connectors.testing`` server that counts what it applied) are shared with the worker. Kill points
+(``$SAGAGUARD_CRASH_AT``, through :func:`sagaguard.idempotency.testing.crash_point`): ``in_model`` (the model
 node of the second turn: the booking and the charge are done and checkpointed) and ``in_refund``
 (right after the API applied the refund, in whichever process undoes the charge).
 
@@ -33,13 +33,13 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic import Field
 
-from connectors.declare import changes_world
-from connectors.langgraph_saga import SagaTools
-from idempotency import Guard, open_store
-from idempotency.testing import crash_point
-from saga import SagaRegistry
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
-from saga.journals import open_journal
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.frameworks.langgraph_saga import SagaTools
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.idempotency.testing import crash_point
+from sagaguard.saga import SagaRegistry
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.journals import open_journal
 
 API = os.environ.get("AGENT_API", "http://127.0.0.1:9")
 FOLDER = Path(os.environ.get("AGENT_DIR", "."))

@@ -5,9 +5,10 @@
 
 A scripted chat model (:class:`TripChatModel`, tool call ids fresh and random, so "the same ids
 after a crash" is the journal's doing) asks for the hotel and the charge in one answer (two
-parallel tool calls), then for the flight. :class:`~connectors.langchain_saga.SagaMiddleware`
-journals it and makes the declared tools' calls steps of the run; with ``approval`` LangChain's
-``HumanInTheLoopMiddleware`` stops the agent before the flight.
+parallel tool calls), then for the flight.
+:class:`~sagaguard.connectors.frameworks.langchain_saga.SagaMiddleware` journals it and makes the declared
+tools' calls steps of the run; with ``approval`` LangChain's ``HumanInTheLoopMiddleware`` stops the agent
+before the flight.
 
 ``python tests/_agentsagalc.py`` runs the agent (``thread_id`` ``trip-1``, checkpointed to SQLite in
 ``$AGENT_DIR``), or resumes it from its checkpoint, and prints one JSON line.
@@ -34,11 +35,11 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import tool
 
-from connectors.declare import changes_world
-from connectors.langchain_saga import SagaMiddleware
-from idempotency import Guard, open_store
-from saga.agent import AgentRunner
-from saga.journals import open_journal
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.frameworks.langchain_saga import SagaMiddleware
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.saga.agent import AgentRunner
+from sagaguard.saga.journals import open_journal
 
 
 class TripChatModel(BaseChatModel):

@@ -33,11 +33,11 @@ from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 
-from connectors.declare import changes_world
-from connectors.openai_agents_saga import SagaTurn
-from idempotency import Guard, open_store
-from saga.agent import AgentRunner
-from saga.journals import open_journal
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.frameworks.openai_agents_saga import SagaTurn
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.saga.agent import AgentRunner
+from sagaguard.saga.journals import open_journal
 
 set_tracing_disabled(True)  # no OPENAI_API_KEY to export traces with
 

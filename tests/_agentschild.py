@@ -154,8 +154,8 @@ class PlanModel(ScriptedModel):
 
 def charging_tool(service: str) -> FunctionTool:
     """``refund(order)``: POSTs a charge to the counter service, then dies where the test says."""
-    from idempotency import current_effect
-    from idempotency.testing import CounterClient, crash_point
+    from sagaguard.idempotency import current_effect
+    from sagaguard.idempotency.testing import CounterClient, crash_point
 
     client = CounterClient(service)
 
@@ -179,9 +179,9 @@ def run_session(config: dict[str, Any]) -> int:
     by the test). Prints the final outputs and the loop's model calls paid and replayed."""
     from agents import SQLiteSession
 
-    from connectors.openai_agents import AgentRun
-    from idempotency import Guard, open_store
-    from idempotency.testing import crash_point
+    from sagaguard.connectors.frameworks.openai_agents import AgentRun
+    from sagaguard.idempotency import Guard, open_store
+    from sagaguard.idempotency.testing import crash_point
 
     class Saving(SQLiteSession):
         saves = 0
@@ -224,8 +224,8 @@ def run_session(config: dict[str, Any]) -> int:
 def main(config: dict[str, Any]) -> int:
     if "session" in config:
         return run_session(config)
-    from connectors.openai_agents import AgentRun
-    from idempotency import Guard, open_store
+    from sagaguard.connectors.frameworks.openai_agents import AgentRun
+    from sagaguard.idempotency import Guard, open_store
 
     store = open_store(config["store"])
     guard = Guard(store, namespace=NAMESPACE, lease=0.5, wait=20.0)

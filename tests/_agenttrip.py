@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import stripe
 
-from idempotency.testing import crash_at, sigkill
-from saga import SagaRegistry
-from saga.agent import AgentSaga, UndoRegistry
+from sagaguard.idempotency.testing import crash_at, sigkill
+from sagaguard.saga import SagaRegistry
+from sagaguard.saga.agent import AgentSaga, UndoRegistry
 
 RUN = "trip-1"
 TEXT = "book my trip to Oslo"

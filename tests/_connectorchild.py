@@ -18,8 +18,8 @@ from typing import Any
 
 from _procs import open_backend
 
-from idempotency import Guard, OutcomeUnknown, scope
-from idempotency.testing import CrashingStore
+from sagaguard.idempotency import Guard, OutcomeUnknown, scope
+from sagaguard.idempotency.testing import CrashingStore
 
 EXIT_OK = 0
 EXIT_UNKNOWN = 3
@@ -32,7 +32,7 @@ TOOLS: Any = [
 def call(connector: str, guard: Guard, config: dict[str, Any]) -> dict[str, Any]:
     """Make the connector's call; returns what the test compares across runs."""
     if connector == "stripe":
-        from connectors.stripe import StripeEffects
+        from sagaguard.connectors.stripe import StripeEffects
 
         payments = StripeEffects(guard, api_key="sk_test_local", api_base=config["url"], timeout=5.0)
         payment = payments.charge(4200, "usd", payment_method="pm_card_visa")
@@ -40,7 +40,7 @@ def call(connector: str, guard: Guard, config: dict[str, Any]) -> dict[str, Any]
     if connector == "http":
         import httpx
 
-        from connectors.http import IdempotentHttp
+        from sagaguard.connectors.http import IdempotentHttp
 
         api = IdempotentHttp(guard, httpx.Client(base_url=config["url"], timeout=5.0))
         result = api.post("/orders", json={"order": config["scope"]})
@@ -48,7 +48,7 @@ def call(connector: str, guard: Guard, config: dict[str, Any]) -> dict[str, Any]
     if connector == "llm":
         import openai
 
-        from connectors.llm import ChatJournal
+        from sagaguard.connectors.llm import ChatJournal
 
         client = openai.OpenAI(api_key="sk-local", base_url=config["url"] + "/v1")
         chat = ChatJournal(guard, client, store_at_provider=True)
@@ -56,7 +56,7 @@ def call(connector: str, guard: Guard, config: dict[str, Any]) -> dict[str, Any]
         tool_call = reply.choices[0].message.tool_calls[0]  # type: ignore[index]
         return {"id": reply.id, "tool_call": tool_call.id}
     if connector == "email":
-        from connectors.email import Email, EmailEffects, SmtpSettings
+        from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
 
         settings = SmtpSettings(config["host"], config["port"], timeout=config.get("smtp_timeout", 10.0))
         mail = EmailEffects(guard, settings, sender="shop@shop.example")

@@ -13,9 +13,9 @@ from typing import Any, NoReturn
 
 from conftest import FakeClock
 
-from idempotency import Guard
-from idempotency.store import IdempotencyStore
-from idempotency.testing import CrashingStore
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.testing import CrashingStore
 
 LEASE = 30.0
 

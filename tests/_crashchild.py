@@ -1,8 +1,8 @@
 """The child side of ``tests/test_crash.py``: one guarded charge in a process that may be SIGKILLed.
 
 Run as ``python tests/_crashchild.py '<json>'`` with ``$SAGAGUARD_CRASH_AT`` naming where to die
-(a store point handled by :class:`~idempotency.testing.CrashingStore`, or ``after_effect`` inside the
-effect body). The JSON holds the store ``spec`` (see ``StoreFactory.spec``), the counter ``service``
+(a store point handled by :class:`~sagaguard.idempotency.testing.CrashingStore`, or ``after_effect`` inside
+the effect body). The JSON holds the store ``spec`` (see ``StoreFactory.spec``), the counter ``service``
 URL, the ``scope`` (also the business key charged at the service), the resolution ``mode`` and the
 ``lease`` in seconds; with ``gate`` set, the child says ``ready`` once warmed up (imports done, store
 open) and claims only after a line arrives on its stdin.
@@ -32,8 +32,8 @@ from typing import Any
 
 from _procs import open_backend
 
-from idempotency import Guard, OutcomeUnknown, current_effect, scope
-from idempotency.testing import Charge, CounterClient, CrashingStore, crash_point
+from sagaguard.idempotency import Guard, OutcomeUnknown, current_effect, scope
+from sagaguard.idempotency.testing import Charge, CounterClient, CrashingStore, crash_point
 
 EXIT_OK = 0
 EXIT_UNKNOWN = 3

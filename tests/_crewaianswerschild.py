@@ -10,8 +10,8 @@ from typing import Any
 from crewai import Agent, Crew, Task
 from pydantic import BaseModel
 
-from connectors.crewai import CrewGuard, UnknownAnswerType, dump_answer, load_answer
-from idempotency import Guard, MemoryStore
+from sagaguard.connectors.frameworks.crewai import CrewGuard, UnknownAnswerType, dump_answer, load_answer
+from sagaguard.idempotency import Guard, MemoryStore
 
 
 class Verdict(BaseModel):

@@ -4,11 +4,11 @@ CrewAI needs openai<3 and the main environment has openai>=3, so the crews run h
 environment, and the test (in the main one) reads what this prints and what the services counted.
 
 The crew: one agent whose model is CrewAI's own OpenAI client pointed at
-``connectors.testing.LocalChatModel`` (it calls the first tool offered, then answers text), and two
+``sagaguard.connectors.testing.LocalChatModel`` (it calls the first tool offered, then answers text), and two
 tasks with checkpoints on ``task_started`` and ``task_completed``: ``lookup`` (a read, counted at the
 counting service) and ``pay`` (a charge at the counting service). With ``sagaguard`` the crew is
-protected by :class:`connectors.crewai.CrewGuard` and the charge is a guarded effect with a
-reconciler; ``plain`` is CrewAI and its checkpoints alone.
+protected by :class:`sagaguard.connectors.frameworks.crewai.CrewGuard` and the charge is a guarded effect with
+a reconciler; ``plain`` is CrewAI and its checkpoints alone.
 
 Run as ``python tests/_crewaichild.py '<json>'``; the JSON holds ``service`` (counter URL), ``model``
 (the chat server's base URL) and ``steps``, each played in a fresh process (see :func:`main`), with
@@ -49,10 +49,10 @@ from crewai.events.event_bus import crewai_event_bus  # noqa: E402
 from crewai.state.checkpoint_config import CheckpointConfig  # noqa: E402
 from crewai.tools import BaseTool  # noqa: E402
 
-from idempotency import Guard  # noqa: E402
-from idempotency.effect import current_effect  # noqa: E402
-from idempotency.stores.sql import SqlStore  # noqa: E402
-from idempotency.testing import CRASH_ENV, Charge, CounterClient, crash_at, crash_point  # noqa: E402
+from sagaguard.idempotency import Guard  # noqa: E402
+from sagaguard.idempotency.effect import current_effect  # noqa: E402
+from sagaguard.idempotency.stores.sql import SqlStore  # noqa: E402
+from sagaguard.idempotency.testing import CRASH_ENV, Charge, CounterClient, crash_at, crash_point  # noqa: E402
 
 NAMESPACE = "crewai-crash"
 AMOUNT = 1000
@@ -148,7 +148,7 @@ def play(config: dict[str, Any]) -> None:
     protect: Callable[[Crew], Crew] = lambda crew: crew  # noqa: E731
     guard = store = None
     if config["mode"] == "sagaguard":
-        from connectors.crewai import CrewGuard
+        from sagaguard.connectors.frameworks.crewai import CrewGuard
 
         store = SqlStore(f"sqlite:///{folder / 'effects.db'}")
         guard = Guard(store, namespace=NAMESPACE, lease=0.5, wait=20.0)
@@ -193,9 +193,9 @@ class AsyncPayTool(BaseTool):
 def units(config: dict[str, Any]) -> None:
     """The async paths and the answer types outside a crew, under a caller's scope: each call is
     made by a first CrewGuard, then by a second one (a re-run: its counts start from zero)."""
-    from connectors.crewai import CrewGuard
-    from idempotency.errors import NoScope
-    from idempotency.keys import scope
+    from sagaguard.connectors.frameworks.crewai import CrewGuard
+    from sagaguard.idempotency.errors import NoScope
+    from sagaguard.idempotency.keys import scope
 
     folder = Path(config["dir"])
     folder.mkdir(parents=True, exist_ok=True)

@@ -3,9 +3,9 @@
 _crewaisaga:registry`` in the main environment, which has no CrewAI: the same undo functions serve
 every framework, and the worker needs only them.
 
-The booking goes to a local HTTP API (``$CREW_API``, a ``connectors.testing.LocalIdempotentApi``)
-and the charge to the local Stripe (``$CREW_STRIPE``, ``connectors.testing.LocalStripe``) through the
-real ``stripe`` SDK. The undos are idempotent as real ones are: each request carries an idempotency
+The booking goes to a local HTTP API (``$CREW_API``, a ``sagaguard.connectors.testing.LocalIdempotentApi``)
+and the charge to the local Stripe (``$CREW_STRIPE``, ``sagaguard.connectors.testing.LocalStripe``) through
+the real ``stripe`` SDK. The undos are idempotent as real ones are: each request carries an idempotency
 key derived from what it undoes. Kill point (``$SAGAGUARD_CRASH_AT``): ``in_refund``, right after
 Stripe applied the refund, once (a marker file in ``$CREW_MARKS`` says it happened).
 """
@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import stripe
 
-from idempotency.testing import crash_at, sigkill
-from saga import SagaRegistry
-from saga.agent import AgentSaga, UndoRegistry
+from sagaguard.idempotency.testing import crash_at, sigkill
+from sagaguard.saga import SagaRegistry
+from sagaguard.saga.agent import AgentSaga, UndoRegistry
 
 undos = UndoRegistry()
 trip_crew = AgentSaga("trip_crew", undos)

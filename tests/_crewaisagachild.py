@@ -1,7 +1,7 @@
 """The child side of test_crewai_saga.py: a real CrewAI trip crew in an agent saga, run by
 ``.venv-crewai/bin/python``.
 
-One agent (CrewAI's own OpenAI client pointed at ``connectors.testing.LocalChatModel``: it calls the
+One agent (CrewAI's own OpenAI client pointed at ``sagaguard.connectors.testing.LocalChatModel``: it calls the
 task's tool, then answers) and three tasks: ``book`` (``book_hotel`` at the local HTTP API, declared
 on its class with its undo), ``pay`` (``charge`` through the real ``stripe`` SDK at the local Stripe,
 declared by name at the adapter) and ``fly`` (``book_flight``: a read, which fails or not as the step
@@ -50,15 +50,15 @@ from crewai.events.event_bus import crewai_event_bus
 from crewai.state.checkpoint_config import CheckpointConfig
 from crewai.tools import BaseTool
 
-from connectors.crewai import CrewGuard
-from connectors.crewai_saga import CrewSaga
-from connectors.declare import changes_world
-from idempotency import Guard, open_store
-from idempotency.effect import current_effect
-from idempotency.testing import crash_at
-from saga import cancel
-from saga.agent import AgentRunner, AgentSaga
-from saga.journals import open_journal
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.frameworks.crewai import CrewGuard
+from sagaguard.connectors.frameworks.crewai_saga import CrewSaga
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.idempotency.effect import current_effect
+from sagaguard.idempotency.testing import crash_at
+from sagaguard.saga import cancel
+from sagaguard.saga.agent import AgentRunner, AgentSaga
+from sagaguard.saga.journals import open_journal
 
 
 @changes_world(undo="cancel_booking")  # declared on the class: it survives Crew.from_checkpoint
@@ -74,7 +74,7 @@ class BookHotel(BaseTool):
     def _run(self, nights: int = 2) -> str:
         booking = post("/bookings", {"hotel": self.hotel, "nights": nights}, f"book-{self.hotel}")
         if self.cancel_on:
-            from connectors.crewai import kickoff_id
+            from sagaguard.connectors.frameworks.crewai import kickoff_id
 
             journal = open_journal(self.cancel_on)
             try:
@@ -117,11 +117,12 @@ class BookHotelAsync(BaseTool):
 
 async def book_async(crew_guard: CrewGuard, runner: AgentRunner, run_id: str, hotel: str) -> str:
     """A declared tool's async body as a step: ``await tool.arun()`` in an open run, then a failure."""
-    from idempotency.keys import scope
+    from sagaguard.idempotency.keys import scope
 
     tool = crew_guard.guard_tool(changes_world(undo="cancel_booking")(BookHotelAsync(hotel=hotel)))
     try:
-        with scope(run_id):  # outside a kickoff, a scope stands for it (connectors.crewai)
+        # Outside a kickoff, a scope stands for it (sagaguard.connectors.frameworks.crewai).
+        with scope(run_id):
             async with runner.run(trip_crew, run_id):
                 await tool.arun()
                 raise RuntimeError("the flight failed")
@@ -190,9 +191,9 @@ def play(config: dict[str, Any]) -> None:
     if config["action"] == "example":  # a docs example, in this fork: CrewAI is imported already
         os.chdir(folder)
         runpy.run_path(config["example"], run_name="__main__")
-        import connectors.crewai_saga
+        import sagaguard.connectors.frameworks.crewai_saga
 
-        exports = sorted(connectors.crewai_saga.__all__)
+        exports = sorted(sagaguard.connectors.frameworks.crewai_saga.__all__)
         report = {"step": config["step"], "run": config["run"], "example": "ran", "exports": exports}
         print(json.dumps(report), flush=True)
         return

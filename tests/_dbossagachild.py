@@ -16,10 +16,10 @@ from typing import Any
 from _enginesagaworld import DB, MARKS, book_flight, book_hotel, charge, die_once, runner, trip_agent
 from dbos import DBOS, SetWorkflowID
 
-from connectors.dbos_saga import DbosSagaTools
-from connectors.declare import changes_world
-from saga.journals import open_journal
-from saga.records import RESUMABLE_STATES, StepState
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.frameworks.dbos_saga import DbosSagaTools
+from sagaguard.saga.journals import open_journal
+from sagaguard.saga.records import RESUMABLE_STATES, StepState
 
 WORKFLOW_ID = "trip-1"
 LIVE = RESUMABLE_STATES  # running, compensating, waiting

@@ -22,12 +22,12 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from connectors.email import Email, EmailEffects, SmtpSettings
-from connectors.langgraph import JournaledChatModel, ToolGuard
-from idempotency import Guard
-from idempotency.outbox import Outbox
-from idempotency.stores.sql import SqlStore
-from idempotency.testing import crash_point
+from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
+from sagaguard.connectors.frameworks.langgraph import JournaledChatModel, ToolGuard
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.outbox import Outbox
+from sagaguard.idempotency.stores.sql import SqlStore
+from sagaguard.idempotency.testing import crash_point
 
 NAMESPACE = "email-agent"
 

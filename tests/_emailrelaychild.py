@@ -18,11 +18,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from connectors.email import EmailEffects, SmtpSettings
-from idempotency import Guard
-from idempotency.outbox import Message, Outbox
-from idempotency.stores.sql import SqlStore
-from idempotency.testing import sigkill
+from sagaguard.connectors.email import EmailEffects, SmtpSettings
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.outbox import Message, Outbox
+from sagaguard.idempotency.stores.sql import SqlStore
+from sagaguard.idempotency.testing import sigkill
 
 NAMESPACE = "shop"
 RELAY_LEASE = 5.0

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import httpx
 
-from connectors.testing import LocalIdempotentApi, LocalStripe
-from saga.journals import open_journal
-from saga.records import SagaSnapshot, SagaState
+from sagaguard.connectors.testing import LocalIdempotentApi, LocalStripe
+from sagaguard.saga.journals import open_journal
+from sagaguard.saga.records import SagaSnapshot, SagaState
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
-_CLI = "import sys; from idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
+_CLI = "import sys; from sagaguard.idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The trip agent's world for the DBOS and Temporal agent-saga tests, shared by their child processes.
 
-The agent books a hotel at a local HTTP API (``$TRIP_API``, a ``connectors.testing`` server that
+The agent books a hotel at a local HTTP API (``$TRIP_API``, a ``sagaguard.connectors.testing`` server that
 counts what it applied), charges a card through the real ``stripe`` SDK at the local Stripe server
 (``$TRIP_STRIPE``), then its flight tool fails (``$TRIP_MODE=fail``) or books (``complete``). The
 undos refund through ``StripeEffects`` (a guarded effect under a key derived from what it undoes)
@@ -19,11 +19,11 @@ from typing import Any
 
 import httpx
 
-from connectors.stripe import StripeEffects
-from idempotency import Guard, open_store
-from saga import SagaRegistry
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
-from saga.journals import open_journal
+from sagaguard.connectors.stripe import StripeEffects
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.saga import SagaRegistry
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.journals import open_journal
 
 API = os.environ.get("TRIP_API", "http://127.0.0.1:9")
 STRIPE = os.environ.get("TRIP_STRIPE", "http://127.0.0.1:9")

@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from idempotency.keys import EffectIdentity, fingerprint
-from idempotency.records import Record
-from idempotency.store import IdempotencyStore
+from sagaguard.idempotency.keys import EffectIdentity, fingerprint
+from sagaguard.idempotency.records import Record
+from sagaguard.idempotency.store import IdempotencyStore
 
 LEASE = 30.0
 """The lease the guard tests use (seconds of the fake clock)."""
@@ -211,7 +211,7 @@ def span_exporter() -> Any:
 
     The global provider can be set only once; if an SDK provider is already set (by another test
     module), the exporter is added to it. Returns None when a non-SDK provider is already set.
-    ``idempotency.telemetry.tracer`` is a proxy, so it follows the provider set here.
+    ``sagaguard.idempotency.telemetry.tracer`` is a proxy, so it follows the provider set here.
     """
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
@@ -231,7 +231,10 @@ def span_exporter() -> Any:
 
 # ------------------------------------------------------------------------- process race
 
-_PRELOAD = ["_guardutil", "_procs", "idempotency.guard", "idempotency.stores.sql", "idempotency.stores.redis"]
+_PRELOAD = [
+    "_guardutil", "_procs", "sagaguard.idempotency.guard", "sagaguard.idempotency.stores.sql",
+    "sagaguard.idempotency.stores.redis",
+]  # fmt: skip
 """Imported once by the fork server, so each racer is a cheap fork instead of a fresh interpreter."""
 
 
@@ -279,9 +282,9 @@ def race_effect_in_processes(
 def _racer(spec: dict[str, Any], barrier: Any, results: Any) -> None:
     from _procs import open_backend
 
-    from idempotency.effect import current_effect
-    from idempotency.guard import Guard
-    from idempotency.keys import scope
+    from sagaguard.idempotency.effect import current_effect
+    from sagaguard.idempotency.guard import Guard
+    from sagaguard.idempotency.keys import scope
 
     outcome: dict[str, Any]
     try:

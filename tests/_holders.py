@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from idempotency import holder
+from sagaguard.idempotency import holder
 
 
 def identity_of(pid: int) -> str:

@@ -24,11 +24,11 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from connectors.langchain import GuardMiddleware
-from idempotency import Guard
-from idempotency.effect import current_effect
-from idempotency.stores.sql import SqlStore
-from idempotency.testing import Charge, CounterClient, crash_point
+from sagaguard.connectors.frameworks.langchain import GuardMiddleware
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.effect import current_effect
+from sagaguard.idempotency.stores.sql import SqlStore
+from sagaguard.idempotency.testing import Charge, CounterClient, crash_point
 
 NAMESPACE = "langchain-crash"
 AMOUNT = 1000

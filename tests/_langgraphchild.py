@@ -33,9 +33,9 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic import Field
 
-from idempotency import Guard
-from idempotency.effect import current_effect
-from idempotency.testing import Charge, CounterClient, crash_point
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.effect import current_effect
+from sagaguard.idempotency.testing import Charge, CounterClient, crash_point
 
 NAMESPACE = "langgraph-crash"
 AMOUNT = 1000
@@ -105,8 +105,8 @@ def build_graph(
 def main(config: dict[str, Any]) -> int:
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    from connectors.langgraph import JournaledChatModel, ToolGuard
-    from idempotency.stores.sql import SqlStore
+    from sagaguard.connectors.frameworks.langgraph import JournaledChatModel, ToolGuard
+    from sagaguard.idempotency.stores.sql import SqlStore
 
     folder = Path(config["dir"])
     client = CounterClient(config["service"])

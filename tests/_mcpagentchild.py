@@ -6,7 +6,7 @@ A scripted model (fixed tool call ids by turn, as a journaled model replays them
 then sends the receipt, then (``AGENT_FAIL=1``) calls a flight tool that fails: the run is then
 compensated, the charge refunded through MCP. ``python tests/_mcpagentchild.py langgraph`` runs it
 as a LangGraph agent (``ToolNode`` with ``ToolGuard``, async), ``... agents`` as an OpenAI Agents SDK
-agent (``connectors.openai_agents.AgentRun``); either starts the run or resumes it.
+agent (``sagaguard.connectors.frameworks.openai_agents.AgentRun``); either starts the run or resumes it.
 
 Environment: the payments server's (``MCP_*``, see ``_mcpserver.py``), ``AGENT_DIR`` (the ledger,
 the journal and the checkpoints), ``AGENT_KILL``: ``before_charge``, ``after_charge``, ``after_refund``
@@ -27,11 +27,11 @@ from typing import Any
 
 from _mcpkit import server_params
 
-from connectors.mcp import GuardedSession, McpServers, McpUndos, UndoTool, stdio_session
-from idempotency import Guard, open_store
-from saga import SagaRegistry
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
-from saga.journals import open_journal
+from sagaguard.connectors.mcp import GuardedSession, McpServers, McpUndos, UndoTool, stdio_session
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.saga import SagaRegistry
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.journals import open_journal
 
 FOLDER = Path(os.environ.get("AGENT_DIR", "."))
 DB = f"sqlite:///{FOLDER / 'agent.db'}"
@@ -109,8 +109,8 @@ async def langgraph(guarded: GuardedSession, guard: Guard) -> None:
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
-    from connectors.langgraph import ToolGuard
-    from connectors.mcp.tools import langchain_tools
+    from sagaguard.connectors.frameworks.langgraph import ToolGuard
+    from sagaguard.connectors.mcp.tools import langchain_tools
 
     class Scripted(BaseChatModel):
         @property
@@ -161,8 +161,8 @@ async def agents(guarded: GuardedSession, guard: Guard) -> None:
     from agents.usage import Usage
     from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-    from connectors.mcp.tools import agents_tools
-    from connectors.openai_agents import AgentRun
+    from sagaguard.connectors.frameworks.openai_agents import AgentRun
+    from sagaguard.connectors.mcp.tools import agents_tools
 
     set_tracing_disabled(True)
 

@@ -20,14 +20,14 @@ from typing import TypeVar
 import pytest
 from mcp.client.stdio import StdioServerParameters
 
-from connectors.testing import LocalStripe
-from connectors.testing.smtp import SmtpSink
+from sagaguard.connectors.testing import LocalStripe
+from sagaguard.connectors.testing.smtp import SmtpSink
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 SERVER = TESTS / "_mcpserver.py"
 T = TypeVar("T")
-CLI = "import sys; from idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from sagaguard.idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
 """``python -c CLI ...`` is the ``sagaguard`` command, run by this interpreter."""
 
 

@@ -12,10 +12,10 @@ import sys
 
 from _mcpkit import server_params
 
-from connectors.mcp.cli import proxy_main
-from connectors.mcp.session import stdio_session
-from idempotency import Guard, open_store
-from idempotency.testing import CrashingStore
+from sagaguard.connectors.mcp.cli import proxy_main
+from sagaguard.connectors.mcp.session import stdio_session
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.idempotency.testing import CrashingStore
 
 if __name__ == "__main__":
     guard = Guard(CrashingStore(open_store(sys.argv[1])))  # the defaults, as the CLI has them

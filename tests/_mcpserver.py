@@ -35,9 +35,10 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-from idempotency.errors import ConfigurationError
+from sagaguard.idempotency.errors import ConfigurationError
 
-KEY = "io.sagaguard/idempotency-key"  # connectors.mcp.IDEMPOTENCY_META_KEY: a server needs no sagaguard
+# sagaguard.connectors.mcp.IDEMPOTENCY_META_KEY: a server needs no sagaguard.
+KEY = "io.sagaguard/idempotency-key"
 server = MCPServer("payments")
 _balance_calls = [0]
 

@@ -28,10 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from idempotency.outbox import Message, Outbox, OutboxControl, OutboxDb, Relay, RelaySettings
-from idempotency.outbox.claims import Claimed, Settle
-from idempotency.stores.sql import make_engine
-from idempotency.testing import CounterClient, sigkill
+from sagaguard.idempotency.outbox import Message, Outbox, OutboxControl, OutboxDb, Relay, RelaySettings
+from sagaguard.idempotency.outbox.claims import Claimed, Settle
+from sagaguard.idempotency.stores.sql import make_engine
+from sagaguard.idempotency.testing import CounterClient, sigkill
 
 EXIT_DEADLINE = 3
 

@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from connectors.email import Email, EmailEffects, SmtpSettings
-from idempotency import Guard, open_store
-from idempotency.outbox import Outbox
-from idempotency.testing import crash_point
-from saga import Saga, SagaRunner, StepContext, recover
-from saga.journals import open_journal
+from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.idempotency.outbox import Outbox
+from sagaguard.idempotency.testing import crash_point
+from sagaguard.saga import Saga, SagaRunner, StepContext, recover
+from sagaguard.saga.journals import open_journal
 
 LEASE = 0.5
 CRASH = "after_enqueue_commit"

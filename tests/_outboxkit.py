@@ -20,9 +20,9 @@ from typing import Any
 import sqlalchemy as sa
 from conftest import FakeClock, require_postgres
 
-from idempotency.outbox import Outbox, OutboxControl, OutboxDb, Relay, RelaySettings, create_tables
-from idempotency.outbox.model import SCHEMA_TABLE
-from idempotency.stores.sql import make_engine
+from sagaguard.idempotency.outbox import Outbox, OutboxControl, OutboxDb, Relay, RelaySettings, create_tables
+from sagaguard.idempotency.outbox.model import SCHEMA_TABLE
+from sagaguard.idempotency.stores.sql import make_engine
 
 BACKENDS = ("sqlite", "postgres")
 

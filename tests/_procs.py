@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from idempotency.keys import EffectIdentity
-from idempotency.store import IdempotencyStore
-from idempotency.stores.memory import MemoryStore
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores.memory import MemoryStore
 
 __all__ = ["open_backend", "race_claims_in_processes"]
 
@@ -44,11 +44,11 @@ def open_backend(
     if backend == "memory":
         return MemoryStore(clock=clock)
     if backend in ("sqlite", "postgres"):
-        from idempotency.stores.sql import SqlStore
+        from sagaguard.idempotency.stores.sql import SqlStore
 
         return SqlStore(url, clock=clock, table_name=table_name)
     if backend == "redis":
-        from idempotency.stores.redis import RedisStore
+        from sagaguard.idempotency.stores.redis import RedisStore
 
         return RedisStore(url, clock=clock, prefix=prefix)
     raise ValueError(f"unknown backend {backend!r}")

@@ -5,7 +5,7 @@ Run as ``python tests/_sagachild.py '<json>'``. The JSON holds the journal ``spe
 the ``log`` file every step and effect appends a line to, a ``command`` and its arguments:
 
 - ``run``: run the travel saga ``saga_id`` with ``order`` and report its outcome;
-- ``recover``: one :func:`saga.recovery.recover` sweep; report what it did.
+- ``recover``: one :func:`sagaguard.saga.recovery.recover` sweep; report what it did.
 
 With ``gate`` set the child says ``ready`` once warmed up (imports done, journal open) and goes on only
 when a line arrives on its stdin, so that two children start their sweep at the same moment.
@@ -22,8 +22,8 @@ from typing import Any
 
 from _sagajournals import open_journal_backend, open_store_backend
 
-from idempotency import Guard
-from saga import Saga, SagaRunner, StepContext, recover
+from sagaguard.idempotency import Guard
+from sagaguard.saga import Saga, SagaRunner, StepContext, recover
 
 DAY = 86_400.0
 

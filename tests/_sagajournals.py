@@ -26,11 +26,11 @@ from typing import Any
 
 from conftest import FakeClock, require_postgres, require_redis
 
-from idempotency import Guard
-from idempotency.store import IdempotencyStore
-from idempotency.stores.memory import MemoryStore
-from saga.journal import SagaJournal
-from saga.journals.memory import MemoryJournal
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores.memory import MemoryStore
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.journals.memory import MemoryJournal
 
 JOURNALS = ("memory", "sqlite", "postgres", "redis")
 SHARED_SQL = ("sqlite", "postgres")
@@ -44,11 +44,11 @@ def open_journal_backend(
     if backend == "memory":
         return MemoryJournal(clock=clock)
     if backend in ("sqlite", "postgres"):
-        from saga.journals.sql import SqlJournal
+        from sagaguard.saga.journals.sql import SqlJournal
 
         return SqlJournal(url, clock=clock, table_prefix=prefix or "sagaguard_")
     if backend == "redis":
-        from saga.journals.redis import RedisJournal
+        from sagaguard.saga.journals.redis import RedisJournal
 
         return RedisJournal(url, clock=clock, prefix=prefix or "sgj")
     raise ValueError(f"unknown journal backend {backend!r}")
@@ -61,10 +61,10 @@ def open_store_backend(
     if backend == "memory":
         return MemoryStore(clock=clock)
     if backend in ("sqlite", "postgres"):
-        from idempotency.stores.sql import SqlStore
+        from sagaguard.idempotency.stores.sql import SqlStore
 
         return SqlStore(url, clock=clock, table_name=f"{prefix}effects")
-    from idempotency.stores.redis import RedisStore
+    from sagaguard.idempotency.stores.redis import RedisStore
 
     return RedisStore(url, clock=clock, prefix=f"{prefix}fx")
 

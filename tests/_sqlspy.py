@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from idempotency import Guard
-from idempotency.stores.sql import SqlStore
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.stores.sql import SqlStore
 
 
 class Spy(SqlStore):

@@ -18,9 +18,9 @@ from typing import Any
 from _connectorchild import EXIT_OK, EXIT_UNKNOWN, NAMESPACE
 from _procs import open_backend
 
-from connectors.stripe import StripeEffects
-from idempotency import Guard, OutcomeUnknown, scope
-from idempotency.testing import CrashingStore
+from sagaguard.connectors.stripe import StripeEffects
+from sagaguard.idempotency import Guard, OutcomeUnknown, scope
+from sagaguard.idempotency.testing import CrashingStore
 
 
 async def charge(guard: Guard, config: dict[str, Any]) -> dict[str, Any]:

@@ -25,9 +25,9 @@ from typing import Any
 
 from _procs import open_backend
 
-from idempotency import AlreadyInProgress, Guard, current_effect, scope
-from idempotency.keys import EffectIdentity
-from idempotency.testing import Charge, CounterClient
+from sagaguard.idempotency import AlreadyInProgress, Guard, current_effect, scope
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.testing import Charge, CounterClient
 
 NAMESPACE = "takeover-tests"
 EFFECT = "charge"

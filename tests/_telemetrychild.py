@@ -26,11 +26,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlalchemy.orm import Session
 
-from connectors.telemetry import record_llm_call
-from idempotency import Guard, MemoryStore, Retry, scope
-from idempotency.outbox import Outbox, create_tables
-from idempotency.telemetry import TOOL_CALL_ID, business_key, expose_identifiers
-from saga import MemoryJournal, Saga, SagaRunner, StepContext
+from sagaguard.connectors.telemetry import record_llm_call
+from sagaguard.idempotency import Guard, MemoryStore, Retry, scope
+from sagaguard.idempotency.outbox import Outbox, create_tables
+from sagaguard.idempotency.telemetry import TOOL_CALL_ID, business_key, expose_identifiers
+from sagaguard.saga import MemoryJournal, Saga, SagaRunner, StepContext
 
 ONCE = Retry(stop=tenacity.stop_after_attempt(1), wait=tenacity.wait_none())
 

@@ -25,10 +25,10 @@ from temporalio.worker import Worker
 with workflow.unsafe.imports_passed_through():
     from _enginesagaworld import DB, MODE, book_flight, book_hotel, charge, die_once, runner, trip_agent
 
-    from connectors.declare import changes_world
-    from connectors.temporal_saga import TemporalSagaTools, run_agent
-    from saga.journals import open_journal
-    from saga.records import StepState
+    from sagaguard.connectors.declare import changes_world
+    from sagaguard.connectors.frameworks.temporal_saga import TemporalSagaTools, run_agent
+    from sagaguard.saga.journals import open_journal
+    from sagaguard.saga.records import StepState
 
 tools = TemporalSagaTools(runner(), trip_agent)
 # A killed worker's activity is retried after this (tools do not heartbeat; the end activity does).

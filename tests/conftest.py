@@ -49,8 +49,8 @@ import pytest
 from _procs import open_backend
 from hypothesis import settings
 
-from idempotency.store import IdempotencyStore
-from idempotency.stores.memory import MemoryStore
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores.memory import MemoryStore
 
 BACKENDS = ("memory", "sqlite", "postgres", "redis")
 """Every store backend; the ids of the ``store`` fixture's parameters."""

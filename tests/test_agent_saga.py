@@ -18,11 +18,11 @@ from _holders import dead_holder
 from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
 
-from idempotency import Guard, holder
-from idempotency.codec import decode_error
-from idempotency.effect import Retry
-from saga import SagaRegistry, SagaState, StepState, cancel, recover, retry
-from saga.agent import (
+from sagaguard.idempotency import Guard, holder
+from sagaguard.idempotency.codec import decode_error
+from sagaguard.idempotency.effect import Retry
+from sagaguard.saga import SagaRegistry, SagaState, StepState, cancel, recover, retry
+from sagaguard.saga.agent import (
     AgentRunCancelled,
     AgentRunEnded,
     AgentRunner,
@@ -32,8 +32,8 @@ from saga.agent import (
     UnknownUndo,
     resume_signal,
 )
-from saga.journal import SagaJournal
-from saga.records import SagaSnapshot
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.records import SagaSnapshot
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -119,7 +119,7 @@ def runner(journal: SagaJournal, guard: Guard) -> Iterator[AgentRunner]:
 
 
 def book(world: World, runner: AgentRunner, hotel: str = "ritz") -> Any:
-    from saga.agent import current_run
+    from sagaguard.saga.agent import current_run
 
     return current_run().call(
         "book_hotel", lambda: world.book(hotel), {"hotel": hotel}, undo="cancel_booking"
@@ -127,7 +127,7 @@ def book(world: World, runner: AgentRunner, hotel: str = "ritz") -> Any:
 
 
 def charge(world: World, amount: int = 120) -> Any:
-    from saga.agent import current_run
+    from sagaguard.saga.agent import current_run
 
     return current_run().call("charge", lambda: world.charge(amount), {"amount": amount}, undo="refund")
 
@@ -438,7 +438,7 @@ def test_a_crash_after_the_effect_undoes_it_with_no_result(
     world: World,
     clock: FakeClock,
 ) -> None:
-    from saga.agent import current_run
+    from sagaguard.saga.agent import current_run
 
     def charge_then_die() -> Any:
         world.charge(120)
@@ -461,7 +461,7 @@ def test_an_undo_knows_the_call_it_undoes_even_with_no_result(
     world: World,
     clock: FakeClock,
 ) -> None:
-    from saga.agent import current_run, undoing
+    from sagaguard.saga.agent import current_run, undoing
 
     seen: list[tuple[str, str, str, Any]] = []
 
@@ -495,7 +495,7 @@ def test_an_agent_resumed_after_dying_mid_compensation_finishes_the_undo_and_nev
     monkeypatch: pytest.MonkeyPatch,
     how: str,
 ) -> None:
-    from saga.agent import current_run
+    from sagaguard.saga.agent import current_run
 
     dying = [True]
 
@@ -537,8 +537,8 @@ S, OK, F, C = StepState.STARTED, StepState.SUCCEEDED, StepState.FAILED, StepStat
 
 
 def _rows(shape: list[tuple[str, StepState]]) -> tuple[Any, ...]:
-    from saga.agent import ToolCall
-    from saga.records import StepKind, StepRecord
+    from sagaguard.saga.agent import ToolCall
+    from sagaguard.saga.records import StepKind, StepRecord
 
     rows = []
     for index, (kind, state) in enumerate(shape):
@@ -575,9 +575,9 @@ def _rows(shape: list[tuple[str, StepState]]) -> tuple[Any, ...]:
     ],
 )
 def test_decide_on_agent_runs(state: str, shape: list[tuple[str, StepState]], expected: str) -> None:
-    from idempotency.stores.memory import MemoryStore
-    from saga.decisions import Compensate, RunStep, SetState, StartStep, decide
-    from saga.records import SagaRecord
+    from sagaguard.idempotency.stores.memory import MemoryStore
+    from sagaguard.saga.decisions import Compensate, RunStep, SetState, StartStep, decide
+    from sagaguard.saga.records import SagaRecord
 
     rows = _rows(shape)
     rows = tuple(
@@ -599,9 +599,9 @@ def test_decide_on_agent_runs(state: str, shape: list[tuple[str, StepState]], ex
 
 
 def test_for_run_refuses_rows_it_did_not_write() -> None:
-    from idempotency.stores.memory import MemoryStore
-    from saga import DefinitionMismatch
-    from saga.records import SagaRecord, StepKind, StepRecord
+    from sagaguard.idempotency.stores.memory import MemoryStore
+    from sagaguard.saga import DefinitionMismatch
+    from sagaguard.saga.records import SagaRecord, StepKind, StepRecord
 
     record = SagaRecord("r", "trip_agent", 1, "f", '{"run":"r"}', SagaState.RUNNING, 1, 0.0, 0.0, 0.0)
     foreign = StepRecord(0, "charge", StepKind.COMPENSATABLE, StepState.SUCCEEDED, compensation="x")
@@ -659,8 +659,8 @@ def test_a_paused_run_resumes_pauses_again_and_completes(
 
 
 def test_exported_members() -> None:
-    import saga.agent
+    import sagaguard.saga.agent
 
-    assert sorted(saga.agent.__all__) == sorted(set(saga.agent.__all__))
-    for name in saga.agent.__all__:
-        assert hasattr(saga.agent, name), name
+    assert sorted(sagaguard.saga.agent.__all__) == sorted(set(sagaguard.saga.agent.__all__))
+    for name in sagaguard.saga.agent.__all__:
+        assert hasattr(sagaguard.saga.agent, name), name

@@ -1,6 +1,6 @@
-"""OpenAI Agents SDK turns as agent sagas (``connectors.openai_agents_saga.SagaTurn``), with the real
-SDK, a scripted model (``tests/_agentsagasdk.py``), the real ``stripe`` SDK against the local Stripe
-server and a local HTTP API; effects and undos are counted at the servers.
+"""OpenAI Agents SDK turns as agent sagas (``sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn``),
+with the real SDK, a scripted model (``tests/_agentsagasdk.py``), the real ``stripe`` SDK against the local
+Stripe server and a local HTTP API; effects and undos are counted at the servers.
 
 A turn books a hotel and charges a card (two parallel tool calls), then its flight fails: each
 booking and charge is undone once. Stopped at an approval, a turn is rejected (undone) or approved
@@ -29,16 +29,16 @@ import pytest
 from agents import RunState
 from agents.exceptions import UserError
 
-from connectors.openai_agents import MODEL_EFFECT, model_call_key
-from connectors.openai_agents_saga import SagaTurn, turn_run_id
-from connectors.testing import LocalIdempotentApi, LocalStripe
-from idempotency import ConfigurationError, Guard
-from idempotency.keys import derive_explicit_key
-from idempotency.stores.sql import SqlStore
-from saga import SagaState, StepState, cancel
-from saga.agent import AgentRunCancelled, AgentRunner, ToolCall
-from saga.journals.sql import SqlJournal
-from saga.records import SagaSnapshot
+from sagaguard.connectors.frameworks.openai_agents import MODEL_EFFECT, model_call_key
+from sagaguard.connectors.frameworks.openai_agents_saga import SagaTurn, turn_run_id
+from sagaguard.connectors.testing import LocalIdempotentApi, LocalStripe
+from sagaguard.idempotency import ConfigurationError, Guard
+from sagaguard.idempotency.keys import derive_explicit_key
+from sagaguard.idempotency.stores.sql import SqlStore
+from sagaguard.saga import SagaState, StepState, cancel
+from sagaguard.saga.agent import AgentRunCancelled, AgentRunner, ToolCall
+from sagaguard.saga.journals.sql import SqlJournal
+from sagaguard.saga.records import SagaSnapshot
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -218,7 +218,7 @@ def test_a_declared_tool_outside_an_open_turn_is_refused(
 
 
 def test_exported_members() -> None:
-    import connectors.openai_agents_saga as module
+    import sagaguard.connectors.frameworks.openai_agents_saga as module
 
     assert sorted(module.__all__) == ["SagaTurn", "turn_run_id"]
     for name in module.__all__:

@@ -33,10 +33,10 @@ from test_agent_saga import (  # the sync tests' fixtures: every journal, the sa
     world,
 )
 
-from idempotency import Guard
-from idempotency.codec import decode_error
-from saga import SagaState, StepState, cancel
-from saga.agent import (
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.codec import decode_error
+from sagaguard.saga import SagaState, StepState, cancel
+from sagaguard.saga.agent import (
     AgentRunCancelled,
     AgentRunEnded,
     AgentRunner,
@@ -45,7 +45,7 @@ from saga.agent import (
     current_run,
     resume_signal,
 )
-from saga.journal import SagaJournal
+from sagaguard.saga.journal import SagaJournal
 
 __all__ = ["agent", "guard", "journal", "journal_factory", "runner", "world"]  # the fixtures, re-used
 

@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from connectors.testing.http_server import LocalIdempotentApi
-from saga import SagaState
-from saga.journals import open_journal
+from sagaguard.connectors.testing.http_server import LocalIdempotentApi
+from sagaguard.saga import SagaState
+from sagaguard.saga.journals import open_journal
 
 pytestmark = pytest.mark.timeout(240)  # several fresh processes each, on a shared machine
 
@@ -44,7 +44,7 @@ def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90, check=False)
 
 
-_CLI = "import sys; from idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
+_CLI = "import sys; from sagaguard.idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _cli(*args: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 Engines may run two processes for one run at once (Temporal activities of one workflow on two
 workers, a retried activity next to its zombie, DBOS steps). A run opened with ``exclusive=True``
-refuses, with :class:`~saga.errors.SagaInProgress` and nothing written, while another open run
+refuses, with :class:`~sagaguard.saga.errors.SagaInProgress` and nothing written, while another open run
 holds the run's lease; once the holder parks the run (``pause``) the next one takes it back and
 appends after it; a dead holder's run is taken over once its lease ran out (the journal's clock is
 injected), and the dead holder's late writes are fenced off.
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from conftest import FakeClock
 
-from idempotency import Guard, MemoryStore
-from saga import LostSagaLease, MemoryJournal, SagaInProgress, SagaState, StepState
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.idempotency import Guard, MemoryStore
+from sagaguard.saga import LostSagaLease, MemoryJournal, SagaInProgress, SagaState, StepState
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
 
 pytestmark = pytest.mark.timeout(60)
 

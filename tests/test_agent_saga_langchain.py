@@ -1,6 +1,7 @@
-"""LangChain ``create_agent`` runs as agent sagas (``connectors.langchain_saga.SagaMiddleware``), with
-the real framework, a scripted chat model (``tests/_agentsagalc.py``), the real ``stripe`` SDK
-against the local Stripe server and a local HTTP API; effects and undos are counted at the servers.
+"""LangChain ``create_agent`` runs as agent sagas
+(``sagaguard.connectors.frameworks.langchain_saga.SagaMiddleware``), with the real framework, a scripted chat
+model (``tests/_agentsagalc.py``), the real ``stripe`` SDK against the local Stripe server and a local HTTP
+API; effects and undos are counted at the servers.
 
 The agent books a hotel and charges a card (two parallel tool calls), then its flight fails: each
 booking and charge is undone once, with ``invoke`` and with ``ainvoke``. Stopped at a
@@ -25,11 +26,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 from test_agent_saga_agents import _env, api, applied, load, money, runner, servers, stripe, url
 
-from connectors.langchain_saga import SagaMiddleware
-from connectors.testing import LocalIdempotentApi, LocalStripe
-from saga import SagaState, StepState
-from saga.agent import AgentRunner, ToolCall
-from saga.journals.sql import SqlJournal
+from sagaguard.connectors.frameworks.langchain_saga import SagaMiddleware
+from sagaguard.connectors.testing import LocalIdempotentApi, LocalStripe
+from sagaguard.saga import SagaState, StepState
+from sagaguard.saga.agent import AgentRunner, ToolCall
+from sagaguard.saga.journals.sql import SqlJournal
 
 __all__ = ["api", "runner", "servers", "stripe", "url"]  # the fixtures, re-used
 
@@ -118,9 +119,9 @@ def test_a_step_s_body_runs_in_its_call_s_scope_so_effects_inside_need_no_key(
     from langchain.agents import create_agent
     from langchain_core.tools import tool
 
-    from connectors.declare import changes_world
-    from connectors.stripe import StripeEffects
-    from idempotency import current_scope
+    from sagaguard.connectors.declare import changes_world
+    from sagaguard.connectors.stripe import StripeEffects
+    from sagaguard.idempotency import current_scope
 
     payments = StripeEffects(runner.guard, api_key=stripe.api_key, api_base=stripe.api_base)
     scopes: list[str] = []
@@ -153,15 +154,15 @@ def test_a_step_s_body_runs_in_its_call_s_scope_so_effects_inside_need_no_key(
 
 
 def test_saga_middleware_is_the_guard_middleware_with_saga_steps(runner: AgentRunner) -> None:
-    from connectors.langchain import GuardMiddleware
-    from connectors.langgraph_saga import SagaTools
+    from sagaguard.connectors.frameworks.langchain import GuardMiddleware
+    from sagaguard.connectors.frameworks.langgraph_saga import SagaTools
 
     middleware = SagaMiddleware(runner.guard)
     assert isinstance(middleware, GuardMiddleware)
     assert isinstance(middleware.saga_tools, SagaTools)
     assert middleware.saga_tools.inner is middleware.tool_guard  # the other tools: guarded as before
 
-    import connectors.langchain_saga as module
+    import sagaguard.connectors.frameworks.langchain_saga as module
 
     assert module.__all__ == ["SagaMiddleware"]
 

@@ -22,14 +22,14 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from connectors.declare import changes_world
-from connectors.langgraph_saga import SagaTools
-from connectors.testing.http_server import LocalIdempotentApi
-from idempotency import Guard
-from idempotency.stores.sql import SqlStore
-from saga import SagaState, StepState
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
-from saga.journals.sql import SqlJournal
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.frameworks.langgraph_saga import SagaTools
+from sagaguard.connectors.testing.http_server import LocalIdempotentApi
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.stores.sql import SqlStore
+from sagaguard.saga import SagaState, StepState
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.journals.sql import SqlJournal
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -210,8 +210,8 @@ def test_a_langgraph_agent_killed_mid_run_and_mid_compensation_undoes_each_call_
 
 
 def test_the_declaration_says_the_undo_or_the_pivot_never_both() -> None:
-    from connectors.declare import declaration_of
-    from idempotency.errors import ConfigurationError
+    from sagaguard.connectors.declare import declaration_of
+    from sagaguard.idempotency.errors import ConfigurationError
 
     assert changes_world(undo="refund").kind == "compensatable"
     assert changes_world(pivot=True).kind == "pivot"

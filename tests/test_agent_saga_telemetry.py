@@ -12,11 +12,11 @@ import pytest
 from _guardutil import span_exporter
 from conftest import FakeClock
 
-from idempotency import Guard
-from idempotency.stores.sql import SqlStore
-from saga import SagaRegistry, SagaState, cancel, recover
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
-from saga.journals.sql import SqlJournal
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.stores.sql import SqlStore
+from sagaguard.saga import SagaRegistry, SagaState, cancel, recover
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.journals.sql import SqlJournal
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,8 +55,8 @@ def _links(exporter: Any) -> tuple[dict[str, Any], list[Any]]:
 
 
 def test_an_undo_links_to_its_tool_call_in_process(exporter: Any) -> None:
-    from idempotency.stores.memory import MemoryStore
-    from saga import MemoryJournal
+    from sagaguard.idempotency.stores.memory import MemoryStore
+    from sagaguard.saga import MemoryJournal
 
     undone: list[str] = []
     agent = _agent(undone)

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from idempotency import Guard, OutcomeUnknown, cli, open_store, scope
-from idempotency.cli import main
-from idempotency.errors import LostOwnership
-from idempotency.keys import EffectIdentity, fingerprint
-from idempotency.records import Disposition, State
-from idempotency.store import IdempotencyStore
+from sagaguard.idempotency import Guard, OutcomeUnknown, cli, open_store, scope
+from sagaguard.idempotency.cli import main
+from sagaguard.idempotency.errors import LostOwnership
+from sagaguard.idempotency.keys import EffectIdentity, fingerprint
+from sagaguard.idempotency.records import Disposition, State
+from sagaguard.idempotency.store import IdempotencyStore
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -472,14 +472,14 @@ def test_demo_gets_its_arguments_untouched(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[list[str]] = []
-    fake = types.ModuleType("idempotency.demo")
+    fake = types.ModuleType("sagaguard.connectors.demo.small")
 
     def fake_main(argv: list[str] | None = None) -> int:
         seen.append(list(argv or []))
         return 3
 
     fake.main = fake_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "idempotency.demo", fake)
+    monkeypatch.setitem(sys.modules, "sagaguard.connectors.demo.small", fake)
     assert main(["demo", "--small", "--help", "--crash-at", "charge"]) == 3
     assert main(["--store", "memory://", "demo", "-v"]) == 3
     assert main(["--store=memory://", "demo", "--store", "redis://x"]) == 3
@@ -493,7 +493,7 @@ def test_demo_gets_its_arguments_untouched(
 def test_demo_runs_the_trip_demo_found_by_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plain `sagaguard demo` is the full trip-booking demo of connectors/, found through the
     `sagaguard.demo` entry point (idempotency never imports connectors)."""
-    from idempotency import cli
+    from sagaguard.idempotency import cli
 
     seen: list[list[str]] = []
 
@@ -511,7 +511,7 @@ def test_demo_runs_the_trip_demo_found_by_entry_point(monkeypatch: pytest.Monkey
 
 def test_python_dash_m_idempotency(url: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "idempotency", "--store", url, "effects", "list", "--json"],
+        [sys.executable, "-m", "sagaguard.idempotency", "--store", url, "effects", "list", "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -524,7 +524,7 @@ def test_python_dash_m_idempotency(url: str) -> None:
 def test_plugin_commands_are_found_through_entry_points(capsys: pytest.CaptureFixture[str]) -> None:
     """`sagaguard sagas` and `sagaguard llm` come from the packages above idempotency, found by the
     entry-point group, so idempotency never imports them."""
-    from idempotency.cli import main
+    from sagaguard.idempotency.cli import main
 
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
@@ -543,11 +543,12 @@ def test_plugin_commands_are_found_through_entry_points(capsys: pytest.CaptureFi
         if isinstance(node, ast.Import)
         for alias in node.names
     }
-    assert not any(name.startswith(("saga", "connectors")) for name in imported)
+    assert not any(name.startswith(("sagaguard.saga", "sagaguard.connectors")) for name in imported)
 
 
 def test_outbox_commands_are_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`sagaguard outbox` and `sagaguard relay` reach idempotency.outbox.cli through the entry point."""
+    """`sagaguard outbox` and `sagaguard relay` reach sagaguard.idempotency.outbox.cli through the entry
+    point."""
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
     assert main(["outbox", "migrate", "--db", url]) == 0
     assert main(["outbox", "status", "--db", url]) == 0

@@ -16,9 +16,9 @@ import pytest
 import sqlalchemy as sa
 from conftest import require_postgres
 
-from idempotency.cli import main
-from idempotency.stores.sql import SqlStore
-from saga.journals.sql import SqlJournal
+from sagaguard.idempotency.cli import main
+from sagaguard.idempotency.stores.sql import SqlStore
+from sagaguard.saga.journals.sql import SqlJournal
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -19,8 +19,8 @@ import typing_extensions
 from hypothesis import given
 from hypothesis import strategies as st
 
-from idempotency.codec import Codec, ErrorInfo, decode_error, encode_error
-from idempotency.errors import CodecError
+from sagaguard.idempotency.codec import Codec, ErrorInfo, decode_error, encode_error
+from sagaguard.idempotency.errors import CodecError
 
 # ------------------------------------------------------------------------------ sample types
 

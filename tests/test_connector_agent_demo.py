@@ -1,4 +1,4 @@
-"""The agent demo (``connectors.demo.agent``, what ``make agent-demo`` and ``sagaguard demo agent``
+"""The agent demo (``sagaguard.connectors.demo.agent``, what ``make agent-demo`` and ``sagaguard demo agent``
 run) finishes green and prints what it claims.
 
 Its agent processes are real LangGraph processes SIGKILLed after the email and in the middle of
@@ -21,8 +21,8 @@ from typing import Any
 import openai
 import pytest
 
-from connectors.demo import main
-from connectors.testing import LocalChatModel
+from sagaguard.connectors.demo import main
+from sagaguard.connectors.testing import LocalChatModel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,7 +73,7 @@ def test_without_the_langgraph_extra_one_line_names_it(
 
 
 def test_sagaguard_demo_agent_is_the_agent_demo() -> None:
-    cli = "import sys; from idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
+    cli = "import sys; from sagaguard.idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run(
         [sys.executable, "-c", cli, "demo", "agent", "--help"],
         env={**os.environ, "PYTHONPATH": str(ROOT)},

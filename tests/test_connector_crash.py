@@ -34,11 +34,11 @@ import pytest
 from _connectorchild import EXIT_OK, EXIT_UNKNOWN, NAMESPACE
 from conftest import StoreFactory
 
-from connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
-from connectors.testing.smtp import SmtpSink
-from idempotency.keys import EffectIdentity
-from idempotency.records import State
-from idempotency.testing import CRASH_ENV
+from sagaguard.connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import State
+from sagaguard.idempotency.testing import CRASH_ENV
 
 CHILD = Path(__file__).resolve().parent / "_connectorchild.py"
 ROOT = CHILD.parent.parent

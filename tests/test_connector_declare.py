@@ -1,4 +1,4 @@
-"""connectors.declare: one declaration of what a tool does to the world, read the same way from a
+"""sagaguard.connectors.declare: one declaration of what a tool does to the world, read the same way from a
 plain function, a LangChain tool, an Agents SDK function tool or a mapping given to the adapter."""
 
 from __future__ import annotations
@@ -7,9 +7,15 @@ import pytest
 from agents import function_tool
 from langchain_core.tools import tool
 
-from connectors.declare import ToolDeclaration, changes_world, declaration_of, read_only, tool_options
-from idempotency import ConfigurationError, OutcomeUnknown, Policy
-from idempotency.records import Disposition
+from sagaguard.connectors.declare import (
+    ToolDeclaration,
+    changes_world,
+    declaration_of,
+    read_only,
+    tool_options,
+)
+from sagaguard.idempotency import ConfigurationError, OutcomeUnknown, Policy
+from sagaguard.idempotency.records import Disposition
 
 
 def reconcile(request: object) -> None:

@@ -1,4 +1,5 @@
-"""The trip demo (``connectors.demo``, what ``make demo`` runs) finishes green and shows what it claims.
+"""The trip demo (``sagaguard.connectors.demo``, what ``make demo`` runs) finishes green and shows what it
+claims.
 
 Its workers are real processes SIGKILLed in the middle of a saga; the supervisor checks the counts
 at the local services itself and exits 0 only when they are the expected ones. These tests check
@@ -16,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from connectors.demo import main
-from connectors.demo._trace import read_spans
+from sagaguard.connectors.demo import main
+from sagaguard.connectors.demo._trace import read_spans
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +52,7 @@ def test_trace_writes_saga_step_compensation_and_tool_spans(tmp_path: Path) -> N
     trace = tmp_path / "spans.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "connectors.demo", "--trace", str(trace)],
+        [sys.executable, "-m", "sagaguard.connectors.demo", "--trace", str(trace)],
         capture_output=True,
         text=True,
         env=env,

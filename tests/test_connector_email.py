@@ -1,8 +1,8 @@
 """The email connector (connectors/email.py): smtplib against a real SMTP server (aiosmtpd).
 
-The sink (``connectors.testing.smtp.SmtpSink``) runs in this process and keeps every message it
+The sink (``sagaguard.connectors.testing.smtp.SmtpSink``) runs in this process and keeps every message it
 accepts, so "sent once" is counted where the mail arrives. Sends go inline or through the
-transactional outbox (``idempotency.outbox``) on a SQLite file; the SIGKILLs are in
+transactional outbox (``sagaguard.idempotency.outbox``) on a SQLite file; the SIGKILLs are in
 test_connector_crash.py.
 """
 
@@ -20,10 +20,10 @@ from _connectorutil import LEASE, after_lease, crash_before_record, crashing_gua
 from conftest import FakeClock, closed_port
 from sqlalchemy.orm import Session
 
-from connectors.email import Email, EmailEffects, Sent, SmtpSettings, map_smtp_error, message_id_for
-from connectors.errors import ProviderRejected, ProviderUnavailable, ProviderUnreachable, classify
-from connectors.testing.smtp import SmtpSink
-from idempotency import (
+from sagaguard.connectors.email import Email, EmailEffects, Sent, SmtpSettings, map_smtp_error, message_id_for
+from sagaguard.connectors.errors import ProviderRejected, ProviderUnavailable, ProviderUnreachable, classify
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency import (
     ConfigurationError,
     Disposition,
     Guard,
@@ -34,10 +34,10 @@ from idempotency import (
     State,
     scope,
 )
-from idempotency.keys import EffectIdentity
-from idempotency.outbox import Outbox
-from idempotency.store import IdempotencyStore
-from saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.outbox import Outbox
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext
 
 DOMAIN = "shop.example"
 FAST = Retry(stop=tenacity.stop_after_attempt(2), wait=tenacity.wait_none())

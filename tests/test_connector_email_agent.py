@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy as sa
 from _emailagentchild import mailer
 
-from connectors.testing.smtp import SmtpSink
-from idempotency.testing import CRASH_ENV
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency.testing import CRASH_ENV
 
 CHILD = Path(__file__).resolve().parent / "_emailagentchild.py"
 ROOT = CHILD.parent.parent

@@ -1,5 +1,5 @@
 """The HTTP connector (connectors/http.py): httpx, sync and async, against a local server that
-honours the IETF ``Idempotency-Key`` header (``connectors.testing.LocalIdempotentApi``).
+honours the IETF ``Idempotency-Key`` header (``sagaguard.connectors.testing.LocalIdempotentApi``).
 
 The server runs in its own process and counts what it applied; ``POST /status/{code}`` answers that
 status without applying anything, for the error mapping.
@@ -16,7 +16,7 @@ import pytest
 import tenacity
 from conftest import FakeClock, closed_port
 
-from connectors.errors import (
+from sagaguard.connectors.errors import (
     ProviderBusy,
     ProviderKeyConflict,
     ProviderRejected,
@@ -24,7 +24,7 @@ from connectors.errors import (
     ProviderUnreachable,
     classify,
 )
-from connectors.http import (
+from sagaguard.connectors.http import (
     AsyncIdempotentHttp,
     HttpResult,
     IdempotentHttp,
@@ -32,8 +32,8 @@ from connectors.http import (
     map_response,
     map_transport_error,
 )
-from connectors.testing import LocalIdempotentApi
-from idempotency import (
+from sagaguard.connectors.testing import LocalIdempotentApi
+from sagaguard.idempotency import (
     ConfigurationError,
     Disposition,
     Guard,
@@ -44,8 +44,8 @@ from idempotency import (
     State,
     scope,
 )
-from idempotency.keys import EffectIdentity
-from idempotency.store import IdempotencyStore
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.store import IdempotencyStore
 
 LEASE = 30.0
 FAST = Retry(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_none())
@@ -279,29 +279,32 @@ def test_2xx_and_3xx_are_results() -> None:
 
 def test_public_api_is_locked() -> None:
     """The connectors' public names: a change here is a change of the public API."""
-    import connectors
-    import connectors.declare
-    import connectors.email
-    import connectors.http
-    import connectors.in_doubt
-    import connectors.llm
-    import connectors.stripe
-    import connectors.testing
+    import sagaguard.connectors
+    import sagaguard.connectors.declare
+    import sagaguard.connectors.email
+    import sagaguard.connectors.http
+    import sagaguard.connectors.in_doubt
+    import sagaguard.connectors.llm
+    import sagaguard.connectors.stripe
+    import sagaguard.connectors.testing
 
     expected = {
-        connectors: """ConnectorError Pending ProviderBusy ProviderKeyConflict ProviderRejected
+        sagaguard.connectors: """ConnectorError Pending ProviderBusy ProviderKeyConflict ProviderRejected
             ProviderUnavailable ProviderUnreachable ReturnPending Stop ToolDeclaration WaitForOperator
             changes_world classify read_only replayable""",
-        connectors.declare: """ToolDeclaration changes_world declaration_of read_only recorded_output
+        sagaguard.connectors.declare: """ToolDeclaration changes_world declaration_of read_only
+        recorded_output
             tool_options""",
-        connectors.in_doubt: "OnDoubt Pending ReturnPending Stop WaitForOperator asettle settle",
-        connectors.stripe: """CHARGE KEY_WINDOW METADATA_KEY Payment Refund StripeEffects map_error
+        sagaguard.connectors.in_doubt: "OnDoubt Pending ReturnPending Stop WaitForOperator asettle settle",
+        sagaguard.connectors.stripe: """CHARGE KEY_WINDOW METADATA_KEY Payment Refund StripeEffects map_error
             refund_compensation""",
-        connectors.email: "SEND Email EmailEffects Sent SmtpSettings map_smtp_error message_id_for",
-        connectors.http: """HEADER AsyncIdempotentHttp HttpResult IdempotentHttp header_value map_response
+        sagaguard.connectors.email: "SEND Email EmailEffects Sent SmtpSettings map_smtp_error message_id_for",
+        sagaguard.connectors.http: """HEADER AsyncIdempotentHttp HttpResult IdempotentHttp header_value
+        map_response
             map_transport_error""",
-        connectors.llm: "AsyncChatJournal ChatJournal LlmUsage METADATA_KEY journal_model map_error usage_of",
-        connectors.testing: """CRASH_ENV CrashingStore FaultRule LocalChatModel LocalIdempotentApi
+        sagaguard.connectors.llm: """AsyncChatJournal ChatJournal LlmUsage METADATA_KEY journal_model
+            map_error usage_of""",
+        sagaguard.connectors.testing: """CRASH_ENV CrashingStore FaultRule LocalChatModel LocalIdempotentApi
             LocalService LocalStripe crash_point sigkill""",
     }
     for module, names in expected.items():

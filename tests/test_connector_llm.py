@@ -1,5 +1,5 @@
 """The model-call journal (connectors/llm.py): the real ``openai`` SDK, sync and async, against a
-local OpenAI-compatible server (``connectors.testing.LocalChatModel``) that counts what it answered.
+local OpenAI-compatible server (``sagaguard.connectors.testing.LocalChatModel``) that counts what it answered.
 
 The server gives every answer fresh tool-call ids, so "the resumed run sees the same tool calls with
 the same ids" is an assertion, and "pays nothing" is its completion counter standing still.
@@ -23,14 +23,14 @@ from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from connectors import cli
-from connectors.errors import ProviderRejected, ProviderUnavailable
-from connectors.llm import AsyncChatJournal, ChatJournal, LlmUsage, journal_model, map_error
-from connectors.testing import LocalChatModel
-from idempotency import ConfigurationError, Guard, MemoryStore, Retry, State, scope
-from idempotency.keys import EffectIdentity
-from idempotency.store import IdempotencyStore
-from idempotency.stores import open_store
+from sagaguard.connectors import cli
+from sagaguard.connectors.errors import ProviderRejected, ProviderUnavailable
+from sagaguard.connectors.llm import AsyncChatJournal, ChatJournal, LlmUsage, journal_model, map_error
+from sagaguard.connectors.testing import LocalChatModel
+from sagaguard.idempotency import ConfigurationError, Guard, MemoryStore, Retry, State, scope
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores import open_store
 
 LEASE = 30.0
 FAST = Retry(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_none())

@@ -16,12 +16,12 @@ import pytest
 from langchain_core.messages import ToolMessage
 from openai.types.chat import ChatCompletion
 
-from connectors.email import Sent
-from connectors.http import HttpResult
-from connectors.stripe import Payment, Refund
-from idempotency import Guard, OutcomeUnknown
-from idempotency.cli import main as cli
-from idempotency.stores.sql import SqlStore
+from sagaguard.connectors.email import Sent
+from sagaguard.connectors.http import HttpResult
+from sagaguard.connectors.stripe import Payment, Refund
+from sagaguard.idempotency import Guard, OutcomeUnknown
+from sagaguard.idempotency.cli import main as cli
+from sagaguard.idempotency.stores.sql import SqlStore
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -1,6 +1,6 @@
-"""The Stripe connector (connectors/stripe.py): the real ``stripe`` SDK against the local server.
+"""The Stripe connector (connectors/stripe/__init__.py): the real ``stripe`` SDK against the local server.
 
-The server (``connectors.testing.LocalStripe``) runs in its own process with Stripe's idempotency
+The server (``sagaguard.connectors.testing.LocalStripe``) runs in its own process with Stripe's idempotency
 semantics, fault injection and counters; its search lags by an hour (as Stripe's may), so every
 reconciliation here has to come from the list endpoints unless a test says otherwise. A "crash" is
 the state a SIGKILL leaves (the charge applied, its record never written), reached in-process with a
@@ -20,13 +20,13 @@ import tenacity
 from _connectorutil import LEASE, after_lease, crash_before_record, crashing_guard
 from conftest import FakeClock
 
-from connectors.errors import (
+from sagaguard.connectors.errors import (
     ProviderKeyConflict,
     ProviderRejected,
     ProviderUnavailable,
     classify,
 )
-from connectors.stripe import (
+from sagaguard.connectors.stripe import (
     METADATA_KEY,
     Payment,
     Refund,
@@ -34,8 +34,8 @@ from connectors.stripe import (
     map_error,
     refund_compensation,
 )
-from connectors.testing import LocalStripe
-from idempotency import (
+from sagaguard.connectors.testing import LocalStripe
+from sagaguard.idempotency import (
     Disposition,
     Guard,
     KeyConflict,
@@ -45,9 +45,9 @@ from idempotency import (
     State,
     scope,
 )
-from idempotency.keys import EffectIdentity
-from idempotency.store import IdempotencyStore
-from saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext
 
 DAY = 86_400.0
 CARD = "pm_card_visa"

@@ -29,16 +29,16 @@ from _connectorchild import EXIT_OK, NAMESPACE
 from _connectorutil import LEASE, Crash, after_lease, crashing_guard
 from conftest import FakeClock, StoreFactory
 
-from connectors import _stripe_flows as flows
-from connectors.errors import ProviderRejected, ProviderUnavailable
-from connectors.stripe import METADATA_KEY, Payment, Refund, StripeEffects, refund_compensation
-from connectors.testing import LocalStripe
-from idempotency import Applied, Guard, MemoryStore, OutcomeUnknown, Retry, State, scope
-from idempotency.effect import NOT_APPLIED, Unknown
-from idempotency.keys import EffectIdentity
-from idempotency.store import IdempotencyStore
-from idempotency.testing import CRASH_ENV
-from saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext
+from sagaguard.connectors.errors import ProviderRejected, ProviderUnavailable
+from sagaguard.connectors.stripe import METADATA_KEY, Payment, Refund, StripeEffects, refund_compensation
+from sagaguard.connectors.stripe import _flows as flows
+from sagaguard.connectors.testing import LocalStripe
+from sagaguard.idempotency import Applied, Guard, MemoryStore, OutcomeUnknown, Retry, State, scope
+from sagaguard.idempotency.effect import NOT_APPLIED, Unknown
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.testing import CRASH_ENV
+from sagaguard.saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext
 
 DAY = 86_400.0
 CARD = "pm_card_visa"

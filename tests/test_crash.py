@@ -28,12 +28,12 @@ import pytest
 from _crashchild import EFFECT, EXIT_OK, EXIT_UNKNOWN, NAMESPACE
 from conftest import StoreFactory
 
-from idempotency.codec import Codec
-from idempotency.holder import HOST_ENV
-from idempotency.keys import EffectIdentity
-from idempotency.records import Record, State
-from idempotency.store import IdempotencyStore
-from idempotency.testing import CRASH_ENV, Charge, CounterService
+from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.holder import HOST_ENV
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import Record, State
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.testing import CRASH_ENV, Charge, CounterService
 
 LEASE = 0.5
 """The children's lease, in real seconds: a restarted child waits this long for the dead one's claim."""
@@ -353,7 +353,7 @@ def test_sweep_every_point_and_mode_charges_at_most_once(world: World, point: st
 
 def test_the_demo_shows_one_charge_with_sagaguard_and_two_without(capsys: pytest.CaptureFixture[str]) -> None:
     """``sagaguard demo`` is this file's story on the embedded SQLite store; it must keep telling it."""
-    from idempotency.demo import main
+    from sagaguard.connectors.demo.small import main
 
     assert main([]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""connectors.crewai on a real CrewAI crew, restored with ``Crew.from_checkpoint`` after a real SIGKILL.
+"""sagaguard.connectors.frameworks.crewai on a real CrewAI crew, restored with ``Crew.from_checkpoint`` after
+a real SIGKILL.
 
 CrewAI needs openai<3 and this environment has openai>=3 (openai-agents), so the crews run in
 children under ``.venv-crewai/bin/python`` (``tests/_crewaichild.py``; ``make test`` builds that
@@ -25,8 +26,8 @@ from typing import Any
 import pytest
 from conftest import require_service
 
-from connectors.testing import LocalChatModel
-from idempotency.testing import CRASH_ENV, CounterService
+from sagaguard.connectors.testing import LocalChatModel
+from sagaguard.idempotency.testing import CRASH_ENV, CounterService
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = ROOT / "tests" / "_crewaichild.py"

@@ -1,5 +1,5 @@
-"""connectors.crewai rebuilds a journaled model answer only as a type it was given, never by
-importing the module a stored record names.
+"""sagaguard.connectors.frameworks.crewai rebuilds a journaled model answer only as a type it was given, never
+by importing the module a stored record names.
 
 Before: ``_load_model`` imported whatever ``"module:qualname"`` the record held, so whoever could
 write to the ledger chose what got imported. The child runs in the CrewAI venv (as in

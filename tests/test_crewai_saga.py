@@ -27,9 +27,9 @@ import stripe
 from test_agent_saga_crash import _cli, _run, worker_until_done
 from test_crewai import child_env, crew_python  # noqa: F401 - the fixture, shared
 
-from connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
-from saga import SagaState
-from saga.journals import open_journal
+from sagaguard.connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
+from sagaguard.saga import SagaState
+from sagaguard.saga.journals import open_journal
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = ROOT / "tests" / "_crewaisagachild.py"
@@ -301,5 +301,5 @@ def test_the_docs_example_runs_in_the_crewai_environment(played: Played) -> None
 
 
 def test_public_api_is_locked(played: Played) -> None:
-    """connectors.crewai_saga's public names (read in the CrewAI environment)."""
+    """sagaguard.connectors.frameworks.crewai_saga's public names (read in the CrewAI environment)."""
     assert played.report(EXAMPLE)["exports"] == ["CrewSaga", "KickoffRejected", "tool_output"]

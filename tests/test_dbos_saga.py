@@ -24,7 +24,7 @@ import _enginesagakit as kit
 import pytest
 from _enginesagakit import Services
 
-from saga.records import SagaState, StepState
+from sagaguard.saga.records import SagaState, StepState
 
 pytestmark = pytest.mark.timeout(240)  # several fresh DBOS processes each, on a shared machine
 

@@ -26,9 +26,9 @@ import pytest
 from temporalio import activity
 from temporalio.testing import ActivityEnvironment
 
-from connectors.dbos import dbos_scope
-from connectors.temporal import activity_scope, activity_scope_id, temporal_scoped
-from idempotency import ConfigurationError, Guard, MemoryStore, open_store
+from sagaguard.connectors.frameworks.dbos import dbos_scope
+from sagaguard.connectors.frameworks.temporal import activity_scope, activity_scope_id, temporal_scoped
+from sagaguard.idempotency import ConfigurationError, Guard, MemoryStore, open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,7 @@ def dbos_child(workdir: Path, crash: bool) -> int:
     """Start (``crash``) or recover the workflow; print the step's result as JSON."""
     from dbos import DBOS, SetWorkflowID
 
-    from connectors.dbos import dbos_scoped
+    from sagaguard.connectors.frameworks.dbos import dbos_scoped
 
     store = open_store(f"sqlite:///{workdir / 'effects.db'}")
     guard = Guard(store, lease=0.5, wait=20.0)

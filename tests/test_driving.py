@@ -1,4 +1,4 @@
-"""In-claim retries (:class:`idempotency.driving.Retrier`), decided by tenacity's ``Retrying``.
+"""In-claim retries (:class:`sagaguard.idempotency.driving.Retrier`), decided by tenacity's ``Retrying``.
 
 Table tests of the decision alone: which failure is retried, after what pause, and when the stop
 strategy ends it. Nothing sleeps: the Retrier only says how long the guard should wait.
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import tenacity
 
-from idempotency.driving import Retrier
-from idempotency.effect import NO_RETRY, Retry
-from idempotency.options import build_spec
+from sagaguard.idempotency.driving import Retrier
+from sagaguard.idempotency.effect import NO_RETRY, Retry
+from sagaguard.idempotency.options import build_spec
 
 
 class Flaky(Exception):

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from idempotency import ConfigurationError, Guard, MemoryStore, scope
-from idempotency.outbox.control import OutboxControl
-from idempotency.outbox.policy import RelaySettings
+from sagaguard.idempotency import ConfigurationError, Guard, MemoryStore, scope
+from sagaguard.idempotency.outbox.control import OutboxControl
+from sagaguard.idempotency.outbox.policy import RelaySettings
 
 NAN, INF = math.nan, math.inf
 BAD_POSITIVE = [NAN, INF, -INF, 0, 0.0, -1, "5", True, None]

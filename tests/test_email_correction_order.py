@@ -28,13 +28,13 @@ from _outboxkit import BACKENDS, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-from connectors.email import Email, EmailEffects, SmtpSettings
-from connectors.email_correction import OriginalUnknown
-from connectors.errors import ProviderRejected
-from connectors.testing.smtp import SmtpSink
-from idempotency import Guard, MemoryStore, Retry, scope
-from idempotency.outbox import Outbox, OutboxDb
-from saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext
+from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
+from sagaguard.connectors.email_correction import OriginalUnknown
+from sagaguard.connectors.errors import ProviderRejected
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency import Guard, MemoryStore, Retry, scope
+from sagaguard.idempotency.outbox import Outbox, OutboxDb
+from sagaguard.saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -24,11 +24,11 @@ from conftest import FakeClock
 from temporalio import activity
 from temporalio.testing import ActivityEnvironment
 
-from connectors._engine_saga import AgentRunStopped, Ending, EngineSaga
-from connectors.declare import changes_world, read_only
-from idempotency import ConfigurationError, Guard, MemoryStore, holder
-from saga import MemoryJournal, SagaInProgress, SagaState, StepState, cancel
-from saga.agent import AgentRunner, AgentSaga, OnFailure, UndoRegistry
+from sagaguard.connectors.declare import changes_world, read_only
+from sagaguard.connectors.frameworks._engine_saga import AgentRunStopped, Ending, EngineSaga
+from sagaguard.idempotency import ConfigurationError, Guard, MemoryStore, holder
+from sagaguard.saga import MemoryJournal, SagaInProgress, SagaState, StepState, cancel
+from sagaguard.saga.agent import AgentRunner, AgentSaga, OnFailure, UndoRegistry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -222,14 +222,14 @@ def test_a_run_held_by_a_dead_process_is_taken_over_at_once(
 
 
 def test_the_dbos_tool_outside_a_dbos_step_is_refused(world: World) -> None:
-    from connectors.dbos_saga import dbos_run_id
+    from sagaguard.connectors.frameworks.dbos_saga import dbos_run_id
 
     with pytest.raises(ConfigurationError):
         dbos_run_id()
 
 
 def test_a_temporal_tool_outside_an_activity_is_refused_and_an_async_one_registers(world: World) -> None:
-    from connectors.temporal_saga import TemporalSagaTools, temporal_call_id
+    from sagaguard.connectors.frameworks.temporal_saga import TemporalSagaTools, temporal_call_id
 
     tools = TemporalSagaTools(world.runner, world.agent)
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import tenacity
 
-from idempotency.codec import Codec, encode_error
-from idempotency.effect import NOT_APPLIED, Applied, Policy, ReconcileRequest, Retry, Unknown
-from idempotency.errors import (
+from sagaguard.idempotency.codec import Codec, encode_error
+from sagaguard.idempotency.effect import NOT_APPLIED, Applied, Policy, ReconcileRequest, Retry, Unknown
+from sagaguard.idempotency.errors import (
     AlreadyInProgress,
     CodecError,
     KeyConflict,
@@ -28,7 +28,7 @@ from idempotency.errors import (
     StoreError,
     StoreUnavailable,
 )
-from idempotency.flow import (
+from sagaguard.idempotency.flow import (
     Action,
     Claim,
     Complete,
@@ -44,9 +44,9 @@ from idempotency.flow import (
     abandon,
     decide,
 )
-from idempotency.keys import EffectIdentity, fingerprint
-from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
-from idempotency.telemetry import Outcome
+from sagaguard.idempotency.keys import EffectIdentity, fingerprint
+from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from sagaguard.idempotency.telemetry import Outcome
 
 FP = fingerprint({"amount": 1000})
 OTHER_FP = fingerprint({"amount": 2000})
@@ -476,7 +476,7 @@ def test_flow_unencodable_result_is_left_in_doubt() -> None:
     d.send(ClaimResult(ClaimOutcome.CLAIMED, record()))
     fail = d.send(Ran(object()))  # the effect happened; its result cannot be stored
     assert isinstance(fail, Fail) and fail.disposition is Disposition.AMBIGUOUS
-    assert json.loads(fail.error)["type"] == "idempotency.errors.CodecError"
+    assert json.loads(fail.error)["type"] == "sagaguard.idempotency.errors.CodecError"
     with pytest.raises(CodecError):
         d.send(record(State.IN_DOUBT))
     assert d.flow.outcome is Outcome.IN_DOUBT

@@ -42,7 +42,7 @@ from _guardutil import (
 )
 from conftest import FakeClock, StoreFactory, closed_port, require_postgres, require_redis
 
-from idempotency import (
+from sagaguard.idempotency import (
     NOT_APPLIED,
     AlreadyInProgress,
     Applied,
@@ -64,10 +64,10 @@ from idempotency import (
     current_effect,
     scope,
 )
-from idempotency.heartbeat import Heartbeater
-from idempotency.keys import provider_key
-from idempotency.store import IdempotencyStore
-from idempotency.telemetry import TOOL_CALL_ID, error_type
+from sagaguard.idempotency.heartbeat import Heartbeater
+from sagaguard.idempotency.keys import provider_key
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.telemetry import TOOL_CALL_ID, error_type
 
 WAIT = 2.0
 ONE_TRY = Retry(stop=tenacity.stop_after_attempt(1), wait=tenacity.wait_none())
@@ -538,7 +538,7 @@ def test_async_reconciler_on_a_sync_effect_is_configuration_error(
 
 
 def test_bad_guard_settings() -> None:
-    from idempotency import MemoryStore
+    from sagaguard.idempotency import MemoryStore
 
     for kwargs in ({"lease": 0}, {"retention": -1}, {"wait": -0.5}):
         with pytest.raises(ConfigurationError):
@@ -655,7 +655,7 @@ def test_classifier_decides_first(guard: Guard, store: IdempotencyStore) -> None
     calls = Calls()
 
     def classify(exc: BaseException) -> Any:
-        from idempotency import Disposition
+        from sagaguard.idempotency import Disposition
 
         return Disposition.PERMANENT if isinstance(exc, LookupError) else None
 
@@ -1023,8 +1023,8 @@ def test_live_duplicate_replays_the_holders_permanent_failure(
         return calls.hit()
 
     held = holder.claim(ident, fp(amount=5), LEASE)
-    from idempotency.codec import encode_error
-    from idempotency.records import Disposition
+    from sagaguard.idempotency.codec import encode_error
+    from sagaguard.idempotency.records import Disposition
 
     sleeps.hook = lambda n: (
         holder.fail(
@@ -1246,7 +1246,7 @@ def guarded_charge(store: IdempotencyStore, calls: Calls) -> Iterator[Callable[[
 
 def test_unreachable_postgres_fails_closed() -> None:
     pytest.importorskip("psycopg")
-    from idempotency.stores.sql import SqlStore
+    from sagaguard.idempotency.stores.sql import SqlStore
 
     url = f"postgresql://postgres@127.0.0.1:{closed_port()}/test"
     with pytest.raises(StoreUnavailable):
@@ -1259,7 +1259,7 @@ def test_unreachable_postgres_fails_closed() -> None:
 
 
 def test_unreachable_redis_fails_closed() -> None:
-    from idempotency.stores.redis import RedisStore
+    from sagaguard.idempotency.stores.redis import RedisStore
 
     with pytest.raises(StoreUnavailable):
         RedisStore(f"redis://127.0.0.1:{closed_port()}/0", prefix="sg-unreachable")
@@ -1277,11 +1277,11 @@ def test_store_going_away_fails_closed(backend: str) -> None:
     proxied = parts._replace(netloc=(f"{userinfo}@" if userinfo else "") + f"127.0.0.1:{proxy.port}").geturl()
     calls = Calls()
     if backend == "postgres":
-        from idempotency.stores.sql import SqlStore
+        from sagaguard.idempotency.stores.sql import SqlStore
 
         store: IdempotencyStore = SqlStore(proxied, table_name=f"sg_gone_{uuid.uuid4().hex[:8]}")
     else:
-        from idempotency.stores.redis import RedisStore
+        from sagaguard.idempotency.stores.redis import RedisStore
 
         store = RedisStore(proxied, prefix=f"sg-gone-{uuid.uuid4().hex[:8]}")
     try:
@@ -1491,5 +1491,5 @@ def test_busy_span(guard: Guard, holder: IdempotencyStore, spans: Any) -> None:
     with scope("s"), pytest.raises(AlreadyInProgress):
         charge(1)
     (span,) = spans.get_finished_spans()
-    assert span.attributes["error.type"] == "idempotency.errors.AlreadyInProgress"
+    assert span.attributes["error.type"] == "sagaguard.idempotency.errors.AlreadyInProgress"
     assert span.attributes["sagaguard.effect.outcome"] == "busy"

@@ -38,7 +38,7 @@ from _guardutil import (
 )
 from conftest import FakeClock, StoreFactory, closed_port
 
-from idempotency import (
+from sagaguard.idempotency import (
     NOT_APPLIED,
     AlreadyInProgress,
     Applied,
@@ -58,7 +58,7 @@ from idempotency import (
     current_effect,
     scope,
 )
-from idempotency.store import IdempotencyStore
+from sagaguard.idempotency.store import IdempotencyStore
 
 T = TypeVar("T")
 WAIT = 2.0
@@ -745,7 +745,7 @@ def test_async_tasks_race_one_effect_runs_once(store: IdempotencyStore, offload:
 
 @pytest.mark.parametrize("offload", [None, True, False], ids=["default", "offload", "inline"])
 def test_async_unreachable_store_fails_closed(offload: bool) -> None:
-    from idempotency.stores.sql import SqlStore
+    from sagaguard.idempotency.stores.sql import SqlStore
 
     pytest.importorskip("psycopg")
     store = SqlStore(f"postgresql://postgres@127.0.0.1:{closed_port()}/test", create=False)
@@ -791,7 +791,7 @@ def test_async_spans(guard: Guard) -> None:
     assert outcomes == [
         ("sagaguard.effect pay.charge", "executed", None),
         ("sagaguard.effect pay.charge", "replayed", None),
-        ("sagaguard.effect pay.charge", "in_doubt", "idempotency.errors.OutcomeUnknown"),
+        ("sagaguard.effect pay.charge", "in_doubt", "sagaguard.idempotency.errors.OutcomeUnknown"),
     ]
 
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from conftest import FakeClock
 
-from idempotency import AlreadyInProgress, Guard, holder, scope
-from idempotency.guard import DEFAULT_LEASE, DEFAULT_WAIT
-from idempotency.keys import EffectIdentity, fingerprint
-from idempotency.records import ClaimOutcome, Record, State
-from idempotency.store import IdempotencyStore
+from sagaguard.idempotency import AlreadyInProgress, Guard, holder, scope
+from sagaguard.idempotency.guard import DEFAULT_LEASE, DEFAULT_WAIT
+from sagaguard.idempotency.keys import EffectIdentity, fingerprint
+from sagaguard.idempotency.records import ClaimOutcome, Record, State
+from sagaguard.idempotency.store import IdempotencyStore
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 

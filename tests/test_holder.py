@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from idempotency import holder
+from sagaguard.idempotency import holder
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 

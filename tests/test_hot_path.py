@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from idempotency import CodecError, ConfigurationError, Guard, LostOwnership, MemoryStore, scope
-from idempotency.codec import Codec
-from idempotency.keys import derive_key, fingerprint, key_deriver
+from sagaguard.idempotency import CodecError, ConfigurationError, Guard, LostOwnership, MemoryStore, scope
+from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.keys import derive_key, fingerprint, key_deriver
 
 # ------------------------------------------------------------------------------ fingerprints
 
@@ -128,7 +128,7 @@ def test_operation_with_an_async_reconciler_refuses_a_sync_run() -> None:
 
 _NO_SDK_CHILD = """
 from opentelemetry import trace
-from idempotency import Guard, MemoryStore, scope
+from sagaguard.idempotency import Guard, MemoryStore, scope
 
 assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 guard = Guard(MemoryStore())
@@ -183,9 +183,9 @@ def test_redis_complete_of_a_held_claim_returns_the_record_as_stored() -> None:
 
     from conftest import FakeClock, require_redis
 
-    from idempotency.keys import EffectIdentity
-    from idempotency.records import Disposition, State
-    from idempotency.stores.redis import RedisStore
+    from sagaguard.idempotency.keys import EffectIdentity
+    from sagaguard.idempotency.records import Disposition, State
+    from sagaguard.idempotency.stores.redis import RedisStore
 
     url, clock = require_redis(), FakeClock()
     prefix = f"sg-held-{uuid.uuid4().hex[:8]}"
@@ -241,7 +241,7 @@ def redis_store() -> Iterator[Any]:
 
     from conftest import FakeClock, require_redis
 
-    from idempotency.stores.redis import RedisStore
+    from sagaguard.idempotency.stores.redis import RedisStore
 
     url = require_redis()
     prefix = f"sg-pack-{uuid.uuid4().hex[:8]}"
@@ -269,7 +269,7 @@ class _Unusual(str):
     ],
 )
 def test_claim_stores_each_argument_as_its_text(redis_store: Any, parts: tuple[str, str, str, str]) -> None:
-    from idempotency.keys import EffectIdentity
+    from sagaguard.idempotency.keys import EffectIdentity
 
     store, (namespace, unit, name, fp) = redis_store, parts
     identity = EffectIdentity(namespace, unit, name, 7, derive_key("ns", "s", "n", 7))
@@ -283,7 +283,7 @@ def test_claim_stores_each_argument_as_its_text(redis_store: Any, parts: tuple[s
 
 
 def test_claim_of_text_with_no_utf8_form_is_a_codec_error(redis_store: Any) -> None:
-    from idempotency.keys import EffectIdentity
+    from sagaguard.idempotency.keys import EffectIdentity
 
     with pytest.raises(CodecError):
         redis_store.claim(EffectIdentity("ns", "\ud800", "n", 0, "sg1_x"), "f1_x", 30.0)
@@ -295,7 +295,7 @@ def test_a_forked_child_gets_its_own_connections(redis_store: Any) -> None:
     parent's connections, in use or idle, are never shared."""
     import os
 
-    from idempotency.keys import EffectIdentity
+    from sagaguard.idempotency.keys import EffectIdentity
 
     store = redis_store
     identity = EffectIdentity.of("ns", "s", "fork", 0)

@@ -1,6 +1,6 @@
 """The SagaJournal contract, one suite for every backend: memory, SQLite, Postgres, Redis.
 
-Each primitive of :class:`saga.journal.SagaJournal` is held to its docstring here: what start,
+Each primitive of :class:`sagaguard.saga.journal.SagaJournal` is held to its docstring here: what start,
 claim, commit, signal and cancel write, what they refuse, and that the fenced ones let exactly one
 of several racers through. Time is the injected ``clock``; nothing sleeps.
 """
@@ -17,8 +17,8 @@ from _holders import dead_holder, live_holder
 from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
 
-from idempotency import holder
-from saga import (
+from sagaguard.idempotency import holder
+from sagaguard.saga import (
     CancelOutcome,
     LostSagaLease,
     Phase,
@@ -31,7 +31,7 @@ from saga import (
     StepRecord,
     StepState,
 )
-from saga.records import FOREVER, SagaRecord
+from sagaguard.saga.records import FOREVER, SagaRecord
 
 T0 = FakeClock.START
 
@@ -383,7 +383,7 @@ def redis_journal(clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SagaJourna
 
 
 def test_redis_refuses_braces_in_saga_ids(redis_journal: tuple[SagaJournal, JournalFactory]) -> None:
-    from idempotency.errors import ConfigurationError
+    from sagaguard.idempotency.errors import ConfigurationError
 
     journal, _ = redis_journal
     with pytest.raises(ConfigurationError, match="braces"):

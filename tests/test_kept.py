@@ -1,5 +1,5 @@
-"""Connections threads keep between calls (``idempotency.kept``): one per thread, at most ``limit``
-in all, given back when their thread ends, on ``close`` and when broken, thrown away after the
+"""Connections threads keep between calls (``sagaguard.idempotency.backends.kept``): one per thread, at most
+``limit`` in all, given back when their thread ends, on ``close`` and when broken, thrown away after the
 server went away, forgotten in a forked child. The SQL and Redis backends' own tests run it
 against real servers; these pin its rules with plain objects."""
 
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from idempotency.kept import KeptConnections
+from sagaguard.idempotency.backends.kept import KeptConnections
 
 
 class Pool:

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from idempotency.errors import CodecError, ConfigurationError, NoScope
-from idempotency.keys import (
+from sagaguard.idempotency.errors import CodecError, ConfigurationError, NoScope
+from sagaguard.idempotency.keys import (
     KEY_VERSION,
     EffectIdentity,
     Scope,
@@ -356,7 +356,7 @@ def test_unfingerprintable_argument_is_codec_error(bad: dict[str, Any]) -> None:
 
 
 _FP_OF_A_SET = (
-    "from idempotency.keys import fingerprint; "
+    "from sagaguard.idempotency.keys import fingerprint; "
     "print(fingerprint({'tags': {'alpha', 'beta', 'gamma', 'delta', 'epsilon'}}))"
 )
 

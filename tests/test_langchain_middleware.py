@@ -1,4 +1,5 @@
-"""connectors.langchain: ``GuardMiddleware`` on real ``create_agent`` agents, SQLite checkpoints.
+"""sagaguard.connectors.frameworks.langchain: ``GuardMiddleware`` on real ``create_agent`` agents, SQLite
+checkpoints.
 
 In-process, a "crash" is an exception that stops the run after some work was done (a tool that
 fails once, or a middleware that raises after the model answered); the run then resumes from its
@@ -31,10 +32,10 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from pydantic import BaseModel
 
-from connectors.langchain import GuardMiddleware
-from connectors.langgraph import DurabilityWarning, JournaledChatModel
-from idempotency import ConfigurationError, Guard, MemoryStore
-from idempotency.testing import CRASH_ENV, CounterService
+from sagaguard.connectors.frameworks.langchain import GuardMiddleware
+from sagaguard.connectors.frameworks.langgraph import DurabilityWarning, JournaledChatModel
+from sagaguard.idempotency import ConfigurationError, Guard, MemoryStore
+from sagaguard.idempotency.testing import CRASH_ENV, CounterService
 
 CHILD = Path(__file__).resolve().parent / "_langchainchild.py"
 ROOT = CHILD.parent.parent

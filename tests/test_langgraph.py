@@ -1,4 +1,5 @@
-"""connectors.langgraph on real LangGraph graphs: tool calls, node effects and model calls replay.
+"""sagaguard.connectors.frameworks.langgraph on real LangGraph graphs: tool calls, node effects and model
+calls replay.
 
 A "crash" here is an exception that stops the run after some work was done; the run then resumes
 from its checkpoint with ``graph.invoke(None, config)``, exactly as after a restart (the SIGKILL
@@ -23,14 +24,14 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.func import entrypoint, task
 from langgraph.graph import START, MessagesState, StateGraph
 
-from connectors.langgraph import (
+from sagaguard.connectors.frameworks.langgraph import (
     DurabilityWarning,
     JournaledChatModel,
     ToolGuard,
     task_scope_id,
     task_scoped,
 )
-from idempotency import ConfigurationError, Guard, MemoryStore, NoScope
+from sagaguard.idempotency import ConfigurationError, Guard, MemoryStore, NoScope
 
 
 @pytest.fixture

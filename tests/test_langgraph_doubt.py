@@ -1,5 +1,5 @@
-"""connectors.langgraph: read-only tools by default, declared tools at most once, and the three
-choices of ``on_doubt`` when an effect is left in doubt, on real LangGraph graphs.
+"""sagaguard.connectors.frameworks.langgraph: read-only tools by default, declared tools at most once, and the
+three choices of ``on_doubt`` when an effect is left in doubt, on real LangGraph graphs.
 
 The effect in doubt is an email send (a ``guard.effect``, at most once) whose connection drops after
 the message went out: the one thing SMTP cannot answer. The operator resolves it with the real CLI
@@ -20,13 +20,13 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
-from connectors.declare import changes_world, read_only
-from connectors.in_doubt import ReturnPending, Stop, WaitForOperator
-from connectors.langgraph import ToolGuard
-from idempotency import Guard, OutcomeUnknown, State
-from idempotency.cli import main as cli
-from idempotency.store import IdempotencyStore
-from idempotency.stores.sql import SqlStore
+from sagaguard.connectors.declare import changes_world, read_only
+from sagaguard.connectors.frameworks.langgraph import ToolGuard
+from sagaguard.connectors.in_doubt import ReturnPending, Stop, WaitForOperator
+from sagaguard.idempotency import Guard, OutcomeUnknown, State
+from sagaguard.idempotency.cli import main as cli
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores.sql import SqlStore
 
 
 class World:

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from _mcpkit import CLI, TESTS, counts, server_env, sink_fixture, stripe_fixture
 
-from connectors.testing import LocalStripe
-from connectors.testing.smtp import SmtpSink
-from saga import SagaState
-from saga.journals import open_journal
+from sagaguard.connectors.testing import LocalStripe
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.saga import SagaState
+from sagaguard.saga.journals import open_journal
 
 __all__ = ["sink_fixture", "stripe_fixture"]  # the fixtures `sink` and `stripe`, re-used
 pytestmark = pytest.mark.timeout(300)  # several fresh processes each, on a shared machine

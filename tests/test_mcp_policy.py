@@ -1,4 +1,4 @@
-"""The pure parts of connectors.mcp, table-tested: a tool's mode from its annotations and from a
+"""The pure parts of sagaguard.connectors.mcp, table-tested: a tool's mode from its annotations and from a
 declaration, the guard options of each mode, how an ``isError`` result and a protocol error are
 classified, the undo's arguments, the proxy's call key, the text a model reads; and the public API.
 """
@@ -13,9 +13,9 @@ import pytest
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
-import connectors.mcp
-from connectors.declare import changes_world, read_only
-from connectors.mcp import (
+import sagaguard.connectors.mcp
+from sagaguard.connectors.declare import changes_world, read_only
+from sagaguard.connectors.mcp import (
     LookupTool,
     Mode,
     OnToolError,
@@ -28,11 +28,11 @@ from connectors.mcp import (
     policy_from_annotations,
     undo_arguments,
 )
-from connectors.mcp.proxy import call_key
-from connectors.mcp.tools import result_text
-from idempotency.effect import Policy, classify
-from idempotency.errors import ConfigurationError
-from idempotency.records import Disposition
+from sagaguard.connectors.mcp.proxy import call_key
+from sagaguard.connectors.mcp.tools import result_text
+from sagaguard.idempotency.effect import Policy, classify
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.records import Disposition
 
 
 def tool(**hints: Any) -> types.Tool:
@@ -161,8 +161,8 @@ def test_what_the_model_reads_of_a_result() -> None:
 
 
 def test_exported_members() -> None:
-    """The public API of connectors.mcp, locked: a name added or dropped is a decision."""
-    assert sorted(connectors.mcp.__all__) == sorted([
+    """The public API of sagaguard.connectors.mcp, locked: a name added or dropped is a decision."""
+    assert sorted(sagaguard.connectors.mcp.__all__) == sorted([
         "IDEMPOTENCY_META_KEY", "GuardedSession", "LookupTool", "McpServers", "McpUndos", "Mode",
         "OnToolError",
         "ToolFailed", "ToolFailedAmbiguous", "ToolPolicy", "ToolSession", "UndoFailed", "UndoTool",
@@ -170,9 +170,9 @@ def test_exported_members() -> None:
         "stdio_session", "undo_arguments",
     ])  # fmt: skip
     for module in ("policy", "session", "undo", "proxy", "tools", "cli"):
-        found = importlib.import_module(f"connectors.mcp.{module}")
+        found = importlib.import_module(f"sagaguard.connectors.mcp.{module}")
         assert found.__doc__, module
         for name in found.__all__:
             member = getattr(found, name)
             assert isinstance(member, str) or member.__doc__, f"{module}.{name}"
-    json.dumps(connectors.mcp.IDEMPOTENCY_META_KEY)
+    json.dumps(sagaguard.connectors.mcp.IDEMPOTENCY_META_KEY)

@@ -17,9 +17,9 @@ from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from connectors.mcp import IDEMPOTENCY_META_KEY, http_session
-from connectors.testing import LocalStripe
-from connectors.testing.smtp import SmtpSink
+from sagaguard.connectors.mcp import IDEMPOTENCY_META_KEY, http_session
+from sagaguard.connectors.testing import LocalStripe
+from sagaguard.connectors.testing.smtp import SmtpSink
 
 __all__ = ["sink_fixture", "stripe_fixture"]  # the fixtures `sink` and `stripe`, re-used
 pytestmark = pytest.mark.timeout(300)

@@ -15,15 +15,22 @@ import stripe as stripe_sdk
 from _mcpkit import counts, in_loop, serve_http, server_env, server_params, sink_fixture, stripe_fixture
 from mcp import types
 
-from connectors.declare import changes_world, read_only
-from connectors.in_doubt import ReturnPending
-from connectors.mcp import IDEMPOTENCY_META_KEY, GuardedSession, LookupTool, Mode, http_session, stdio_session
-from connectors.testing import LocalStripe
-from connectors.testing.smtp import SmtpSink
-from idempotency import Guard, open_store, scope
-from idempotency.errors import KeyConflict, NoScope, OutcomeUnknown
-from idempotency.keys import EffectIdentity
-from idempotency.records import State
+from sagaguard.connectors.declare import changes_world, read_only
+from sagaguard.connectors.in_doubt import ReturnPending
+from sagaguard.connectors.mcp import (
+    IDEMPOTENCY_META_KEY,
+    GuardedSession,
+    LookupTool,
+    Mode,
+    http_session,
+    stdio_session,
+)
+from sagaguard.connectors.testing import LocalStripe
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency import Guard, open_store, scope
+from sagaguard.idempotency.errors import KeyConflict, NoScope, OutcomeUnknown
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import State
 
 __all__ = ["sink_fixture", "stripe_fixture"]  # the fixtures `sink` and `stripe`, re-used
 pytestmark = pytest.mark.timeout(120)

@@ -1,4 +1,5 @@
-"""The worker threads that async code hands blocking store calls to (:mod:`idempotency.offload`).
+"""The worker threads that async code hands blocking store calls to
+(:mod:`sagaguard.idempotency.backends.offload`).
 
 What ``asyncio.to_thread`` promises, kept: the outcome (value or exception) reaches the awaiting
 task, the call sees the caller's contextvars, a cancelled caller does not stop the call; and what a
@@ -16,7 +17,7 @@ import threading
 
 import pytest
 
-from idempotency import offload
+from sagaguard.idempotency.backends import offload
 
 who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
 

@@ -1,4 +1,5 @@
-"""The OpenAI Agents SDK adapter (connectors/openai_agents.py) with the real SDK and a scripted model.
+"""The OpenAI Agents SDK adapter (connectors/frameworks/openai_agents.py) with the real SDK and a scripted
+model.
 
 The scripted model (``tests/_agentschild.py``) gives every tool call a fresh random id and counts the
 calls it answered; the tool counts its runs. A rerun with the same run key must leave both counts
@@ -16,9 +17,15 @@ import pytest
 from _agentschild import NAMESPACE, ScriptedModel
 from agents import Agent, FunctionTool, RunConfig, Runner, RunState, SQLiteSession, function_tool
 
-from connectors.openai_agents import AgentRun, JournaledModel, dump_response, load_response, tool_call_key
-from idempotency import ConfigurationError, Guard, KeyConflict, MemoryStore, State
-from idempotency.keys import EffectIdentity
+from sagaguard.connectors.frameworks.openai_agents import (
+    AgentRun,
+    JournaledModel,
+    dump_response,
+    load_response,
+    tool_call_key,
+)
+from sagaguard.idempotency import ConfigurationError, Guard, KeyConflict, MemoryStore, State
+from sagaguard.idempotency.keys import EffectIdentity
 
 pytestmark = pytest.mark.timeout(60)
 

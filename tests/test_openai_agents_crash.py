@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from idempotency.testing import CRASH_ENV, CounterService
+from sagaguard.idempotency.testing import CRASH_ENV, CounterService
 
 CHILD = Path(__file__).resolve().parent / "_agentschild.py"
 ROOT = CHILD.parent.parent

@@ -1,5 +1,5 @@
-"""connectors.openai_agents: read-only tools by default, declared tools at most once, and the three
-choices of ``on_doubt`` when an effect is left in doubt, with the real SDK and a scripted model.
+"""sagaguard.connectors.frameworks.openai_agents: read-only tools by default, declared tools at most once, and
+the three choices of ``on_doubt`` when an effect is left in doubt, with the real SDK and a scripted model.
 
 The effect in doubt is a send (a ``guard.effect``, at most once) whose connection drops after the
 message went out. Its tool lets errors propagate (``failure_error_function=None``): with the SDK's
@@ -20,13 +20,13 @@ from _agentschild import NAMESPACE, ScriptedModel
 from agents import Agent, FunctionTool, Runner, function_tool
 from agents.exceptions import UserError
 
-from connectors.declare import changes_world
-from connectors.in_doubt import ReturnPending, Stop, WaitForOperator
-from connectors.openai_agents import AgentRun
-from idempotency import Guard, OutcomeUnknown, State
-from idempotency.cli import main as cli
-from idempotency.store import IdempotencyStore
-from idempotency.stores.sql import SqlStore
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.frameworks.openai_agents import AgentRun
+from sagaguard.connectors.in_doubt import ReturnPending, Stop, WaitForOperator
+from sagaguard.idempotency import Guard, OutcomeUnknown, State
+from sagaguard.idempotency.cli import main as cli
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores.sql import SqlStore
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,9 +24,9 @@ import pytest
 from _agentschild import NAMESPACE, PlanModel
 from agents import Agent, Runner, SQLiteSession, function_tool
 
-from connectors.openai_agents import AgentRun, turn_progress
-from idempotency import ConfigurationError, Guard, KeyConflict, MemoryStore
-from idempotency.testing import CRASH_ENV
+from sagaguard.connectors.frameworks.openai_agents import AgentRun, turn_progress
+from sagaguard.idempotency import ConfigurationError, Guard, KeyConflict, MemoryStore
+from sagaguard.idempotency.testing import CRASH_ENV
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,6 +1,6 @@
-"""connectors.openai_agents: inside a ``function_tool`` run by ``AgentRun`` the tool call's scope is
-current, so the Stripe, email and model connectors work there with no ``key=`` and a rerun of the
-tool call replays each of them (the local Stripe-compatible server, an SMTP sink and the local
+"""sagaguard.connectors.frameworks.openai_agents: inside a ``function_tool`` run by ``AgentRun`` the tool
+call's scope is current, so the Stripe, email and model connectors work there with no ``key=`` and a rerun of
+the tool call replays each of them (the local Stripe-compatible server, an SMTP sink and the local
 OpenAI-compatible chat server, all real servers on real sockets)."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from _agentschild import NAMESPACE, ScriptedModel
 from agents import Agent, Runner, function_tool
 from agents.exceptions import UserError
 
-from connectors.email import Email, EmailEffects, SmtpSettings
-from connectors.llm import ChatJournal
-from connectors.openai_agents import AgentRun, tool_call_key
-from connectors.stripe import StripeEffects
-from connectors.testing import LocalChatModel, LocalStripe
-from connectors.testing.smtp import SmtpSink
-from idempotency import Guard, current_scope
-from idempotency.stores.sql import SqlStore
+from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
+from sagaguard.connectors.frameworks.openai_agents import AgentRun, tool_call_key
+from sagaguard.connectors.llm import ChatJournal
+from sagaguard.connectors.stripe import StripeEffects
+from sagaguard.connectors.testing import LocalChatModel, LocalStripe
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency import Guard, current_scope
+from sagaguard.idempotency.stores.sql import SqlStore
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,8 +18,8 @@ from _outboxkit import BACKENDS, World, make_world, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-from idempotency.errors import CodecError, ConfigurationError
-from idempotency.outbox import (
+from sagaguard.idempotency.errors import CodecError, ConfigurationError
+from sagaguard.idempotency.outbox import (
     SCHEMA_VERSION,
     check_schema,
     create_tables,
@@ -28,7 +28,7 @@ from idempotency.outbox import (
     schema_version,
     uuid7,
 )
-from idempotency.outbox.model import SCHEMA_TABLE
+from sagaguard.idempotency.outbox.model import SCHEMA_TABLE
 
 
 @pytest.fixture(params=BACKENDS)
@@ -204,7 +204,7 @@ def test_tables_are_created_only_when_asked_and_versioned(
 def test_the_outbox_tables_stay_out_of_the_application_metadata() -> None:
     from sqlmodel import SQLModel
 
-    from idempotency.outbox import METADATA
+    from sagaguard.idempotency.outbox import METADATA
 
     assert "sagaguard_outbox" in METADATA.tables
     assert "sagaguard_outbox" not in SQLModel.metadata.tables

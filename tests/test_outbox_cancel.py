@@ -13,8 +13,8 @@ from _outboxkit import BACKENDS, Recorder, World, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-from idempotency.errors import NotApplied
-from idempotency.outbox import Message, MessageNotFound, uuid7
+from sagaguard.idempotency.errors import NotApplied
+from sagaguard.idempotency.outbox import Message, MessageNotFound, uuid7
 
 pytestmark = pytest.mark.timeout(60)
 

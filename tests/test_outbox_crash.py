@@ -1,6 +1,6 @@
 """Crash tests: a relay process is SIGKILLed at three points, a fresh one delivers everything.
 
-The handler charges a :class:`~idempotency.testing.CounterService` (its own process) under the
+The handler charges a :class:`~sagaguard.idempotency.testing.CounterService` (its own process) under the
 message's provider key as ``Idempotency-Key``; the service dedups on it, as Stripe would. What is
 asserted is what the world saw: every message's charge made exactly once, in aggregate order, and
 nothing left in the outbox. The delivery attempts (every handler call, logged to a file before the
@@ -26,7 +26,7 @@ from _outboxkit import BACKENDS, World, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-from idempotency.testing import CounterService
+from sagaguard.idempotency.testing import CounterService
 
 CHILD = Path(__file__).resolve().parent / "_outboxchild.py"
 MESSAGES, AGGREGATES, BATCH, LEASE = 30, 6, 10, 1.0

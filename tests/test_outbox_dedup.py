@@ -23,11 +23,11 @@ from _outboxkit import BACKENDS, World, make_world, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-from idempotency import Guard, KeyConflict, MemoryStore, scope
-from idempotency.errors import ConfigurationError
-from idempotency.keys import EffectIdentity
-from idempotency.outbox import SCHEMA_VERSION, check_schema, enqueue, migrate, schema_version
-from idempotency.outbox.model import SCHEMA_TABLE
+from sagaguard.idempotency import Guard, KeyConflict, MemoryStore, scope
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.outbox import SCHEMA_VERSION, check_schema, enqueue, migrate, schema_version
+from sagaguard.idempotency.outbox.model import SCHEMA_TABLE
 
 
 @pytest.fixture(params=BACKENDS)
@@ -224,7 +224,7 @@ def test_adefer_in_an_async_session(outbox_world: World) -> None:
 def test_the_email_connector_sends_through_an_async_session_once_per_step(outbox_world: World) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-    from connectors.email import Email, EmailEffects, SmtpSettings
+    from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
 
     world = outbox_world
     guard = Guard(MemoryStore(clock=world.clock))

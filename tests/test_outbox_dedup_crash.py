@@ -25,8 +25,8 @@ import pytest
 from _outboxkit import BACKENDS, World, open_world
 from conftest import FakeClock
 
-from connectors.testing.smtp import SmtpSink
-from idempotency.testing import CRASH_ENV
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency.testing import CRASH_ENV
 
 CHILD = Path(__file__).resolve().parent / "_outboxdedupchild.py"
 

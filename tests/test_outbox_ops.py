@@ -17,12 +17,12 @@ from _outboxkit import BACKENDS, World, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-import idempotency.outbox
-from idempotency import Guard, current_effect, scope
-from idempotency.outbox import SCHEMA_VERSION, Message, Outbox
-from idempotency.outbox.cli import main as cli_main
-from idempotency.outbox.cli import status_line
-from idempotency.stores.memory import MemoryStore
+import sagaguard.idempotency.outbox
+from sagaguard.idempotency import Guard, current_effect, scope
+from sagaguard.idempotency.outbox import SCHEMA_VERSION, Message, Outbox
+from sagaguard.idempotency.outbox.cli import main as cli_main
+from sagaguard.idempotency.outbox.cli import status_line
+from sagaguard.idempotency.stores.memory import MemoryStore
 
 
 @pytest.fixture(params=BACKENDS)
@@ -176,7 +176,7 @@ def test_a_deferred_async_effect_and_its_default_aggregate(outbox_world: World) 
 
 
 def test_a_deferred_effect_refuses_what_cannot_travel(outbox_world: World) -> None:
-    from idempotency.errors import ConfigurationError
+    from sagaguard.idempotency.errors import ConfigurationError
 
     world = outbox_world
     guard = Guard(MemoryStore())
@@ -256,7 +256,7 @@ def test_cli_operates_the_outbox(
     url = f"sqlite:///{db}"
     app = tmp_path / "cliapp.py"
     app.write_text(
-        "from idempotency.outbox import Outbox\n"
+        "from sagaguard.idempotency.outbox import Outbox\n"
         "outbox = Outbox()\n"
         "outbox.register('ok', lambda m: None)\n"
         "def fail(m):\n    raise RuntimeError('smtp down')\n"
@@ -271,7 +271,7 @@ def test_cli_operates_the_outbox(
     assert "sagaguard outbox migrate" in capsys.readouterr().err
     assert cli_main(["outbox", "migrate"]) == 0
     assert f"schema version {SCHEMA_VERSION}" in capsys.readouterr().out
-    from idempotency.stores.sql import make_engine
+    from sagaguard.idempotency.stores.sql import make_engine
 
     engine = make_engine(url)
     outbox = Outbox(max_attempts=1)
@@ -315,7 +315,7 @@ def test_cli_operates_the_outbox(
 
 
 def test_the_status_line_is_readable() -> None:
-    from idempotency.outbox import RelayStats
+    from sagaguard.idempotency.outbox import RelayStats
 
     stats = RelayStats(worker_id="w1", delivered=12345, failed=2, dead=1, depth=40, oldest_age=75, lost=0)
     line = status_line(stats, 812.4)
@@ -325,7 +325,7 @@ def test_the_status_line_is_readable() -> None:
 def test_add_commands_plugs_into_a_parser() -> None:
     import argparse
 
-    from idempotency.outbox.cli import add_commands
+    from sagaguard.idempotency.outbox.cli import add_commands
 
     parser = argparse.ArgumentParser(prog="sagaguard")
     add_commands(parser.add_subparsers(dest="command"))
@@ -337,7 +337,7 @@ def test_add_commands_plugs_into_a_parser() -> None:
 
 
 def test_public_names() -> None:
-    assert sorted(idempotency.outbox.__all__) == sorted(
+    assert sorted(sagaguard.idempotency.outbox.__all__) == sorted(
         [
             "DEFAULT_MAX_ATTEMPTS", "DEFAULT_RETENTION", "DEFAULT_TABLE", "MAX_PAYLOAD_BYTES", "METADATA",
             "SCHEMA_VERSION", "BlockedAggregate", "DeadLetter", "DeferredEffect", "Message",
@@ -347,8 +347,8 @@ def test_public_names() -> None:
             "encode_payload", "enqueue", "migrate", "outbox_model", "schema_version", "uuid7",
         ]
     )  # fmt: skip
-    for name in idempotency.outbox.__all__:
-        assert getattr(idempotency.outbox, name) is not None
+    for name in sagaguard.idempotency.outbox.__all__:
+        assert getattr(sagaguard.idempotency.outbox, name) is not None
 
 
 class _Counter:
@@ -369,8 +369,8 @@ def test_metrics_count_deliveries_failures_and_dead_letters_and_gauge_the_depth(
 ) -> None:
     from opentelemetry.metrics import CallbackOptions
 
-    import idempotency.outbox.relay as relay_module
-    from idempotency.outbox import telemetry
+    import sagaguard.idempotency.outbox.relay as relay_module
+    from sagaguard.idempotency.outbox import telemetry
 
     counters = {name: _Counter() for name in ("delivered", "failed", "dead")}
     for name, counter in counters.items():

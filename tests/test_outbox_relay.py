@@ -20,8 +20,8 @@ from _outboxkit import BACKENDS, Recorder, World, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-from idempotency.errors import ConfigurationError, NotApplied
-from idempotency.outbox import (
+from sagaguard.idempotency.errors import ConfigurationError, NotApplied
+from sagaguard.idempotency.outbox import (
     Message,
     MessageNotFound,
     NotDead,
@@ -29,8 +29,8 @@ from idempotency.outbox import (
     RelaySettings,
     current_message,
 )
-from idempotency.outbox.claims import Claimed, Settle
-from idempotency.outbox.policy import failure_outcome
+from sagaguard.idempotency.outbox.claims import Claimed, Settle
+from sagaguard.idempotency.outbox.policy import failure_outcome
 
 FIXED = tenacity.wait_fixed(10)
 

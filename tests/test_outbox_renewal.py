@@ -19,8 +19,8 @@ from _outboxkit import BACKENDS, World, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-from idempotency.outbox import Message
-from idempotency.outbox.renewal import ClaimRenewer
+from sagaguard.idempotency.outbox import Message
+from sagaguard.idempotency.outbox.renewal import ClaimRenewer
 
 
 @pytest.fixture(params=BACKENDS)

@@ -15,9 +15,9 @@ from _outboxkit import BACKENDS, World, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-from idempotency.cli import main as cli_main
-from idempotency.errors import NotApplied
-from idempotency.outbox import BlockedAggregate, Message, OutboxControl, OutboxDb
+from sagaguard.idempotency.cli import main as cli_main
+from sagaguard.idempotency.errors import NotApplied
+from sagaguard.idempotency.outbox import BlockedAggregate, Message, OutboxControl, OutboxDb
 
 
 @pytest.fixture(params=BACKENDS)

@@ -14,34 +14,33 @@ from pathlib import Path
 
 import pytest
 
-import idempotency
-import idempotency.outbox
-import saga
-import saga.journals
 import sagaguard
-from idempotency.cli import main
+from sagaguard import idempotency, saga
+from sagaguard.idempotency import outbox
+from sagaguard.idempotency.cli import main
+from sagaguard.saga import journals
 
 ROOT = Path(__file__).resolve().parent.parent
 
 EXPORTED = [
-    "AlreadyInProgress", "Applied", "CancelOutcome", "ClaimOutcome", "ClaimResult", "CodecError",
+    "AlreadyInProgress", "Applied", "CancelOutcome", "CodecError",
     "CompensationPolicy", "CompensationsFailed", "ConfigurationError", "DeadLetter", "DefinitionError",
     "DefinitionMismatch", "Disposition", "DuplicateStep", "EffectContext", "EffectIdentity", "Event",
     "FORWARD_RETRY", "Guard", "IdempotencyError", "IdempotencyStore", "JournalError", "JournalUnavailable",
-    "KeyConflict", "LeaseRenewer", "LostOwnership", "LostSagaLease", "MemoryJournal", "MemoryStore",
+    "KeyConflict", "LostOwnership", "LostSagaLease", "MemoryJournal", "MemoryStore",
     "Message", "MessageStatus", "NOT_APPLIED", "NoScope", "NotApplied", "NotAppliedResolution",
     "NotParked", "Operation", "Outbox", "OutboxControl", "OutboxError", "OutboxStatus",
     "OutcomeNotRecorded", "OutcomeUnknown",
-    "Phase", "Policy", "ReconcileRequest", "Record", "RecordNotFound", "RecoveryExhausted",
+    "Policy", "ReconcileRequest", "Record", "RecordNotFound", "RecoveryExhausted",
     "RecoveryReport", "RecoveryWorker", "Relay", "RelaySettings", "ReplayedFailure", "ResultUnavailable",
-    "Retry", "Saga", "SagaCancelled", "SagaConflict", "SagaDeadlineExceeded", "SagaError", "SagaFlow",
+    "Retry", "Saga", "SagaCancelled", "SagaConflict", "SagaDeadlineExceeded", "SagaError",
     "SagaInProgress", "SagaJournal", "SagaNotFound", "SagaOutcome", "SagaRecord", "SagaRegistry",
     "SagaRunner", "SagaSnapshot", "SagaState", "SagaSuspended", "Scope", "SignalOutcome", "SignalTimeout",
-    "SignatureError", "StartOutcome", "StartResult", "State", "Step", "StepContext", "StepKind",
+    "SignatureError", "State", "Step", "StepContext", "StepKind",
     "StepMismatch", "StepOrderError", "StepRecord", "StepState", "StepTimeout", "StoreError",
     "StoreUnavailable", "Unknown", "UnknownSaga", "UnstorableType", "__version__", "aenqueue", "arecover",
     "cancel", "compensation_key", "create_tables", "current_effect", "current_message", "current_scope",
-    "decide", "decide_start", "derive_key", "enqueue", "failure_state", "fingerprint", "open_journal",
+    "derive_key", "enqueue", "fingerprint", "open_journal",
     "open_store", "recover", "render", "resolve", "retry", "run_worker", "scope", "signal", "step_scope",
     "timeline",
 ]  # fmt: skip
@@ -53,18 +52,27 @@ def test_public_api_is_locked() -> None:
     assert len(set(sagaguard.__all__)) == len(sagaguard.__all__)
 
 
+ENGINE = [
+    "ClaimOutcome", "ClaimResult", "LeaseRenewer", "Phase", "SagaFlow", "StartOutcome", "StartResult",
+    "decide", "decide_start", "failure_state",
+]  # fmt: skip
+"""The core packages' public names that the facade leaves out: the engine's parts (the coordinator's
+decisions, journal phases, the store protocol's claim results), for backends and tests."""
+
+
 def test_every_name_is_the_packages_own_object() -> None:
-    """Re-exports, not copies: ``sagaguard.Guard is idempotency.Guard``; and the core packages'
-    public names are all there."""
-    sources = [idempotency, saga, idempotency.outbox, saga.journals]
+    """Re-exports, not copies: ``sagaguard.Guard is sagaguard.idempotency.Guard``; and every public
+    name of the core packages is either re-exported or one of the engine's parts, by decision."""
+    sources = [idempotency, saga, outbox, journals]
     for name in sagaguard.__all__:
         if name == "__version__":
             continue
         homes = [m for m in sources if name in m.__all__]
         assert homes, name
         assert all(getattr(m, name) is getattr(sagaguard, name) for m in homes), name
-    assert set(idempotency.__all__) <= set(sagaguard.__all__)
-    assert set(saga.__all__) <= set(sagaguard.__all__)
+    core = set(idempotency.__all__) | set(saga.__all__)
+    assert core - set(sagaguard.__all__) == set(ENGINE)
+    assert not set(ENGINE) & set(sagaguard.__all__)
 
 
 def test_version_comes_from_pyproject_through_the_metadata() -> None:
@@ -105,7 +113,7 @@ def test_import_needs_no_extra() -> None:
     outbox's names load on first use."""
     code = (
         "import sys, sagaguard; "
-        "bad = [m for m in ('connectors', 'redis', 'psycopg', 'stripe', 'httpx', 'openai', "
+        "bad = [m for m in ('sagaguard.connectors', 'redis', 'psycopg', 'stripe', 'httpx', 'openai', "
         "'opentelemetry.sdk', 'langgraph', 'agents', 'crewai', 'sqlalchemy') if m in sys.modules]; "
         "print(','.join(bad))"
     )
@@ -125,10 +133,63 @@ def test_demo_names_its_extra_when_a_dependency_is_missing(
 
     (The wheel test runs ``sagaguard demo`` in a virtualenv that really lacks the extra.)
     """
-    demo = importlib.import_module("connectors.demo")
+    demo = importlib.import_module("sagaguard.connectors.demo")
     monkeypatch.setattr(demo, "_NEEDS", ("aiosmtpd", "sagaguard_no_such_module"))
     assert demo.main([]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "pip install 'sagaguard[demo]'" in err and "sagaguard_no_such_module" in err
     assert "aiosmtpd" not in err.split("missing:")[1].split(")")[0]  # installed here: not named
+
+
+def test_every_folder_with_code_is_installed_under_the_namespace() -> None:
+    """pyproject.toml lists each package of the three folders as ``sagaguard.<folder>...``, so a new
+    sub-package cannot be left out of the wheel, and no folder installs under a top-level name."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    folders = ("idempotency", "saga", "connectors")
+    found = {"sagaguard"} | {
+        "sagaguard." + ".".join(init.parent.relative_to(ROOT).parts)
+        for folder in folders
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert sorted(tool["packages"]) == sorted(found)
+    assert tool["package-dir"] == {"sagaguard": "sagaguard"} | {f"sagaguard.{f}": f for f in folders}
+
+
+def test_no_code_imports_a_folder_by_its_top_level_name() -> None:
+    """Every import of the project's own code goes through ``sagaguard.``: a top-level ``import saga``
+    works from a checkout's root, never from the installed wheel."""
+    import ast
+
+    bare = []
+    for folder in ("sagaguard", "idempotency", "saga", "connectors", "tests", "bench", "docs"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = (
+                    [a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )  # fmt: skip
+                bare += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names
+                         if n.split(".")[0] in ("idempotency", "saga", "connectors")]  # fmt: skip
+    assert bare == []
+
+
+def test_imports_flow_one_way() -> None:
+    """connectors -> saga -> idempotency: the ledger imports neither layer above it, sagas never
+    import a connector (the CLI finds their commands through entry points)."""
+    import ast
+
+    above = {"idempotency": ("sagaguard.saga", "sagaguard.connectors"), "saga": ("sagaguard.connectors",)}
+    wrong = []
+    for folder, banned in above.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = (
+                    [a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )  # fmt: skip
+                wrong += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                          if n.startswith(banned)]  # fmt: skip
+    assert wrong == []

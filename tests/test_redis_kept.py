@@ -17,8 +17,8 @@ import pytest
 import redis
 from _guardutil import claim_then_fork
 
-from idempotency.keys import EffectIdentity
-from idempotency.stores.redis import RedisStore
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.stores.redis import RedisStore
 
 FP = "f1_" + "a" * 64
 
@@ -143,7 +143,7 @@ def test_a_pool_of_one_is_never_kept(server: redis.Redis) -> None:
 def test_a_redis_journal_of_its_own_keeps_connections_and_close_gives_them_back(
     server: redis.Redis,
 ) -> None:
-    from saga.journals.redis import RedisJournal
+    from sagaguard.saga.journals.redis import RedisJournal
 
     port = server.connection_pool.connection_kwargs["port"]
     with pytest.warns(UserWarning):

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from idempotency.stores.redis import RedisStore
-from idempotency.stores.redis_persistence import DurabilityWarning
-from saga.journals.redis import RedisJournal
+from sagaguard.idempotency.backends.redis_persistence import DurabilityWarning
+from sagaguard.idempotency.stores.redis import RedisStore
+from sagaguard.saga.journals.redis import RedisJournal
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from conftest import require_redis
 
-from idempotency import ConfigurationError, Guard, scope
-from idempotency.stores.redis import RedisStore
+from sagaguard.idempotency import ConfigurationError, Guard, scope
+from sagaguard.idempotency.stores.redis import RedisStore
 
 THREADS = 128
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from idempotency.renewal import Renewer
+from sagaguard.idempotency.renewal import Renewer
 
 
 class _CountingCondition(threading.Condition):

@@ -29,7 +29,7 @@ PROBE = textwrap.dedent(
     """A child for the zygote tests: ``probe(action, config)``."""
     import json, os, random, signal, sys
 
-    from idempotency.testing import sigkill
+    from sagaguard.idempotency.testing import sigkill
 
     RUNS = [0]  # incremented by every run: a fresh process always sees 1
 

@@ -15,17 +15,17 @@ from types import ModuleType
 
 import pytest
 
-from saga import SagaRunner, SagaState
-from saga.cli import add_commands, main, run
+from sagaguard.saga import SagaRunner, SagaState
+from sagaguard.saga.cli import add_commands, main, run
 
 pytestmark = pytest.mark.timeout(60)
 
 APP = """
 from dataclasses import dataclass
 
-from idempotency import Guard
-from idempotency.stores import open_store
-from saga import Saga, SagaRegistry, StepContext
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.stores import open_store
+from sagaguard.saga import Saga, SagaRegistry, StepContext
 
 guard = Guard(open_store({url!r}))
 
@@ -69,7 +69,7 @@ def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Modul
 
 
 def _start(module: ModuleType, saga_id: str) -> None:
-    from saga.journals import open_journal
+    from sagaguard.saga.journals import open_journal
 
     journal = open_journal(os.environ["SAGAGUARD_JOURNAL"])
     runner = SagaRunner(journal, module.guard, wait=0)
@@ -131,7 +131,7 @@ def test_add_commands_plugs_into_another_parser(app: tuple[ModuleType, str]) -> 
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("effects")
     add_commands(commands)
-    from saga.journals import open_journal
+    from sagaguard.saga.journals import open_journal
 
     open_journal(os.environ["SAGAGUARD_JOURNAL"]).close()  # the app's schema: the CLI creates none
     args = parser.parse_args(["sagas", "list", "--limit", "5"])

@@ -17,11 +17,16 @@ import pytest
 from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
 
-from idempotency import NotApplied
-from saga import Saga, SagaJournal, SagaRunner, SagaState, StepContext, StepRecord, StepState
-from saga.decisions import RetryAction, compensation_retry, compensation_retry_base, recovery_allowance
-from saga.records import SagaSnapshot, StepKind
-from saga.recovery import recover
+from sagaguard.idempotency import NotApplied
+from sagaguard.saga import Saga, SagaJournal, SagaRunner, SagaState, StepContext, StepRecord, StepState
+from sagaguard.saga.decisions import (
+    RetryAction,
+    compensation_retry,
+    compensation_retry_base,
+    recovery_allowance,
+)
+from sagaguard.saga.records import SagaSnapshot, StepKind
+from sagaguard.saga.recovery import recover
 
 INLINE = 2.0  # the runner's default compensation_inline
 
@@ -61,7 +66,7 @@ def test_compensation_retry_base(attempts: int, error: str | None, base: int) ->
 
 
 def test_recovery_allowance_counts_recorded_compensation_attempts() -> None:
-    from saga.records import SagaRecord
+    from sagaguard.saga.records import SagaRecord
 
     record = SagaRecord(
         saga_id="s", name="n", version=1, fingerprint="f", input="{}", state=SagaState.COMPENSATING,
@@ -212,7 +217,7 @@ def test_a_compensation_that_never_succeeds_needs_attention_after_its_budget(
 
 
 def test_compensation_inline_is_checked(factory: JournalFactory) -> None:
-    from idempotency.errors import ConfigurationError
+    from sagaguard.idempotency.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError):
         SagaRunner(factory.open(), factory.guard(), compensation_inline=-1.0)

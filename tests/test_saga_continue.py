@@ -17,10 +17,10 @@ import tenacity
 from _sagajournals import JOURNALS, factory_for
 from conftest import FakeClock
 
-from idempotency import Guard, MemoryStore
-from idempotency.codec import encode_error
-from idempotency.effect import Retry
-from saga import (
+from sagaguard.idempotency import Guard, MemoryStore
+from sagaguard.idempotency.codec import encode_error
+from sagaguard.idempotency.effect import Retry
+from sagaguard.saga import (
     CompensationPolicy,
     CompensationsFailed,
     DefinitionError,
@@ -37,7 +37,13 @@ from saga import (
     recover,
     retry,
 )
-from saga.decisions import Compensate, SetState, compensation_failure_state, compensation_failures, decide
+from sagaguard.saga.decisions import (
+    Compensate,
+    SetState,
+    compensation_failure_state,
+    compensation_failures,
+    decide,
+)
 
 FAST = Retry(stop=tenacity.stop_after_attempt(2), wait=tenacity.wait_none())
 STEPS = ("a", "b", "c")
@@ -200,7 +206,7 @@ def test_several_failures_are_one_cause_naming_each() -> None:
     assert isinstance(move, SetState) and move.state is SagaState.NEEDS_ATTENTION
     assert move.error == compensation_failures(snapshot)
     data = json.loads(move.error or "")
-    assert data["type"] == "saga.errors.CompensationsFailed"
+    assert data["type"] == "sagaguard.saga.errors.CompensationsFailed"
     assert "c: RuntimeError: cannot undo b; a: RuntimeError: cannot undo a" in data["message"]
     assert compensation_failures(_snapshot(_row(0, C))) is None
 
@@ -253,7 +259,8 @@ def test_continue_with_several_failures_records_each_cause(journal: SagaJournal,
     trip.undo_fail.update({"c", "a"})
     outcome = _runner(journal, guard).run(trip.saga, "s-two", Order("o1"))
     assert outcome.state is SagaState.NEEDS_ATTENTION
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.CompensationsFailed"
+    assert outcome.error is not None
+    assert outcome.error.type_name == "sagaguard.saga.errors.CompensationsFailed"
     assert "c: RuntimeError: cannot undo c; a: RuntimeError: cannot undo a" in outcome.error.message
     assert trip.steps_undone() == ["c", "c", "b", "a", "a"]
     rows = _rows(journal, "s-two")

@@ -16,8 +16,8 @@ import pytest
 from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
 
-from idempotency import Guard
-from saga import (
+from sagaguard.idempotency import Guard
+from sagaguard.saga import (
     CancelOutcome,
     DefinitionError,
     DefinitionMismatch,
@@ -37,8 +37,8 @@ from saga import (
     recover,
     signal,
 )
-from saga.decisions import abandon_cause, step_deadline, wake_at
-from saga.records import FOREVER, SagaRecord, SagaSnapshot, StepKind, StepRecord
+from sagaguard.saga.decisions import abandon_cause, step_deadline, wake_at
+from sagaguard.saga.records import FOREVER, SagaRecord, SagaSnapshot, StepKind, StepRecord
 
 HOUR = 3600.0
 LEASE = 30.0
@@ -123,7 +123,7 @@ def test_cancel_while_running_compensates_at_the_next_boundary(journal: SagaJour
     assert outcome.state is SagaState.COMPENSATED
     assert outcome.error is not None
     assert (outcome.error.type_name, outcome.error.message) == (
-        "saga.errors.SagaCancelled",
+        "sagaguard.saga.errors.SagaCancelled",
         "customer withdrew",
     )
     # b finished and is undone with its result; c was started (compensation registered) but never ran
@@ -182,7 +182,7 @@ def test_cancel_with_nothing_to_undo_fails_the_saga(journal: SagaJournal, guard:
     s.step(name="y", compensate=None)(lambda ctx, o: None)
     outcome = _runner(journal, guard).run(s, "c-5", ORDER)
     assert outcome.state is SagaState.FAILED
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.SagaCancelled"
+    assert outcome.error is not None and outcome.error.type_name == "sagaguard.saga.errors.SagaCancelled"
 
 
 # -- timeouts -------------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def test_a_step_past_its_timeout_fails_maybe_applied(
     steps.hooks["b"] = lambda ctx: clock.advance(HOUR + 1)
     outcome = _runner(journal, guard).run(steps.saga, "t-1", ORDER)
     assert outcome.state is SagaState.COMPENSATED
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.StepTimeout"
+    assert outcome.error is not None and outcome.error.type_name == "sagaguard.saga.errors.StepTimeout"
     # not retried; its compensation gets None although it returned: a late result is not trusted
     assert steps.log == ["a", "b", "undo b None", "undo a a!"]
 
@@ -218,7 +218,7 @@ def test_an_async_step_is_cancelled_at_its_timeout(journal: SagaJournal, guard: 
 
     outcome = asyncio.run(_runner(journal, guard).arun(s, "t-2", ORDER))
     assert outcome.state is SagaState.COMPENSATED
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.StepTimeout"
+    assert outcome.error is not None and outcome.error.type_name == "sagaguard.saga.errors.StepTimeout"
     assert log == ["cancelled", "undo None"]
 
 
@@ -246,7 +246,7 @@ def test_a_hung_step_loses_its_lease_at_its_timeout_and_recovery_fails_it(
         _runner(journal, guard, renewer=renewer).run(steps.saga, "t-3", ORDER)
     outcome = seen["report"].outcomes["t-3"]
     assert outcome.state is SagaState.COMPENSATED
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.StepTimeout"
+    assert outcome.error is not None and outcome.error.type_name == "sagaguard.saga.errors.StepTimeout"
     assert steps.log == ["a", "b", "undo b None", "undo a a!"]  # b was not run again
 
 
@@ -257,7 +257,7 @@ def test_the_saga_deadline_cuts_the_step_running_over_it(
     steps.hooks["a"] = lambda ctx: clock.advance(HOUR)
     outcome = _runner(journal, guard).run(steps.saga, "t-4", ORDER)
     assert outcome.state is SagaState.COMPENSATED
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.StepTimeout"
+    assert outcome.error is not None and outcome.error.type_name == "sagaguard.saga.errors.StepTimeout"
     assert steps.log == ["a", "undo a None"]
 
 
@@ -275,7 +275,8 @@ def test_the_saga_deadline_passing_while_nobody_runs_it_compensates(
     clock.advance(HOUR)
     outcome = recover(journal, guard, steps.saga).outcomes["t-5"]
     assert outcome.state is SagaState.COMPENSATED
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.SagaDeadlineExceeded"
+    assert outcome.error is not None
+    assert outcome.error.type_name == "sagaguard.saga.errors.SagaDeadlineExceeded"
     assert steps.log == ["a", "b", "undo b None", "undo a a!"]
 
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from saga import DefinitionMismatch, Saga, SagaState, StepContext, StepKind, StepState
-from saga.coordinator import (
+from sagaguard.saga import DefinitionMismatch, Saga, SagaState, StepContext, StepKind, StepState
+from sagaguard.saga.coordinator import (
     Compensate,
     Done,
     Next,
@@ -21,7 +21,7 @@ from saga.coordinator import (
     failure_state,
     needs_compensation,
 )
-from saga.records import Phase, SagaRecord, SagaSnapshot, StartOutcome, StartResult, StepRecord
+from sagaguard.saga.records import Phase, SagaRecord, SagaSnapshot, StartOutcome, StartResult, StepRecord
 
 
 @dataclass

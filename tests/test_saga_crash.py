@@ -1,17 +1,17 @@
 """Saga crash tests: a real SIGKILL at every boundary of a saga, recovery in a fresh process, and the
 outside world's count of what happened.
 
-The saga is :func:`saga.testing.trip_saga`: charge the card, reserve a seat, book a hotel (undone by a
-refund, a release, a cancellation), then the pivot, sending the receipt. Every effect and every
-compensation is an HTTP call to a :class:`~idempotency.testing.CounterService` running in its own
+The saga is :func:`sagaguard.saga.testing.trip_saga`: charge the card, reserve a seat, book a hotel (undone by
+a refund, a release, a cancellation), then the pivot, sending the receipt. Every effect and every
+compensation is an HTTP call to a :class:`~sagaguard.idempotency.testing.CounterService` running in its own
 process, guarded with a reconciler that asks the service about the call's provider key. Two runs
 are crashed: one where every step succeeds (``complete``) and one where ``book_hotel`` fails after
 its booking reached the service, so the saga compensates (``compensate``).
 
-For each kill point (:func:`saga.testing.kill_points`: before each journal commit, before and after
+For each kill point (:func:`sagaguard.saga.testing.kill_points`: before each journal commit, before and after
 each guarded effect, inside each compensation) a child runs the saga on a SQLite file (or Postgres)
 and is SIGKILLed there; a fresh child recovers it: it runs the same saga id again and takes it over
-once the dead runner's lease ran out, or the recovery sweeper (``saga.recovery.recover``) does.
+once the dead runner's lease ran out, or the recovery sweeper (``sagaguard.saga.recovery.recover``) does.
 Asserted for every point, at the service: each effect happened at most once; the saga ended
 COMPLETED or COMPENSATED (never stuck RUNNING or COMPENSATING); every effect of a compensated trip
 was undone exactly once; no guard record is left in progress or in doubt.
@@ -36,13 +36,13 @@ from typing import Any, NoReturn
 import pytest
 from conftest import POSTGRES_URL, postgres_problem, require_postgres
 
-from idempotency import Guard, MemoryStore
-from idempotency.testing import CounterClient, CounterService
-from saga.definition import Saga, StepContext
-from saga.journals.memory import MemoryJournal
-from saga.records import LIVE_STATES, SagaState, StepState
-from saga.runner import SagaRunner
-from saga.testing import (
+from sagaguard.idempotency import Guard, MemoryStore
+from sagaguard.idempotency.testing import CounterClient, CounterService
+from sagaguard.saga.definition import Saga, StepContext
+from sagaguard.saga.journals.memory import MemoryJournal
+from sagaguard.saga.records import LIVE_STATES, SagaState, StepState
+from sagaguard.saga.runner import SagaRunner
+from sagaguard.saga.testing import (
     CrashingJournal,
     CrashingSagaStore,
     KillPoint,
@@ -59,7 +59,7 @@ from saga.testing import (
     trip_saga,
 )
 
-SCENARIO = "saga.testing:trip_scenario"
+SCENARIO = "sagaguard.saga.testing:trip_scenario"
 LEASE = 0.5
 """The children's runner and guard lease, in real seconds: what a recovery waits for at most."""
 
@@ -120,7 +120,7 @@ CASES: list[Case] = [
     Case("compensate", "store.complete#4:before", "cancellation sent, not recorded (result=None)"),
     Case("compensate", "store.claim#6:after", "the release compensation claimed, not run"),
     Case("compensate", "store.complete#9:before", "refund ran, its compensation record not written"),
-    # Recovered by the sweeper (saga.recovery.recover / arecover), and driven by arun.
+    # Recovered by the sweeper (sagaguard.saga.recovery.recover / arecover), and driven by arun.
     Case("complete", "store.complete#2:before", "as above, the sweeper recovers", recovery="sweep"),
     Case("compensate", "store.complete#4:before", "as above, arecover", recovery="sweep", driver="async"),
     Case("compensate", "journal.commit#4:before", "hotel cancelled, not committed; arun", driver="async"),

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-import saga
-from idempotency.errors import CodecError
-from saga import (
+from sagaguard import saga
+from sagaguard.idempotency.errors import CodecError
+from sagaguard.saga import (
     DefinitionError,
     DuplicateStep,
     Saga,

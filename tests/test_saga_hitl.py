@@ -18,8 +18,8 @@ from _sagachild import read_log
 from _sagajournals import JOURNALS, SHARED_SQL, JournalFactory, factory_for, finish_child, start_child
 from conftest import FakeClock
 
-from idempotency import Guard
-from saga import (
+from sagaguard.idempotency import Guard
+from sagaguard.saga import (
     SagaJournal,
     SagaRunner,
     SagaState,
@@ -29,8 +29,8 @@ from saga import (
     recover,
     signal,
 )
-from saga.definition import Saga
-from saga.records import FOREVER
+from sagaguard.saga.definition import Saga
+from sagaguard.saga.records import FOREVER
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -175,7 +175,7 @@ def test_the_deadline_passing_fails_the_wait_and_compensates(
     clock.advance(1)
     outcome = recover(journal, guard, travel.saga).outcomes["t-3"]
     assert outcome.state is SagaState.COMPENSATED
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.SignalTimeout"
+    assert outcome.error is not None and outcome.error.type_name == "sagaguard.saga.errors.SignalTimeout"
     assert travel.log == ["charge", "psp.charge", "refund 700"]
     snapshot = journal.load("t-3")
     assert snapshot is not None and snapshot.steps[1].not_applied  # the wait changed nothing
@@ -226,7 +226,8 @@ def test_the_saga_deadline_also_ends_a_wait(journal: SagaJournal, guard: Guard, 
     clock.advance(DAY)
     outcome = recover(journal, guard, travel.saga).outcomes["t-7"]
     assert outcome.state is SagaState.COMPENSATED
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.SagaDeadlineExceeded"
+    assert outcome.error is not None
+    assert outcome.error.type_name == "sagaguard.saga.errors.SagaDeadlineExceeded"
     assert travel.log[-1] == "refund 700"
 
 

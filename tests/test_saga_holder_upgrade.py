@@ -14,11 +14,11 @@ import redis
 import sqlalchemy as sa
 from conftest import FakeClock, require_postgres, require_redis
 
-from idempotency import holder
-from idempotency.stores.sql import make_engine
-from saga import SagaJournal, StartOutcome
-from saga.journals.redis import RedisJournal
-from saga.journals.sql import SqlJournal
+from sagaguard.idempotency import holder
+from sagaguard.idempotency.stores.sql import make_engine
+from sagaguard.saga import SagaJournal, StartOutcome
+from sagaguard.saga.journals.redis import RedisJournal
+from sagaguard.saga.journals.sql import SqlJournal
 
 pytestmark = pytest.mark.timeout(60)
 

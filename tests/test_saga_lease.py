@@ -1,14 +1,14 @@
-"""The lease decision (:func:`saga.lease.verdict`), table-tested with an injected probe, and the
-helpers every journal runs after its own start and claim (:mod:`saga.lease`)."""
+"""The lease decision (:func:`sagaguard.saga.lease.verdict`), table-tested with an injected probe, and the
+helpers every journal runs after its own start and claim (:mod:`sagaguard.saga.lease`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from saga import SagaState, StartOutcome
-from saga.journals.memory import MemoryJournal
-from saga.lease import LeaseVerdict, after_claim, after_start, dead_held, host_prefix, verdict
-from saga.records import SagaRecord, StartResult
+from sagaguard.saga import SagaState, StartOutcome
+from sagaguard.saga.journals.memory import MemoryJournal
+from sagaguard.saga.lease import LeaseVerdict, after_claim, after_start, dead_held, host_prefix, verdict
+from sagaguard.saga.records import SagaRecord, StartResult
 
 NOW = 1_000.0
 DEAD, ALIVE = "here|1|10", "here|2|20"
@@ -84,7 +84,7 @@ def test_after_start_and_after_claim_take_over_only_a_dead_holders_saga() -> Non
 
 
 def test_host_prefix_is_this_hosts() -> None:
-    from idempotency import holder
+    from sagaguard.idempotency import holder
 
     prefix = host_prefix()
     assert prefix is None or holder.current().startswith(prefix)

@@ -14,10 +14,10 @@ import tenacity
 from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
 
-from idempotency import Guard
-from idempotency.effect import Retry
-from idempotency.stores.memory import MemoryStore
-from saga import (
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.effect import Retry
+from sagaguard.idempotency.stores.memory import MemoryStore
+from sagaguard.saga import (
     NotParked,
     Saga,
     SagaJournal,
@@ -32,8 +32,8 @@ from saga import (
     retry,
     timeline,
 )
-from saga.cli import main
-from saga.journals.sql import SqlJournal
+from sagaguard.saga.cli import main
+from sagaguard.saga.journals.sql import SqlJournal
 
 pytestmark = pytest.mark.timeout(120)
 

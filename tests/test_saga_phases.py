@@ -18,8 +18,8 @@ from _guardutil import span_exporter
 from _sagajournals import JOURNALS, JournalFactory, factory_for
 from conftest import FakeClock
 
-from idempotency import Guard, MemoryStore
-from saga import (
+from sagaguard.idempotency import Guard, MemoryStore
+from sagaguard.saga import (
     LostSagaLease,
     MemoryJournal,
     Phase,

@@ -23,11 +23,11 @@ from _sagachild import build_travel, file_log, read_log
 from _sagajournals import JOURNALS, SHARED_SQL, JournalFactory, factory_for, finish_child, start_child
 from conftest import FakeClock
 
-from idempotency import Guard
-from idempotency.codec import decode_error
-from idempotency.effect import Retry
-from idempotency.keys import fingerprint
-from saga import (
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.codec import decode_error
+from sagaguard.idempotency.effect import Retry
+from sagaguard.idempotency.keys import fingerprint
+from sagaguard.saga import (
     LeaseRenewer,
     LostSagaLease,
     MemoryJournal,
@@ -205,7 +205,7 @@ def test_recovery_attempts_are_capped(journal: SagaJournal, guard: Guard, clock:
     report = recover(journal, guard, trip.saga, lease=LEASE, max_recoveries=2)
     outcome = report.outcomes["s-3"]
     assert outcome.state is SagaState.NEEDS_ATTENTION
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.RecoveryExhausted"
+    assert outcome.error is not None and outcome.error.type_name == "sagaguard.saga.errors.RecoveryExhausted"
     assert trip.log.count("reserve") == 3  # the third take-over parks it without running the step
     snapshot = journal.load("s-3")
     assert snapshot is not None and snapshot.saga.recoveries == 3 and snapshot.saga.lease_until == 0
@@ -339,7 +339,7 @@ def test_without_renewal_a_long_step_loses_its_saga(clock: FakeClock) -> None:
 
 def test_the_renewer_thread_renews_on_its_own() -> None:
     journal = MemoryJournal()  # real time: the thread's schedule is real
-    from idempotency import MemoryStore
+    from sagaguard.idempotency import MemoryStore
 
     guard = Guard(MemoryStore(), sleep=lambda _s: None)
     saga: Saga[Order] = Saga("threaded", input=Order)
@@ -359,7 +359,7 @@ def test_the_renewer_thread_renews_on_its_own() -> None:
 
 
 def journal_store(clock: FakeClock) -> Any:
-    from idempotency import MemoryStore
+    from sagaguard.idempotency import MemoryStore
 
     return MemoryStore(clock=clock)
 
@@ -377,11 +377,11 @@ def test_a_journal_that_no_longer_matches_is_parked_with_a_clear_error(
     report = recover(journal, guard, changed)
     outcome = report.outcomes["s-6"]
     assert outcome.state is SagaState.NEEDS_ATTENTION
-    assert outcome.error is not None and outcome.error.type_name == "saga.errors.StepMismatch"
+    assert outcome.error is not None and outcome.error.type_name == "sagaguard.saga.errors.StepMismatch"
     assert "'reserve'" in outcome.error.message and "'hold_seat'" in outcome.error.message
     snapshot = journal.load("s-6")
     assert snapshot is not None and snapshot.saga.state is SagaState.NEEDS_ATTENTION
-    assert decode_error(snapshot.saga.error or "").type_name == "saga.errors.StepMismatch"
+    assert decode_error(snapshot.saga.error or "").type_name == "sagaguard.saga.errors.StepMismatch"
 
 
 def test_async_sagas_are_recovered_too(journal: SagaJournal, guard: Guard, clock: FakeClock) -> None:

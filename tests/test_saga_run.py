@@ -17,10 +17,10 @@ import pytest
 import tenacity
 from _sagajournals import JOURNALS, factory_for
 
-from idempotency import Guard, KeyConflict, MemoryStore, NotApplied
-from idempotency.effect import Retry
-from idempotency.keys import EffectIdentity, fingerprint
-from saga import (
+from sagaguard.idempotency import Guard, KeyConflict, MemoryStore, NotApplied
+from sagaguard.idempotency.effect import Retry
+from sagaguard.idempotency.keys import EffectIdentity, fingerprint
+from sagaguard.saga import (
     LostSagaLease,
     Phase,
     Saga,
@@ -345,7 +345,7 @@ def test_resume_after_a_crash_mid_step(
 ) -> None:
     trip = Trip(guard)
     # The crashed runner had charged through the guard in the charge step's scope.
-    from idempotency.keys import scope
+    from sagaguard.idempotency.keys import scope
 
     with scope("s-9/charge"):
         trip.psp_charge("o1", 500)
@@ -364,7 +364,7 @@ def test_resume_rerun_replays_guarded_effects(
     runner: SagaRunner, guard: Guard, journal: SagaJournal, saga_clock: Clock
 ) -> None:
     trip = Trip(guard)
-    from idempotency.keys import scope
+    from sagaguard.idempotency.keys import scope
 
     _crash_after_effect(journal, trip, "s-10")
     # Step 0 is recorded; re-running the saga from a crash *inside* charge would replay its charge:
@@ -438,7 +438,7 @@ async def _no_sleep(_seconds: float) -> None:
 
 
 def test_sync_run_refuses_async_steps(runner: SagaRunner) -> None:
-    from idempotency.errors import ConfigurationError
+    from sagaguard.idempotency.errors import ConfigurationError
 
     s: Saga[Order] = Saga("x", input=Order)
 

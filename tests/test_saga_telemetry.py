@@ -14,12 +14,12 @@ import tenacity
 from _guardutil import span_exporter
 from conftest import FakeClock
 
-from idempotency import Guard
-from idempotency.effect import Retry
-from idempotency.stores.memory import MemoryStore
-from saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext, recover
-from saga import telemetry as saga_telemetry
-from saga.journals.sql import SqlJournal
+from sagaguard.idempotency import Guard
+from sagaguard.idempotency.effect import Retry
+from sagaguard.idempotency.stores.memory import MemoryStore
+from sagaguard.saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext, recover
+from sagaguard.saga import telemetry as saga_telemetry
+from sagaguard.saga.journals.sql import SqlJournal
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,12 +24,12 @@ import sqlalchemy as sa
 from _guardutil import claim_then_fork
 from conftest import require_postgres
 
-from idempotency.errors import StoreUnavailable
-from idempotency.keys import EffectIdentity
-from idempotency.stores.sql import SqlStore, make_engine
-from saga.errors import JournalUnavailable
-from saga.journals.sql import SqlJournal
-from saga.records import Phase, StepKind, StepRecord, StepState
+from sagaguard.idempotency.errors import StoreUnavailable
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.stores.sql import SqlStore, make_engine
+from sagaguard.saga.errors import JournalUnavailable
+from sagaguard.saga.journals.sql import SqlJournal
+from sagaguard.saga.records import Phase, StepKind, StepRecord, StepState
 
 FP = "f1_" + "a" * 64
 LEASE = 30.0

@@ -17,8 +17,8 @@ import pytest
 import sqlalchemy as sa
 from conftest import require_postgres
 
-from idempotency.records import State
-from idempotency.stores.sql import SqlStore, make_engine
+from sagaguard.idempotency.records import State
+from sagaguard.idempotency.stores.sql import SqlStore, make_engine
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -108,8 +108,8 @@ def test_the_retention_sweep_is_a_scan_of_the_expiring_index(store: SqlStore) ->
 
 def test_listing_finds_what_it_should_through_the_partial_index(store: SqlStore) -> None:
     """The extra condition (the index's, repeated) changes no answer."""
-    from idempotency.keys import EffectIdentity
-    from idempotency.records import Disposition
+    from sagaguard.idempotency.keys import EffectIdentity
+    from sagaguard.idempotency.records import Disposition
 
     fp = "f1_" + "0" * 64
     made: dict[State, set[str]] = {state: set() for state in State}

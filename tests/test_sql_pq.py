@@ -1,4 +1,4 @@
-"""The hot path's Postgres cursor (``idempotency.stores.sql_pq.PqCursor``) against a real server:
+"""The hot path's Postgres cursor (``sagaguard.idempotency.backends.sql_pq.PqCursor``) against a real server:
 values both ways, the server's errors as psycopg's, a broken connection seen as one, and the
 prepared statements psycopg deallocates under it (after a ROLLBACK) prepared again."""
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from conftest import require_postgres
 
-from idempotency import Guard, scope
-from idempotency.stores.sql import SqlStore, make_engine
-from idempotency.stores.sql_pq import PqCursor
+from sagaguard.idempotency import Guard, scope
+from sagaguard.idempotency.backends.sql_pq import PqCursor
+from sagaguard.idempotency.stores.sql import SqlStore, make_engine
 
 
 @pytest.fixture

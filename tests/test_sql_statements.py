@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from idempotency import Guard, scope
-from idempotency.keys import EffectIdentity
-from idempotency.records import ClaimOutcome
-from idempotency.stores.sql import SqlStore, make_engine
+from sagaguard.idempotency import Guard, scope
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import ClaimOutcome
+from sagaguard.idempotency.stores.sql import SqlStore, make_engine
 
 
 @pytest.fixture
@@ -106,8 +106,8 @@ def pg_traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[SqlStore, list[
 
     sent: list[tuple[str, bool]] = []
 
-    from idempotency.stores import sql_driver
-    from idempotency.stores.sql_pq import PqCursor
+    from sagaguard.idempotency.backends import sql_driver
+    from sagaguard.idempotency.backends.sql_pq import PqCursor
 
     class Tracing(PqCursor):
         def execute(self, query: str, params: Any = None, *, prepare: bool | None = None) -> None:

@@ -12,10 +12,10 @@ import pytest
 import sqlalchemy as sa
 from conftest import require_postgres
 
-from idempotency import Guard, holder, scope
-from idempotency.keys import EffectIdentity
-from idempotency.records import ClaimOutcome, State
-from idempotency.stores.sql import SqlStore, make_engine
+from sagaguard.idempotency import Guard, holder, scope
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import ClaimOutcome, State
+from sagaguard.idempotency.stores.sql import SqlStore, make_engine
 
 SCHEMA_1 = """CREATE TABLE {t} (
     key VARCHAR(80) PRIMARY KEY, namespace TEXT NOT NULL, scope TEXT NOT NULL, name TEXT NOT NULL,

@@ -23,11 +23,11 @@ import pytest
 from _procs import race_claims_in_processes
 from conftest import FakeClock, StoreFactory, closed_port, require_redis
 
-from idempotency import holder
-from idempotency.errors import LostOwnership, StoreError, StoreUnavailable
-from idempotency.keys import EffectIdentity, fingerprint
-from idempotency.records import ClaimOutcome, Disposition, Record, State
-from idempotency.store import FIRST_TOKEN_BITS, IdempotencyStore
+from sagaguard.idempotency import holder
+from sagaguard.idempotency.errors import LostOwnership, StoreError, StoreUnavailable
+from sagaguard.idempotency.keys import EffectIdentity, fingerprint
+from sagaguard.idempotency.records import ClaimOutcome, Disposition, Record, State
+from sagaguard.idempotency.store import FIRST_TOKEN_BITS, IdempotencyStore
 
 LEASE = 30.0
 RETENTION = 3600.0
@@ -612,7 +612,7 @@ def test_redis_ttl_eviction_does_not_restart_tokens(clock: FakeClock) -> None:
     # Redis evicts a finished record by its TTL on its own, like purge: the key is simply gone.
     import redis
 
-    from idempotency.stores.redis import RedisStore
+    from sagaguard.idempotency.stores.redis import RedisStore
 
     url = require_redis()
     prefix = f"sgtest-ttl-{uuid.uuid4().hex[:12]}"
@@ -981,21 +981,21 @@ def _assert_unavailable(open_store: Callable[[], IdempotencyStore]) -> None:
 
 
 def test_postgres_unreachable_is_store_unavailable(clock: FakeClock) -> None:
-    from idempotency.stores.sql import SqlStore
+    from sagaguard.idempotency.stores.sql import SqlStore
 
     url = f"postgresql://postgres@127.0.0.1:{closed_port()}/test"
     _assert_unavailable(lambda: SqlStore(url, clock=clock, table_name="sg_unreachable"))
 
 
 def test_redis_unreachable_is_store_unavailable(clock: FakeClock) -> None:
-    from idempotency.stores.redis import RedisStore
+    from sagaguard.idempotency.stores.redis import RedisStore
 
     url = f"redis://127.0.0.1:{closed_port()}/0"
     _assert_unavailable(lambda: RedisStore(url, clock=clock, prefix="sg-unreachable"))
 
 
 def test_sqlite_unopenable_path_is_store_error(clock: FakeClock, tmp_path: Path) -> None:
-    from idempotency.stores.sql import SqlStore
+    from sagaguard.idempotency.stores.sql import SqlStore
 
     url = f"sqlite:///{tmp_path}/no-such-dir/s.db"
     with pytest.raises(StoreError) as info:

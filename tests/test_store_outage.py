@@ -21,9 +21,9 @@ import pytest
 from _guardutil import TcpProxy
 from conftest import FakeClock, closed_port, require_postgres
 
-from idempotency import Guard, OutcomeNotRecorded, OutcomeUnknown, StoreUnavailable, scope
-from idempotency.records import State
-from idempotency.store import IdempotencyStore
+from sagaguard.idempotency import Guard, OutcomeNotRecorded, OutcomeUnknown, StoreUnavailable, scope
+from sagaguard.idempotency.records import State
+from sagaguard.idempotency.store import IdempotencyStore
 
 
 class Outage:
@@ -47,7 +47,7 @@ def redis_outage() -> Iterator[Outage]:
     )  # fmt: skip
     import redis
 
-    from idempotency.stores.redis import RedisStore
+    from sagaguard.idempotency.stores.redis import RedisStore
 
     client = redis.Redis(port=port)
     for _ in range(500):  # until it answers (bounded), not a timing assertion
@@ -93,7 +93,7 @@ def postgres_outage() -> Iterator[Outage]:
 
     import psycopg
 
-    from idempotency.stores.sql import SqlStore
+    from sagaguard.idempotency.stores.sql import SqlStore
 
     url = require_postgres()
     parts = urlsplit(url)
@@ -197,7 +197,7 @@ def test_the_claim_left_by_a_lost_store_is_taken_over_in_doubt_later(clock: Fake
     """Postgres itself stayed up (only the store's sessions were killed): the record is still the
     claim, and once its lease has run out the next attempt takes it over in doubt and, with no
     reconciler, parks it (OutcomeUnknown): it never runs the charge again blindly."""
-    from idempotency.stores.sql import SqlStore
+    from sagaguard.idempotency.stores.sql import SqlStore
 
     url = require_postgres()
     app, table = f"sg-outage-{uuid.uuid4().hex[:8]}", f"sg_outage_{uuid.uuid4().hex[:8]}"

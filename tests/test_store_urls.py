@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from idempotency.errors import ConfigurationError
-from idempotency.outbox.relay import Relay
-from idempotency.stores import open_store
-from idempotency.stores.sql import SqlStore
-from idempotency.stores.urls import check_url, masked
-from saga.journals import open_journal
-from saga.journals.sql import SqlJournal
+from sagaguard.idempotency.backends.urls import check_url, masked
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.outbox.relay import Relay
+from sagaguard.idempotency.stores import open_store
+from sagaguard.idempotency.stores.sql import SqlStore
+from sagaguard.saga.journals import open_journal
+from sagaguard.saga.journals.sql import SqlJournal
 
 
 def _relay(url: Any) -> Any:

@@ -24,11 +24,11 @@ import pytest
 from _takeoverchild import EFFECT, NAMESPACE
 from conftest import StoreFactory
 
-from idempotency import holder
-from idempotency.guard import DEFAULT_LEASE, DEFAULT_WAIT
-from idempotency.keys import EffectIdentity
-from idempotency.records import Record, State
-from idempotency.testing import CounterService
+from sagaguard.idempotency import holder
+from sagaguard.idempotency.guard import DEFAULT_LEASE, DEFAULT_WAIT
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import Record, State
+from sagaguard.idempotency.testing import CounterService
 
 CHILD = Path(__file__).resolve().parent / "_takeoverchild.py"
 ROOT = CHILD.parent.parent

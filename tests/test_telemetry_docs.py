@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from idempotency.errors import ConfigurationError, OutcomeUnknown
-from idempotency.telemetry import (
+from sagaguard.idempotency.errors import ConfigurationError, OutcomeUnknown
+from sagaguard.idempotency.telemetry import (
     Identifier,
     business_key,
     effect_naming,
@@ -102,7 +102,7 @@ def test_error_spans_carry_the_qualified_error_type(emitted: dict[str, Any]) -> 
     assert all(span["error_type"] for span in failed)
     assert {span["error_type"] for span in failed} >= {
         "__main__.Declined", "LookupError", "ConnectionError", "TimeoutError",
-        "idempotency.errors.OutcomeUnknown",
+        "sagaguard.idempotency.errors.OutcomeUnknown",
     }  # fmt: skip
 
 
@@ -140,7 +140,7 @@ def test_expose_identifiers_in_process() -> None:
 
 
 def test_error_type_names() -> None:
-    assert error_type(OutcomeUnknown) == "idempotency.errors.OutcomeUnknown"
+    assert error_type(OutcomeUnknown) == "sagaguard.idempotency.errors.OutcomeUnknown"
     assert error_type(KeyError("k")) == "KeyError"
     assert error_type(TimeoutError) == "TimeoutError"
     assert error_type_name("builtins.KeyError") == "KeyError"

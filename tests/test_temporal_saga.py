@@ -30,7 +30,7 @@ import pytest
 from _enginesagakit import Services
 from conftest import require_service
 
-from saga.records import SagaState, StepState
+from sagaguard.saga.records import SagaState, StepState
 
 pytestmark = pytest.mark.timeout(240)  # fresh worker processes and Temporal's retry timers
 

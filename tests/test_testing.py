@@ -1,4 +1,4 @@
-"""The helpers shipped in ``idempotency.testing``: the counter service and the crashing store."""
+"""The helpers shipped in ``sagaguard.idempotency.testing``: the counter service and the crashing store."""
 
 from __future__ import annotations
 
@@ -13,10 +13,18 @@ from typing import NoReturn
 import pytest
 from conftest import FakeClock, closed_port
 
-from idempotency import NOT_APPLIED, Applied, Guard, IdempotencyStore, MemoryStore, ReconcileRequest, scope
-from idempotency.keys import EffectIdentity, fingerprint
-from idempotency.records import ClaimOutcome, State
-from idempotency.testing import (
+from sagaguard.idempotency import (
+    NOT_APPLIED,
+    Applied,
+    Guard,
+    IdempotencyStore,
+    MemoryStore,
+    ReconcileRequest,
+    scope,
+)
+from sagaguard.idempotency.keys import EffectIdentity, fingerprint
+from sagaguard.idempotency.records import ClaimOutcome, State
+from sagaguard.idempotency.testing import (
     CRASH_ENV,
     STORE_CRASH_POINTS,
     Charge,
@@ -222,10 +230,10 @@ def test_after_a_crash_before_the_record_the_next_run_reconciles(clock: FakeCloc
 @pytest.mark.parametrize("where", ["crash_point", "store"])
 def test_a_real_sigkill(where: str) -> None:
     program = {
-        "crash_point": "from idempotency.testing import crash_point; crash_point('after_effect')",
+        "crash_point": "from sagaguard.idempotency.testing import crash_point; crash_point('after_effect')",
         "store": (
-            "from idempotency import MemoryStore, EffectIdentity\n"
-            "from idempotency.testing import CrashingStore\n"
+            "from sagaguard.idempotency import MemoryStore, EffectIdentity\n"
+            "from sagaguard.idempotency.testing import CrashingStore\n"
             "CrashingStore(MemoryStore()).claim(EffectIdentity.of('a', 'b', 'c', 0), 'f', 1.0)"
         ),
     }[where]
@@ -260,7 +268,7 @@ def test_store_points_are_listed() -> None:
 
 
 def test_charges_round_trip_as_effect_results() -> None:
-    from idempotency.codec import Codec
+    from sagaguard.idempotency.codec import Codec
 
     charge = Charge("ch_1", "order-1", 100, 1, provider_key="pk", replayed=True)
     codec = Codec(Charge)

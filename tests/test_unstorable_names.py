@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from idempotency import CodecError, ConfigurationError, Guard, scope
-from idempotency.store import IdempotencyStore
+from sagaguard.idempotency import CodecError, ConfigurationError, Guard, scope
+from sagaguard.idempotency.store import IdempotencyStore
 
 NUL_NAME = "a\x00b"
 SURROGATE = "x\ud800"

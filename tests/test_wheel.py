@@ -70,8 +70,10 @@ def test_wheel_and_sdist_carry_the_metadata(dist: Path) -> None:
         names = zf.namelist()
         meta = zf.read(f"sagaguard-{VERSION}.dist-info/METADATA").decode()
     assert f"sagaguard-{VERSION}.dist-info/licenses/LICENSE" in names
-    for package in ("sagaguard", "idempotency", "saga", "connectors"):
+    for package in ("sagaguard", "sagaguard/idempotency", "sagaguard/saga", "sagaguard/connectors"):
         assert f"{package}/__init__.py" in names and f"{package}/py.typed" in names, package
+    # Nothing installs under a top-level name another distribution may own (`idempotency`, `connectors`).
+    assert {n.split("/")[0] for n in names} == {"sagaguard", f"sagaguard-{VERSION}.dist-info"}
     assert not [n for n in names if n.startswith(("tests/", "docs/", "bench/"))]
     assert "License-Expression: Apache-2.0" in meta
     assert "Project-URL: Documentation, https://" in meta
@@ -89,10 +91,15 @@ def test_installed_wheel_runs_the_readme_quickstart(venv: Path, tmp_path: Path) 
     assert found is not None
     (tmp_path / "quickstart.py").write_text(found.group(1), encoding="utf-8")
     python = venv / "bin" / "python"
-    probe = "import sagaguard, idempotency; print(sagaguard.__version__, idempotency.__file__)"
-    where = _run(python, "-c", probe, cwd=tmp_path).stdout.split()
+    probe = (
+        "import importlib.util, sagaguard, sagaguard.idempotency; "
+        "print(sagaguard.__version__, sagaguard.idempotency.__file__, "
+        "[n for n in ('idempotency', 'saga', 'connectors') if importlib.util.find_spec(n)])"
+    )
+    where = _run(python, "-c", probe, cwd=tmp_path).stdout.split(maxsplit=2)
     assert where[0] == VERSION
     assert Path(where[1]).is_relative_to(venv), where  # the installed copy, not this checkout
+    assert where[2].strip() == "[]"  # no top-level package of ours
     first = _run(python, "quickstart.py", cwd=tmp_path).stdout
     second = _run(python, "quickstart.py", cwd=tmp_path).stdout
     assert first.strip().startswith("Receipt(charge_id='ch_")
@@ -106,3 +113,5 @@ def test_installed_wheel_cli(venv: Path, tmp_path: Path) -> None:
     assert demo.returncode == 2
     assert "Traceback" not in demo.stderr
     assert demo.stderr.count("\n") == 1 and "pip install 'sagaguard[demo]'" in demo.stderr
+    small = _run(command, "demo", "--small", cwd=tmp_path, check=False)
+    assert small.returncode == 0, small.stderr  # the small demo needs no extra

@@ -18,7 +18,7 @@ from _guardutil import fp, identity
 from _sqlspy import Spy, charge_effect
 from conftest import FakeClock
 
-from idempotency import ClaimOutcome, Guard, State, scope
+from sagaguard.idempotency import ClaimOutcome, Guard, State, scope
 
 LEASE, RETENTION = 30.0, 3600.0
 

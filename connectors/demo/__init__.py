@@ -2,10 +2,10 @@
 
 Everything runs on 127.0.0.1 with embedded SQLite files in a temporary directory, in well under a
 minute. Local services, kept by this supervisor process so that they count what the outside world
-saw whatever happens to the workers: :class:`~connectors.testing.LocalStripe` (the card),
-:class:`~connectors.testing.LocalIdempotentApi` (the hotel; "sold-out-inn" answers 410),
-:class:`~connectors.testing.LocalChatModel` (the model that plans the trip) and
-:class:`~connectors.testing.smtp.SmtpSink` (the mail server).
+saw whatever happens to the workers: :class:`~sagaguard.connectors.testing.LocalStripe` (the card),
+:class:`~sagaguard.connectors.testing.LocalIdempotentApi` (the hotel; "sold-out-inn" answers 410),
+:class:`~sagaguard.connectors.testing.LocalChatModel` (the model that plans the trip) and
+:class:`~sagaguard.connectors.testing.smtp.SmtpSink` (the mail server).
 
 With sagaguard, a trip is the saga ``book_trip``: *plan* (a journaled model call), *charge_card*
 (Stripe; compensation: refund), *reserve_hotel* (the pivot), *email_confirmation* (enqueued in the
@@ -17,10 +17,10 @@ The naive side makes the same calls with the plain SDKs and a retry loop, killed
 and restarted: it plans (and pays the model) again, charges again, and leaves trip 2's charge
 unrefunded. The supervisor prints what the services counted, side by side, then each saga's
 timeline, and exits 0 only when the counts are the expected ones. ``--trace FILE`` writes the
-OpenTelemetry spans of every process as JSON lines. Also ``python -m connectors.demo``.
+OpenTelemetry spans of every process as JSON lines. Also ``python -m sagaguard.connectors.demo``.
 
 ``sagaguard demo agent`` (``make agent-demo``) runs the agent demo instead: a LangGraph agent whose
-tool calls are undone by an agent saga (:mod:`connectors.demo.agent`).
+tool calls are undone by an agent saga (:mod:`sagaguard.connectors.demo.agent`).
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ class _Services:
     """The local services and how to snapshot their counters."""
 
     def __init__(self, stack: ExitStack) -> None:
-        from connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
-        from connectors.testing.smtp import SmtpSink
+        from sagaguard.connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
+        from sagaguard.connectors.testing.smtp import SmtpSink
 
         self.stripe = stack.enter_context(LocalStripe(in_process=True))
         self.hotel = stack.enter_context(LocalIdempotentApi(require_key=False, in_process=True))
@@ -135,16 +135,14 @@ def _diff(after: Count, before: Count) -> Count:
 
 
 def _spawn(label: str, config: dict[str, Any], crash: str | None = None) -> _Run:
-    from idempotency.testing import CRASH_ENV
+    from sagaguard.idempotency.testing import CRASH_ENV, child_environment
 
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    env = child_environment()
     env.pop(CRASH_ENV, None)
     if crash:
         env[CRASH_ENV] = crash
     done = subprocess.run(
-        [sys.executable, "-m", "connectors.demo", _WORKER, json.dumps(config)],
+        [sys.executable, "-m", "sagaguard.connectors.demo", _WORKER, json.dumps(config)],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -244,7 +242,7 @@ def _sagaguard(services: _Services, base: dict[str, Any], say: Callable[[str], N
 
 
 def _naive(services: _Services, base: dict[str, Any], say: Callable[[str], None]) -> _Side:
-    from connectors.demo._worker import NAIVE_CRASH
+    from sagaguard.connectors.demo._worker import NAIVE_CRASH
 
     side = _Side("naive retry loop")
     for trip in (1, 2):  # (the demo's trips 1 and 2, by the naive loop against its own services)
@@ -270,8 +268,8 @@ def _timelines(journal_url: str, guarded: _Side, say: Callable[[str], None]) -> 
 
 def say_timelines(journal_url: str, sagas: list[tuple[str, str]], say: Callable[[str], None]) -> None:
     """Say each saga's timeline (``sagaguard sagas show``) under its title: ``(saga id, title)``."""
-    from saga import render
-    from saga.journals import open_journal
+    from sagaguard.saga import render
+    from sagaguard.saga.journals import open_journal
 
     journal = open_journal(journal_url)
     try:
@@ -288,11 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo (or, with ``worker CONFIG``, one worker); 0 when the services counted as expected."""
     args_list = sys.argv[1:] if argv is None else list(argv)
     if args_list[:1] == [_WORKER]:
-        from connectors.demo._worker import run_worker
+        from sagaguard.connectors.demo._worker import run_worker
 
         return run_worker(json.loads(args_list[1]))
-    if args_list[:1] == ["agent"]:  # the agent demo (connectors.demo.agent), with its own extras
-        from connectors.demo.agent import main as agent_demo
+    if args_list[:1] == ["agent"]:  # the agent demo (sagaguard.connectors.demo.agent), with its own extras
+        from sagaguard.connectors.demo.agent import main as agent_demo
 
         return agent_demo(args_list[1:])
     missing = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
@@ -314,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     provider = None
     if args.trace:
-        from connectors.demo._trace import install
+        from sagaguard.connectors.demo._trace import install
 
         Path(args.trace).write_text("", encoding="utf-8")
         provider = install(args.trace, "sagaguard-demo")

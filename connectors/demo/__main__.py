@@ -1,7 +1,7 @@
-"""``python -m connectors.demo``: see :mod:`connectors.demo`."""
+"""``python -m sagaguard.connectors.demo``: see :mod:`sagaguard.connectors.demo`."""
 
 import sys
 
-from connectors.demo import main
+from sagaguard.connectors.demo import main
 
 sys.exit(main())

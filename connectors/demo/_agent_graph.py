@@ -1,16 +1,17 @@
 """The agent demo's LangGraph agent, run as a real process (its undos are in
-:mod:`connectors.demo._agent_undos`, which the saga worker imports).
+:mod:`sagaguard.connectors.demo._agent_undos`, which the saga worker imports).
 
-``python -m connectors.demo._agent_graph`` runs the trip agent of ``$SAGAGUARD_AGENT_DEMO`` (a JSON
+``python -m sagaguard.connectors.demo._agent_graph`` runs the trip agent of ``$SAGAGUARD_AGENT_DEMO`` (a JSON
 config: the services' addresses, the SQLite files, ``side``), or resumes it from its checkpoint,
 and prints JSON events on stdout. The graph is model -> tools -> model; the model (the local model
 server, scripted) plans: book the hotel, charge the card, email the confirmation, book the flight,
 and the flight is sold out. Two sides of one graph:
 
-- ``sagaguard``: the tools run in an agent saga (:class:`~connectors.langgraph_saga.SagaTools`,
-  each declared with its undo), the model is journaled, the email goes through the transactional
-  outbox (``send_later``). When the flight fails the run undoes its calls in reverse: the email is
-  corrected (``correction_undo``), the charge refunded, the booking cancelled.
+- ``sagaguard``: the tools run in an agent saga
+  (:class:`~sagaguard.connectors.frameworks.langgraph_saga.SagaTools`, each declared with its undo), the model
+  is journaled, the email goes through the transactional outbox (``send_later``). When the flight fails the
+  run undoes its calls in reverse: the email is corrected (``correction_undo``), the charge refunded, the
+  booking cancelled.
 - ``checkpointer``: the same graph on the same checkpointer, without sagaguard: the plain model,
   the plain tools, the email sent at once. When the flight fails, the error ends the run.
 
@@ -37,15 +38,22 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from connectors.declare import changes_world
-from connectors.demo._agent_undos import demo_config, outbox_mail, payments, post, the_trip, trip_agent
-from connectors.demo.agent import THREAD
-from connectors.email import Email
-from connectors.langgraph import JournaledChatModel, graph_scope
-from connectors.langgraph_saga import SagaTools
-from idempotency import Guard, open_store
-from idempotency.testing import crash_point
-from saga.agent import AgentRunner
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.demo._agent_undos import (
+    demo_config,
+    outbox_mail,
+    payments,
+    post,
+    the_trip,
+    trip_agent,
+)
+from sagaguard.connectors.demo.agent import THREAD
+from sagaguard.connectors.email import Email
+from sagaguard.connectors.frameworks.langgraph import JournaledChatModel, graph_scope
+from sagaguard.connectors.frameworks.langgraph_saga import SagaTools
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.idempotency.testing import crash_point
+from sagaguard.saga.agent import AgentRunner
 
 __all__ = ["DECLARE", "TOOLS", "build", "main"]
 
@@ -180,7 +188,7 @@ def main() -> int:
 
 
 def _journal(config: dict[str, Any]) -> Any:
-    from saga.journals import open_journal
+    from sagaguard.saga.journals import open_journal
 
     return open_journal(config["store"])
 

@@ -1,9 +1,9 @@
 """The agent demo's undos, and the saga type its runs are: what the worker imports.
 
-``sagaguard sagas worker --app connectors.demo._agent_undos:registry`` finishes a compensation the
+``sagaguard sagas worker --app sagaguard.connectors.demo._agent_undos:registry`` finishes a compensation the
 agent's process left (it imports no LangGraph: only what the undos call). Each undo reaches the
 world once however often it runs: the hotel API and Stripe deduplicate by ``Idempotency-Key``, and
-the email's correction is enqueued once per compensation (:mod:`connectors.email_correction`).
+the email's correction is enqueued once per compensation (:mod:`sagaguard.connectors.email_correction`).
 The services' addresses come from ``$SAGAGUARD_AGENT_DEMO`` (a JSON config).
 """
 
@@ -17,12 +17,12 @@ from typing import Any
 import httpx
 import stripe
 
-from connectors.demo._worker import Trip
-from connectors.demo.agent import CONFIG_ENV, THREAD, mailer
-from connectors.email import Email
-from idempotency.testing import crash_point
-from saga import SagaRegistry
-from saga.agent import AgentSaga, UndoRegistry
+from sagaguard.connectors.demo._worker import Trip
+from sagaguard.connectors.demo.agent import CONFIG_ENV, THREAD, mailer
+from sagaguard.connectors.email import Email
+from sagaguard.idempotency.testing import crash_point
+from sagaguard.saga import SagaRegistry
+from sagaguard.saga.agent import AgentSaga, UndoRegistry
 
 __all__ = [
     "cancel_booking",
@@ -126,4 +126,4 @@ def correct_email(arguments: dict[str, Any], result: Any | None) -> None:
 
 trip_agent = AgentSaga("trip_agent", undos)
 registry = SagaRegistry(trip_agent)
-"""What ``sagaguard sagas worker --app connectors.demo._agent_undos:registry`` runs."""
+"""What ``sagaguard sagas worker --app sagaguard.connectors.demo._agent_undos:registry`` runs."""

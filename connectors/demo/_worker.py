@@ -1,11 +1,12 @@
 """The demo's worker processes: the trip booked as a sagaguard saga, and the same trip done naively.
 
-A worker is started by the supervisor (:mod:`connectors.demo`) as ``python -m connectors.demo worker
-CONFIG`` with a JSON config, prints JSON events on stdout, and may be SIGKILLed on purpose:
+A worker is started by the supervisor (:mod:`sagaguard.connectors.demo`) as ``python -m
+sagaguard.connectors.demo worker CONFIG`` with a JSON config, prints JSON events on stdout, and may be
+SIGKILLed on purpose:
 
-- ``saga``: run trip ``saga_id`` with :class:`~saga.runner.SagaRunner` (optionally dying at a saga
+- ``saga``: run trip ``saga_id`` with :class:`~sagaguard.saga.runner.SagaRunner` (optionally dying at a saga
   kill point, e.g. ``store.complete#2:before``: Stripe charged, its record not written);
-- ``recover``: a fresh process sweeps with :func:`saga.recovery.recover` until the dead worker's
+- ``recover``: a fresh process sweeps with :func:`sagaguard.saga.recovery.recover` until the dead worker's
   saga is finished, then runs the outbox relay until it is idle (the confirmation email);
 - ``naive``: the same calls with the plain SDKs and a per-call retry loop, no guard, no saga.
 """
@@ -28,18 +29,18 @@ import stripe
 import tenacity
 from sqlalchemy.orm import Session
 
-from connectors.email import Email, EmailEffects, SmtpSettings
-from connectors.errors import ProviderRejected
-from connectors.http import IdempotentHttp
-from connectors.llm import ChatJournal
-from connectors.stripe import CHARGE, Payment, StripeEffects, refund_compensation
-from idempotency import Guard, Retry, open_store
-from idempotency.keys import EffectIdentity
-from idempotency.outbox import Outbox
-from idempotency.testing import crash_point
-from saga import Saga, SagaRunner, StepContext, recover
-from saga.journals import open_journal
-from saga.testing import CrashingSagaStore, KillPoint, Tripwire
+from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
+from sagaguard.connectors.errors import ProviderRejected
+from sagaguard.connectors.http import IdempotentHttp
+from sagaguard.connectors.llm import ChatJournal
+from sagaguard.connectors.stripe import CHARGE, Payment, StripeEffects, refund_compensation
+from sagaguard.idempotency import Guard, Retry, open_store
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.outbox import Outbox
+from sagaguard.idempotency.testing import crash_point
+from sagaguard.saga import Saga, SagaRunner, StepContext, recover
+from sagaguard.saga.journals import open_journal
+from sagaguard.saga.testing import CrashingSagaStore, KillPoint, Tripwire
 
 __all__ = ["LEASE", "NAIVE_CRASH", "Plan", "Trip", "run_worker"]
 
@@ -47,7 +48,8 @@ LEASE = 0.5
 """Seconds a saga's and an effect's lease lasts in the demo (default 60): how long a dead worker
 blocks the recovery."""
 NAIVE_CRASH = "naive_after_charge"
-"""The :func:`~idempotency.testing.crash_point` the naive worker dies at (right after the charge)."""
+"""The :func:`~sagaguard.idempotency.testing.crash_point` the naive worker dies at (right after the
+charge)."""
 _QUICK = Retry(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.05))
 T = TypeVar("T")
 
@@ -252,7 +254,7 @@ def run_worker(config: dict[str, Any]) -> int:
     """Run one worker as ``config["mode"]`` says (``saga``, ``recover`` or ``naive``); returns 0."""
     provider = None
     if config.get("trace"):
-        from connectors.demo._trace import install
+        from sagaguard.connectors.demo._trace import install
 
         provider = install(config["trace"], f"sagaguard-demo-{config['mode']}")
     try:

@@ -2,13 +2,13 @@
 
 Everything runs on 127.0.0.1 with SQLite files in a temporary directory, in under a minute. The
 supervisor (this process) keeps the local services, so they count what the outside world saw
-whatever happens to the agent's processes: :class:`~connectors.testing.LocalStripe` (the card,
-through the real ``stripe`` SDK), :class:`~connectors.testing.LocalIdempotentApi` (the hotel and
-the airline, whose flight is sold out), :class:`~connectors.testing.LocalChatModel` (the model,
+whatever happens to the agent's processes: :class:`~sagaguard.connectors.testing.LocalStripe` (the card,
+through the real ``stripe`` SDK), :class:`~sagaguard.connectors.testing.LocalIdempotentApi` (the hotel and
+the airline, whose flight is sold out), :class:`~sagaguard.connectors.testing.LocalChatModel` (the model,
 scripted to plan: book the hotel, charge the card, email the confirmation, book the flight) and
-:class:`~connectors.testing.smtp.SmtpSink` (the mail server).
+:class:`~sagaguard.connectors.testing.smtp.SmtpSink` (the mail server).
 
-The agent (:mod:`connectors.demo._agent_graph`) is one LangGraph graph on a SQLite checkpointer,
+The agent (:mod:`sagaguard.connectors.demo._agent_graph`) is one LangGraph graph on a SQLite checkpointer,
 run twice, each side against its own services:
 
 - **with sagaguard**: its tools run in an agent saga (``SagaTools``, each tool declared with its
@@ -23,7 +23,7 @@ run twice, each side against its own services:
 
 The supervisor prints what the services saw side by side and the run's saga timeline, and exits 0
 only when the counts are the expected ones. Also ``sagaguard demo agent`` and ``python -m
-connectors.demo agent``. Needs the ``demo`` and ``langgraph`` extras.
+sagaguard.connectors.demo agent``. Needs the ``demo`` and ``langgraph`` extras.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -40,10 +39,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from connectors.demo import _Run, say_timelines
+from sagaguard.connectors.demo import _Run, say_timelines
 
 __all__ = ["CONFIG_ENV", "THREAD", "Count", "mailer", "main"]
 
@@ -87,9 +85,9 @@ def mailer(config: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
     process, the worker's undo and the supervisor's relay each build their own)."""
     import sqlalchemy as sa
 
-    from connectors.email import EmailEffects, SmtpSettings
-    from idempotency import Guard, open_store
-    from idempotency.outbox import Outbox
+    from sagaguard.connectors.email import EmailEffects, SmtpSettings
+    from sagaguard.idempotency import Guard, open_store
+    from sagaguard.idempotency.outbox import Outbox
 
     store = open_store(config["store"])
     guard = Guard(store)
@@ -105,8 +103,8 @@ class _Services:
     """One side's local services and what they counted."""
 
     def __init__(self, stack: ExitStack) -> None:
-        from connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
-        from connectors.testing.smtp import SmtpSink
+        from sagaguard.connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
+        from sagaguard.connectors.testing.smtp import SmtpSink
 
         self.stripe = stack.enter_context(LocalStripe(in_process=True))
         self.api = stack.enter_context(LocalIdempotentApi(require_key=False, in_process=True))
@@ -156,11 +154,9 @@ def _describe(run: _Run) -> str:
 
 
 def _env(config: dict[str, Any], crash: str | None) -> dict[str, str]:
-    from idempotency.testing import CRASH_ENV
+    from sagaguard.idempotency.testing import CRASH_ENV, child_environment
 
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", CONFIG_ENV: json.dumps(config)}
+    env = child_environment(**{CONFIG_ENV: json.dumps(config)})
     env.pop(CRASH_ENV, None)
     if crash:
         env[CRASH_ENV] = crash
@@ -176,8 +172,8 @@ def _spawn(label: str, argv: list[str], config: dict[str, Any], crash: str | Non
     return _Run(label, done.returncode, events, done.stderr)
 
 
-_AGENT = [sys.executable, "-m", "connectors.demo._agent_graph"]
-_CLI = "import sys; from idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
+_AGENT = [sys.executable, "-m", "sagaguard.connectors.demo._agent_graph"]
+_CLI = "import sys; from sagaguard.idempotency.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _relay(config: dict[str, Any]) -> int:
@@ -193,7 +189,7 @@ def _relay(config: dict[str, Any]) -> int:
 
 
 def _run_state(config: dict[str, Any]) -> str:
-    from saga.journals import open_journal
+    from sagaguard.saga.journals import open_journal
 
     journal = open_journal(config["store"])
     try:
@@ -205,7 +201,8 @@ def _run_state(config: dict[str, Any]) -> str:
 
 def _worker(config: dict[str, Any]) -> list[_Run]:
     """``sagaguard sagas worker --once`` in fresh processes until the run's compensation ended."""
-    argv = [sys.executable, "-c", _CLI, "sagas", "worker", "--app", "connectors.demo._agent_undos:registry"]
+    argv = [sys.executable, "-c", _CLI, "sagas", "worker"]
+    argv += ["--app", "sagaguard.connectors.demo._agent_undos:registry"]
     argv += ["--store", config["store"], "--once", "--lease", str(LEASE)]
     runs: list[_Run] = []
     deadline = time.monotonic() + 60

@@ -7,19 +7,19 @@ through a proxy in front of any server.
         payments = GuardedSession(session, guard, server="payments")
         result = await payments.call_tool("charge", {"amount": 420}, call_id=tool_call_id)
 
-- :mod:`connectors.mcp.policy`: a tool's mode from its annotations (``readOnlyHint``: sent as it
+- :mod:`sagaguard.connectors.mcp.policy`: a tool's mode from its annotations (``readOnlyHint``: sent as it
   is; ``idempotentHint``: re-sent on doubt; else at most once), overridden per tool; what an
   ``isError`` result means.
-- :mod:`connectors.mcp.session`: :class:`GuardedSession`, wrapping ``ClientSession.call_tool``.
-- :mod:`connectors.mcp.undo`: a tool's undo as another MCP tool, run by the agent saga.
-- :mod:`connectors.mcp.tools`: the session's tools as LangChain and OpenAI Agents SDK tools.
-- :mod:`connectors.mcp.proxy` and ``sagaguard mcp proxy|tools``: the same rules for clients you do
+- :mod:`sagaguard.connectors.mcp.session`: :class:`GuardedSession`, wrapping ``ClientSession.call_tool``.
+- :mod:`sagaguard.connectors.mcp.undo`: a tool's undo as another MCP tool, run by the agent saga.
+- :mod:`sagaguard.connectors.mcp.tools`: the session's tools as LangChain and OpenAI Agents SDK tools.
+- :mod:`sagaguard.connectors.mcp.proxy` and ``sagaguard mcp proxy|tools``: the same rules for clients you do
   not control.
 
 Needs the ``mcp`` extra (``pip install 'sagaguard[mcp]'``).
 """
 
-from connectors.mcp.policy import (
+from sagaguard.connectors.mcp.policy import (
     IDEMPOTENCY_META_KEY,
     LookupTool,
     Mode,
@@ -31,8 +31,14 @@ from connectors.mcp.policy import (
     policy_for,
     policy_from_annotations,
 )
-from connectors.mcp.session import GuardedSession, ToolSession, http_session, pending_result, stdio_session
-from connectors.mcp.undo import McpServers, McpUndos, UndoFailed, UndoTool, undo_arguments
+from sagaguard.connectors.mcp.session import (
+    GuardedSession,
+    ToolSession,
+    http_session,
+    pending_result,
+    stdio_session,
+)
+from sagaguard.connectors.mcp.undo import McpServers, McpUndos, UndoFailed, UndoTool, undo_arguments
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",

@@ -8,7 +8,7 @@
 ``tools`` starts (or connects to) the server, lists its tools with their annotations and the mode
 each gets (``pass_through``, ``resend``, ``at_most_once``) and why. ``proxy`` serves the server's
 tools to one client over stdio (default) or to many over streamable HTTP (``--http``), each call
-guarded as :mod:`connectors.mcp.proxy` says, recorded in ``--store`` (default ``$SAGAGUARD_STORE``).
+guarded as :mod:`sagaguard.connectors.mcp.proxy` says, recorded in ``--store`` (default ``$SAGAGUARD_STORE``).
 
 :func:`add_commands` adds ``mcp`` to the ``sagaguard`` command's sub-parsers (through the
 ``sagaguard.commands`` entry point); :func:`run` runs it.
@@ -30,12 +30,12 @@ from typing import Any, TextIO
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters
 
-from connectors.mcp.policy import policy_from_annotations
-from connectors.mcp.proxy import McpProxy, serve_http, serve_stdio
-from connectors.mcp.session import http_session, stdio_session
-from idempotency.errors import ConfigurationError, IdempotencyError
-from idempotency.guard import Guard
-from idempotency.stores import DEFAULT_URL, open_store
+from sagaguard.connectors.mcp.policy import policy_from_annotations
+from sagaguard.connectors.mcp.proxy import McpProxy, serve_http, serve_stdio
+from sagaguard.connectors.mcp.session import http_session, stdio_session
+from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.stores import DEFAULT_URL, open_store
 
 __all__ = ["add_commands", "describe", "run"]
 

@@ -18,8 +18,9 @@ anything else, or none        ``at_most_once``  is guarded; in doubt after a cra
 
 Hints come from the server: the MCP spec says a client should not trust them from a server it does
 not trust. Declare a tool yourself (``declare={"search": read_only, "pay": changes_world(...)}``,
-with :mod:`connectors.declare`) and the declaration wins: :data:`~connectors.declare.read_only` is
-``pass_through``, :func:`~connectors.declare.changes_world` is ``at_most_once`` (``resend`` with
+with :mod:`sagaguard.connectors.declare`) and the declaration wins:
+:data:`~sagaguard.connectors.declare.read_only` is ``pass_through``,
+:func:`~sagaguard.connectors.declare.changes_world` is ``at_most_once`` (``resend`` with
 ``provider_idempotent=True``), its Guard options, undo and pivot carried along.
 
 **A result with** ``isError: true`` **is a tool failure the server reported** (the tool ran and
@@ -44,10 +45,10 @@ from typing import Any
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
-from connectors.declare import ToolDeclaration
-from idempotency.effect import Policy
-from idempotency.errors import ConfigurationError, NotApplied
-from idempotency.records import Disposition
+from sagaguard.connectors.declare import ToolDeclaration
+from sagaguard.idempotency.effect import Policy
+from sagaguard.idempotency.errors import ConfigurationError, NotApplied
+from sagaguard.idempotency.records import Disposition
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
@@ -149,7 +150,7 @@ class ToolPolicy:
     reason: str
     """Why: which annotation or declaration decided it (``sagaguard mcp tools`` prints it)."""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    """Other :meth:`~idempotency.guard.Guard.run` options for the call (``reconciler=``, ...)."""
+    """Other :meth:`~sagaguard.idempotency.guard.Guard.run` options for the call (``reconciler=``, ...)."""
     on_error: OnToolError = OnToolError.NOT_APPLIED
     """What an ``isError`` result means."""
     undo: str | None = None
@@ -233,7 +234,7 @@ def _classify(exc: BaseException) -> Disposition | None:
 
 
 def guard_options(policy: ToolPolicy) -> dict[str, Any]:
-    """The :meth:`~idempotency.guard.Guard.arun` options of a guarded call under ``policy``."""
+    """The :meth:`~sagaguard.idempotency.guard.Guard.arun` options of a guarded call under ``policy``."""
     options: dict[str, Any] = {
         "policy": Policy.AT_MOST_ONCE,
         "provider_idempotent": policy.mode is Mode.RESEND,

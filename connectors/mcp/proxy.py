@@ -7,14 +7,14 @@ For MCP clients you do not control (a desktop app, an IDE, another team's agent)
     sagaguard mcp proxy --url http://payments:8000/mcp --store ...             # an HTTP upstream
 
 Tools are listed as the server lists them; each call goes through a
-:class:`~connectors.mcp.session.GuardedSession` on the upstream session: the modes come from
+:class:`~sagaguard.connectors.mcp.session.GuardedSession` on the upstream session: the modes come from
 the annotations (the command line takes no declarations; in code, :class:`McpProxy`'s ``declare=``
 overrides them per tool, as for the session).
 
 **What identifies a call.** A proxy sees requests, not an agent's run, so:
 
 - A client that sends an idempotency key in the request's ``_meta``
-  (:data:`~connectors.mcp.policy.IDEMPOTENCY_META_KEY`) names the call: the same key is the same
+  (:data:`~sagaguard.connectors.mcp.policy.IDEMPOTENCY_META_KEY`) names the call: the same key is the same
   call, across client restarts, proxy restarts and reconnections. Sent again after an answer, it
   gets the recorded result; after a crash it is resolved (a ``resend`` tool is re-sent under the
   same upstream key; an ``at_most_once`` one is answered as pending, parked for an operator, never
@@ -42,12 +42,12 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 
-from connectors.declare import ToolDeclaration
-from connectors.in_doubt import ReturnPending
-from connectors.mcp.policy import IDEMPOTENCY_META_KEY, ToolPolicy
-from connectors.mcp.session import GuardedSession, ToolSession
-from idempotency.errors import KeyConflict
-from idempotency.guard import Guard
+from sagaguard.connectors.declare import ToolDeclaration
+from sagaguard.connectors.in_doubt import ReturnPending
+from sagaguard.connectors.mcp.policy import IDEMPOTENCY_META_KEY, ToolPolicy
+from sagaguard.connectors.mcp.session import GuardedSession, ToolSession
+from sagaguard.idempotency.errors import KeyConflict
+from sagaguard.idempotency.guard import Guard
 
 __all__ = ["McpProxy", "call_key", "serve_http", "serve_stdio"]
 

@@ -8,7 +8,7 @@
             result = await payments.call_tool("charge", {"amount": 420}, call_id="call_1")
 
 :meth:`GuardedSession.call_tool` takes what ``ClientSession.call_tool`` takes and returns a
-``CallToolResult``. The tool's :class:`~connectors.mcp.policy.ToolPolicy` (its annotations from
+``CallToolResult``. The tool's :class:`~sagaguard.connectors.mcp.policy.ToolPolicy` (its annotations from
 ``list_tools``, or your declaration) decides what happens:
 
 - ``pass_through`` (read-only): the call is sent as it is.
@@ -16,14 +16,14 @@
   name and arguments, and keyed on the run: an explicit ``key=``; else the current scope and the
   call id (``call_id=``, or the model's tool call id the framework adapters set); else the current
   scope and the call's ordinal in it. The first run sends it, with the effect's provider key in the
-  request's ``_meta`` (:data:`~connectors.mcp.policy.IDEMPOTENCY_META_KEY`); a re-run returns the
+  request's ``_meta`` (:data:`~sagaguard.connectors.mcp.policy.IDEMPOTENCY_META_KEY`); a re-run returns the
   recorded ``CallToolResult`` (stored as JSON) without reaching the server. A crash between the
   request and its record leaves the call in doubt: re-sent under the same key (``resend``) or
   resolved by its reconciler, else parked (``at_most_once``, ``OutcomeUnknown``, or what
   ``on_doubt=`` says).
 - a tool declared with an undo (or as the pivot) inside an open agent run
-  (:func:`saga.agent.current_run`) is a step of the run: ``await run.acall(...)`` registers the call
-  and its undo in one journal commit before the request leaves (see :mod:`connectors.mcp.undo`).
+  (:func:`sagaguard.saga.agent.current_run`) is a step of the run: ``await run.acall(...)`` registers the call
+  and its undo in one journal commit before the request leaves (see :mod:`sagaguard.connectors.mcp.undo`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from connectors.declare import ToolDeclaration
-from connectors.in_doubt import OnDoubt, Pending, Stop, asettle
-from connectors.mcp.policy import (
+from sagaguard.connectors.declare import ToolDeclaration
+from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle
+from sagaguard.connectors.mcp.policy import (
     IDEMPOTENCY_META_KEY,
     LookupTool,
     OnToolError,
@@ -50,7 +50,7 @@ from connectors.mcp.policy import (
     pick,
     policy_for,
 )
-from idempotency.effect import (
+from sagaguard.idempotency.effect import (
     APPLIED_UNKNOWN,
     NOT_APPLIED,
     Applied,
@@ -59,10 +59,10 @@ from idempotency.effect import (
     Unknown,
     current_effect,
 )
-from idempotency.errors import ConfigurationError, NotApplied
-from idempotency.guard import Guard
-from idempotency.keys import EffectIdentity, current_scope
-from idempotency.telemetry import TOOL_CALL_ID
+from sagaguard.idempotency.errors import ConfigurationError, NotApplied
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.keys import EffectIdentity, current_scope
+from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 
 __all__ = ["GuardedSession", "ToolSession", "http_session", "pending_result", "stdio_session"]
 
@@ -109,7 +109,7 @@ SessionFactory = Callable[[], AbstractAsyncContextManager[ClientSession]]
 
 
 def pending_result(pending: Pending) -> types.CallToolResult:
-    """The tool result :class:`~connectors.in_doubt.ReturnPending` hands the model: an error
+    """The tool result :class:`~sagaguard.connectors.in_doubt.ReturnPending` hands the model: an error
     result whose text is the pending JSON, with the same object as ``structuredContent``."""
     text = pending.as_json()
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)]
@@ -129,9 +129,9 @@ class GuardedSession:
         session: the session to the server (an initialized ``mcp.ClientSession``).
         guard: the guard the calls run under.
         server: the server's name in effect names (``mcp.{server}.{tool}``) and undos.
-        declare: per tool name, a :class:`~connectors.declare.ToolDeclaration` (or a
-            :class:`~connectors.mcp.policy.ToolPolicy`) that wins over the tool's annotations.
-        on_doubt: what a call left in doubt does (:mod:`connectors.in_doubt`; default: raise
+        declare: per tool name, a :class:`~sagaguard.connectors.declare.ToolDeclaration` (or a
+            :class:`~sagaguard.connectors.mcp.policy.ToolPolicy`) that wins over the tool's annotations.
+        on_doubt: what a call left in doubt does (:mod:`sagaguard.connectors.in_doubt`; default: raise
             ``OutcomeUnknown``). ``ReturnPending()`` returns :func:`pending_result`.
 
     Raises:
@@ -282,7 +282,7 @@ class GuardedSession:
         send: Callable[[], Awaitable[types.CallToolResult]],
         call_id: str | None,
     ) -> Callable[[], Awaitable[types.CallToolResult]]:
-        from saga.agent import current_run  # the agent-saga path only
+        from sagaguard.saga.agent import current_run  # the agent-saga path only
 
         run = current_run()
         if call_id is None:

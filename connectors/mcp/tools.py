@@ -23,7 +23,7 @@ from typing import Any
 
 from mcp import types
 
-from connectors.mcp.session import GuardedSession
+from sagaguard.connectors.mcp.session import GuardedSession
 
 __all__ = ["agents_tools", "langchain_tools", "result_text"]
 
@@ -63,7 +63,8 @@ def _langchain_tool(factory: Any, session: GuardedSession, tool: types.Tool) -> 
 
 async def agents_tools(session: GuardedSession) -> list[Any]:
     """The server's tools as OpenAI Agents SDK ``FunctionTool``\\ s, keyed on each call's
-    ``tool_call_id`` (wrap the agent with ``connectors.openai_agents.AgentRun`` for the run key)."""
+    ``tool_call_id`` (wrap the agent with ``sagaguard.connectors.frameworks.openai_agents.AgentRun`` for the
+    run key)."""
     from agents import FunctionTool
 
     listed = await session.list_tools()

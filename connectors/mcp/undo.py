@@ -51,12 +51,12 @@ from typing import Any, cast
 
 from mcp import ClientSession, types
 
-from connectors.declare import ToolDeclaration, changes_world
-from connectors.mcp.policy import IDEMPOTENCY_META_KEY, pick
-from connectors.mcp.session import SessionFactory
-from idempotency.effect import current_effect
-from idempotency.errors import ConfigurationError
-from saga.agent import UndoRegistry
+from sagaguard.connectors.declare import ToolDeclaration, changes_world
+from sagaguard.connectors.mcp.policy import IDEMPOTENCY_META_KEY, pick
+from sagaguard.connectors.mcp.session import SessionFactory
+from sagaguard.idempotency.effect import current_effect
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.saga.agent import UndoRegistry
 
 __all__ = ["McpServers", "McpUndos", "UndoFailed", "UndoTool", "undo_arguments"]
 
@@ -126,8 +126,8 @@ class McpServers:
 
     def register(self, name: str, factory: SessionFactory) -> None:
         """Open sessions to ``name`` with ``factory`` (it returns an async context manager that
-        yields an initialized ``ClientSession``: :func:`~connectors.mcp.session.stdio_session`,
-        :func:`~connectors.mcp.session.http_session`).
+        yields an initialized ``ClientSession``: :func:`~sagaguard.connectors.mcp.session.stdio_session`,
+        :func:`~sagaguard.connectors.mcp.session.http_session`).
 
         Raises:
             ConfigurationError: a malformed name, or the name taken by another factory.
@@ -175,13 +175,14 @@ class McpUndos:
 
     def undo(self, server: str, tool: str, undo: UndoTool, **options: Any) -> ToolDeclaration:
         """Register the undo of ``tool`` on ``server`` and return the tool's declaration (for
-        :class:`~connectors.mcp.session.GuardedSession`'s ``declare=``).
+        :class:`~sagaguard.connectors.mcp.session.GuardedSession`'s ``declare=``).
 
         Args:
             server: the server of the tool being undone.
             tool: the tool being undone.
             undo: its undo tool and the undo's arguments.
-            options: Guard options of the tool's calls, as for :func:`~connectors.declare.changes_world`.
+            options: Guard options of the tool's calls, as for
+                :func:`~sagaguard.connectors.declare.changes_world`.
 
         Raises:
             ConfigurationError, DefinitionError: a malformed name, or the undo's name taken.

@@ -3,7 +3,7 @@ and counters, so tests run the real SDKs against them.
 
 ::
 
-    from connectors.testing import LocalStripe
+    from sagaguard.connectors.testing import LocalStripe
 
     with LocalStripe() as server:                    # its own process: survives a SIGKILLed worker
         payments = StripeEffects(guard, api_key=server.api_key, api_base=server.api_base)
@@ -14,21 +14,21 @@ and counters, so tests run the real SDKs against them.
 - :class:`LocalStripe`: PaymentIntents and Refunds with Stripe's idempotency semantics.
 - :class:`LocalIdempotentApi`: any JSON API honouring the IETF ``Idempotency-Key`` header.
 - :class:`LocalChatModel`: OpenAI-compatible chat completions (stored completions included).
-- :class:`SmtpSink` (:mod:`connectors.testing.smtp`, needs ``aiosmtpd``): a real SMTP server in a
+- :class:`SmtpSink` (:mod:`sagaguard.connectors.testing.smtp`, needs ``aiosmtpd``): a real SMTP server in a
   thread that counts what it accepts.
 
 Every HTTP server takes faults (:meth:`LocalService.fault`: ``fail``, ``timeout`` after applying,
 ``slow``), counts (:meth:`LocalService.counters`), moves its clock (:meth:`LocalService.advance_clock`)
-and resets. Crash points for workers are :func:`idempotency.testing.crash_point` and
-:class:`idempotency.testing.CrashingStore`, re-exported here. ``python -m connectors.testing KIND``
-runs a server by hand.
+and resets. Crash points for workers are :func:`sagaguard.idempotency.testing.crash_point` and
+:class:`sagaguard.idempotency.testing.CrashingStore`, re-exported here. ``python -m
+sagaguard.connectors.testing KIND`` runs a server by hand.
 """
 
-from connectors.testing._service import FaultRule, LocalService
-from connectors.testing.chat_server import LocalChatModel
-from connectors.testing.http_server import LocalIdempotentApi
-from connectors.testing.stripe_server import LocalStripe
-from idempotency.testing import CRASH_ENV, CrashingStore, crash_point, sigkill
+from sagaguard.connectors.testing._service import FaultRule, LocalService
+from sagaguard.connectors.testing.chat_server import LocalChatModel
+from sagaguard.connectors.testing.http_server import LocalIdempotentApi
+from sagaguard.connectors.testing.stripe_server import LocalStripe
+from sagaguard.idempotency.testing import CRASH_ENV, CrashingStore, crash_point, sigkill
 
 __all__ = [
     "CRASH_ENV",

@@ -1,9 +1,9 @@
-"""``python -m connectors.testing KIND [--host H] [--port P] [--config JSON]``: run a local server.
+"""``python -m sagaguard.connectors.testing KIND [--host H] [--port P] [--config JSON]``: run a local server.
 
-KIND is ``stripe`` (:mod:`connectors.testing.stripe_server`), ``http`` (an API honouring the
-``Idempotency-Key`` header, :mod:`connectors.testing.http_server`) or ``chat`` (OpenAI-compatible chat
-completions, :mod:`connectors.testing.chat_server`). Prints one JSON line ``{"url": ..., "port": ...}``
-once it listens.
+KIND is ``stripe`` (:mod:`sagaguard.connectors.testing.stripe_server`), ``http`` (an API honouring the
+``Idempotency-Key`` header, :mod:`sagaguard.connectors.testing.http_server`) or ``chat`` (OpenAI-compatible
+chat completions, :mod:`sagaguard.connectors.testing.chat_server`). Prints one JSON line ``{"url": ...,
+"port": ...}`` once it listens.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from connectors.testing._service import App, serve
+from sagaguard.connectors.testing._service import App, serve
 
 KINDS = ("stripe", "http", "chat")
 
@@ -27,15 +27,15 @@ def make_app(kind: str, config: Mapping[str, Any]) -> App:
         ValueError: unknown kind.
     """
     if kind == "stripe":
-        from connectors.testing.stripe_server import StripeApp
+        from sagaguard.connectors.testing.stripe_server import StripeApp
 
         return StripeApp(config)
     if kind == "http":
-        from connectors.testing.http_server import IdempotentApiApp
+        from sagaguard.connectors.testing.http_server import IdempotentApiApp
 
         return IdempotentApiApp(config)
     if kind == "chat":
-        from connectors.testing.chat_server import ChatApp
+        from sagaguard.connectors.testing.chat_server import ChatApp
 
         return ChatApp(config)
     raise ValueError(f"unknown local server {kind!r}; choose one of {KINDS}")
@@ -43,7 +43,7 @@ def make_app(kind: str, config: Mapping[str, Any]) -> App:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one local server until it is stopped (or its stdin closes, with --exit-on-stdin-eof)."""
-    parser = argparse.ArgumentParser(prog="python -m connectors.testing")
+    parser = argparse.ArgumentParser(prog="python -m sagaguard.connectors.testing")
     parser.add_argument("kind", choices=KINDS)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import select
 import subprocess
 import sys
@@ -30,9 +29,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
+
+from sagaguard.idempotency.testing.children import child_environment
 
 __all__ = ["App", "FaultRule", "Faults", "LocalService", "Reply", "Request", "ServerClock", "serve"]
 
@@ -280,7 +280,8 @@ class LocalService:
     """Runs one local server (``kind``) in its own process or in a thread, as a context manager.
 
     Args:
-        kind: the server (``"stripe"``, ``"http"``, ``"chat"``); see ``python -m connectors.testing``.
+        kind: the server (``"stripe"``, ``"http"``, ``"chat"``); see
+            ``python -m sagaguard.connectors.testing``.
         config: the server's options (JSON-able).
         in_process: run in a daemon thread of this process instead (no process start, but the
             server shares the GIL with the client, and dies with a killed test process).
@@ -317,7 +318,8 @@ class LocalService:
     def command(self) -> list[str]:
         """The server process's command line (this checkout is on its ``PYTHONPATH``): it prints
         ``{"url": ...}`` as its first line once it listens, and exits when its stdin closes."""
-        argv = [sys.executable, "-m", "connectors.testing", self.kind, "--port", "0", "--exit-on-stdin-eof"]
+        argv = [sys.executable, "-m", "sagaguard.connectors.testing", self.kind]
+        argv += ["--port", "0", "--exit-on-stdin-eof"]
         return [*argv, "--config", json.dumps(self.config)]
 
     def start(self) -> Self:
@@ -325,22 +327,20 @@ class LocalService:
         if self._url is not None:
             return self
         if self.in_process:
-            from connectors.testing.__main__ import make_app
+            from sagaguard.connectors.testing.__main__ import make_app
 
             server = _Server(("127.0.0.1", 0), make_app(self.kind, self.config))
             threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
             self._server = server
             self._url = f"http://127.0.0.1:{server.server_address[1]}"
             return self
-        root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
         proc = subprocess.Popen(
             self.command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
+            env=child_environment(),
         )
         self._proc = proc
         try:

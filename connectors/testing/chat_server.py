@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
-from connectors.testing._service import App, LocalService, Reply, Request
+from sagaguard.connectors.testing._service import App, LocalService, Reply, Request
 
 __all__ = ["ChatApp", "LocalChatModel"]
 

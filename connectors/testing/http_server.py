@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from connectors.testing._service import App, LocalService, Reply, Request
+from sagaguard.connectors.testing._service import App, LocalService, Reply, Request
 
 __all__ = ["IdempotentApiApp", "LocalIdempotentApi", "parse_key"]
 

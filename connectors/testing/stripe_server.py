@@ -8,7 +8,7 @@
         ...
         assert server.counters()["charges"] == 1
 
-What it implements (the subset :mod:`connectors.stripe` uses): PaymentIntents (create, with
+What it implements (the subset :mod:`sagaguard.connectors.stripe` uses): PaymentIntents (create, with
 ``confirm=true``; confirm; capture; cancel; retrieve; list; search), Refunds (create, retrieve,
 list), with Stripe's idempotency semantics:
 
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from connectors.testing._service import App, LocalService, Reply, Request
-from connectors.testing._stripe_state import StripeFailure, StripeState
+from sagaguard.connectors.testing._service import App, LocalService, Reply, Request
+from sagaguard.connectors.testing._stripe_state import StripeFailure, StripeState
 
 __all__ = ["API_KEY", "LocalStripe", "StripeApp", "decode_form"]
 

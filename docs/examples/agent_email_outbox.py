@@ -12,11 +12,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from connectors.email import Email, EmailEffects, SmtpSettings
-from connectors.langgraph import JournaledChatModel, ToolGuard
-from connectors.testing.smtp import SmtpSink
-from idempotency import Guard, open_store
-from idempotency.outbox import Outbox
+from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
+from sagaguard.connectors.frameworks.langgraph import JournaledChatModel, ToolGuard
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.idempotency.outbox import Outbox
 
 store = open_store(os.environ.get("SAGAGUARD_STORE", "sqlite:///agent_email.db"))
 guard = Guard(store)

@@ -9,10 +9,10 @@ way (see docs/agent_sagas.md).
 import os
 from typing import Any
 
-from idempotency import Guard, open_store
-from saga import SagaRegistry, SagaState
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry, current_run
-from saga.journals import open_journal
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.saga import SagaRegistry, SagaState
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry, current_run
+from sagaguard.saga.journals import open_journal
 
 world: list[str] = []  # stands in for the hotel and the card processor
 undos = UndoRegistry()  # filled at import, so the worker (another process) finds the same undos
@@ -21,7 +21,7 @@ undos = UndoRegistry()  # filled at import, so the worker (another process) find
 @undos.register
 def cancel_booking(arguments: dict[str, Any], result: Any | None) -> None:
     # result is None when the call's outcome was never recorded: find the booking by its key
-    # (saga.agent.undoing().key) then.
+    # (sagaguard.saga.agent.undoing().key) then.
     world.append(f"cancel {result['booking'] if result else arguments['hotel']}")
 
 

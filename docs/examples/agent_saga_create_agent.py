@@ -17,12 +17,12 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
-from connectors.declare import changes_world
-from connectors.langchain_saga import SagaMiddleware
-from idempotency import Guard, open_store
-from saga import SagaRegistry, SagaState
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
-from saga.journals import open_journal
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.frameworks.langchain_saga import SagaMiddleware
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.saga import SagaRegistry, SagaState
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.journals import open_journal
 
 world: list[str] = []  # stands in for the hotel, the card processor and the airline
 undos = UndoRegistry()  # the same undos serve every framework

@@ -14,12 +14,12 @@ from agents.models.interface import Model
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-from connectors.declare import changes_world
-from connectors.openai_agents_saga import SagaTurn
-from idempotency import Guard, open_store
-from saga import SagaRegistry, SagaState
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
-from saga.journals import open_journal
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.frameworks.openai_agents_saga import SagaTurn
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.saga import SagaRegistry, SagaState
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.journals import open_journal
 
 set_tracing_disabled(True)
 world: list[str] = []  # stands in for the hotel, the card processor and the airline

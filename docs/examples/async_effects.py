@@ -3,7 +3,7 @@
 import asyncio
 import os
 
-from idempotency import Guard, open_store, scope
+from sagaguard.idempotency import Guard, open_store, scope
 
 outbox: list[str] = []
 

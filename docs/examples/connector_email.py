@@ -6,10 +6,10 @@ import os
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from connectors.email import Email, EmailEffects, SmtpSettings
-from connectors.testing.smtp import SmtpSink
-from idempotency import Guard, open_store, scope
-from idempotency.outbox import Outbox
+from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
+from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency import Guard, open_store, scope
+from sagaguard.idempotency.outbox import Outbox
 
 store = open_store(os.environ.get("SAGAGUARD_STORE", "sqlite:///email.db"))
 guard = Guard(store)

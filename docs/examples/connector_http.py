@@ -5,9 +5,9 @@ import os
 
 import httpx
 
-from connectors.http import IdempotentHttp
-from connectors.testing import LocalIdempotentApi
-from idempotency import Guard, open_store, scope
+from sagaguard.connectors.http import IdempotentHttp
+from sagaguard.connectors.testing import LocalIdempotentApi
+from sagaguard.idempotency import Guard, open_store, scope
 
 store = open_store(os.environ.get("SAGAGUARD_STORE", "sqlite:///http.db"))
 guard = Guard(store)

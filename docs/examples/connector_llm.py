@@ -5,9 +5,9 @@ import os
 
 import openai
 
-from connectors.llm import ChatJournal
-from connectors.testing import LocalChatModel
-from idempotency import Guard, open_store, scope
+from sagaguard.connectors.llm import ChatJournal
+from sagaguard.connectors.testing import LocalChatModel
+from sagaguard.idempotency import Guard, open_store, scope
 
 store = open_store(os.environ.get("SAGAGUARD_STORE", "sqlite:///llm.db"))
 guard = Guard(store)

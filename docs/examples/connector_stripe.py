@@ -3,9 +3,9 @@ is settled by asking Stripe (here the local Stripe-compatible test server, with 
 
 import os
 
-from connectors.stripe import StripeEffects
-from connectors.testing import LocalStripe
-from idempotency import Guard, open_store, scope
+from sagaguard.connectors.stripe import StripeEffects
+from sagaguard.connectors.testing import LocalStripe
+from sagaguard.idempotency import Guard, open_store, scope
 
 store = open_store(os.environ.get("SAGAGUARD_STORE", "sqlite:///stripe.db"))
 guard = Guard(store)

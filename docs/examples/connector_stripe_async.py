@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import tenacity
 
-from connectors.errors import ProviderRejected
-from connectors.stripe import Payment, StripeEffects, refund_compensation
-from connectors.testing import LocalStripe
-from idempotency import Guard, Retry, open_store, scope
-from saga import MemoryJournal, Saga, SagaRunner, StepContext
+from sagaguard.connectors.errors import ProviderRejected
+from sagaguard.connectors.stripe import Payment, StripeEffects, refund_compensation
+from sagaguard.connectors.testing import LocalStripe
+from sagaguard.idempotency import Guard, Retry, open_store, scope
+from sagaguard.saga import MemoryJournal, Saga, SagaRunner, StepContext
 
 
 @dataclass

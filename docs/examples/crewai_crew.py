@@ -16,11 +16,11 @@ except ImportError:
     print("crewai is not installed here: pip install 'sagaguard[crewai]' to run this example")
     sys.exit(0)
 
-from connectors.crewai import CrewGuard
-from connectors.declare import changes_world
-from connectors.testing import LocalChatModel
-from idempotency import Guard, open_store
-from idempotency.testing import CounterClient, CounterService
+from sagaguard.connectors.frameworks.crewai import CrewGuard
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.testing import LocalChatModel
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.idempotency.testing import CounterClient, CounterService
 
 folder = Path(tempfile.mkdtemp())
 store = open_store(os.environ.get("SAGAGUARD_STORE", f"sqlite:///{folder / 'effects.db'}"))

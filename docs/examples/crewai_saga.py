@@ -16,14 +16,14 @@ except ImportError:
     print("crewai is not installed here: pip install 'sagaguard[crewai]' to run this example")
     sys.exit(0)
 
-from connectors.crewai import CrewGuard
-from connectors.crewai_saga import CrewSaga
-from connectors.declare import changes_world
-from connectors.testing import LocalChatModel
-from idempotency import Guard, open_store
-from saga import SagaState
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
-from saga.journals import open_journal
+from sagaguard.connectors.frameworks.crewai import CrewGuard
+from sagaguard.connectors.frameworks.crewai_saga import CrewSaga
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.testing import LocalChatModel
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.saga import SagaState
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.journals import open_journal
 
 world: list[str] = []  # stands in for the hotel and the card processor
 undos = UndoRegistry()  # the same undos serve every framework: (arguments, the tool's output)

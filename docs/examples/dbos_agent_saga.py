@@ -10,12 +10,12 @@ from typing import Any
 
 from dbos import DBOS, SetWorkflowID
 
-from connectors.dbos_saga import DbosSagaTools
-from connectors.declare import changes_world
-from idempotency import Guard, open_store
-from saga import SagaRegistry, SagaState
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
-from saga.journals import open_journal
+from sagaguard.connectors.frameworks.dbos_saga import DbosSagaTools
+from sagaguard.connectors.declare import changes_world
+from sagaguard.idempotency import Guard, open_store
+from sagaguard.saga import SagaRegistry, SagaState
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.journals import open_journal
 
 world: list[str] = []  # stands in for the hotel and the card processor
 undos = UndoRegistry()

@@ -2,7 +2,7 @@
 
 import os
 
-from idempotency import Guard, KeyConflict, open_store
+from sagaguard.idempotency import Guard, KeyConflict, open_store
 
 sent: list[str] = []
 

@@ -4,7 +4,7 @@ charging again.
 
 import os
 
-from idempotency import (
+from sagaguard.idempotency import (
     NOT_APPLIED,
     Applied,
     Guard,

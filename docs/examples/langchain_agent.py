@@ -15,8 +15,8 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from connectors.langchain import GuardMiddleware
-from idempotency import Guard, open_store
+from sagaguard.connectors.frameworks.langchain import GuardMiddleware
+from sagaguard.idempotency import Guard, open_store
 
 store = open_store(os.environ.get("SAGAGUARD_STORE", "sqlite:///langchain.db"))
 guard = Guard(store)

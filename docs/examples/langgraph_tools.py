@@ -10,8 +10,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from connectors.langgraph import JournaledChatModel, ToolGuard
-from idempotency import Guard, open_store
+from sagaguard.connectors.frameworks.langgraph import JournaledChatModel, ToolGuard
+from sagaguard.idempotency import Guard, open_store
 
 store = open_store(os.environ.get("SAGAGUARD_STORE", "sqlite:///langgraph.db"))
 guard = Guard(store)

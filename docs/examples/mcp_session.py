@@ -10,8 +10,8 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
-from connectors.mcp import GuardedSession
-from idempotency import Guard, open_store, scope
+from sagaguard.connectors.mcp import GuardedSession
+from sagaguard.idempotency import Guard, open_store, scope
 
 server = MCPServer("payments")  # any MCP server; this one runs in-process
 charges: list[str] = []

@@ -12,9 +12,9 @@ from agents.models.interface import Model
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-from connectors.declare import changes_world
-from connectors.openai_agents import AgentRun
-from idempotency import Guard, open_store
+from sagaguard.connectors.declare import changes_world
+from sagaguard.connectors.frameworks.openai_agents import AgentRun
+from sagaguard.idempotency import Guard, open_store
 
 set_tracing_disabled(True)
 refunds: list[str] = []

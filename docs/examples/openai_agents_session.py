@@ -12,8 +12,8 @@ from agents.models.interface import Model
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-from connectors.openai_agents import AgentRun
-from idempotency import Guard, open_store
+from sagaguard.connectors.frameworks.openai_agents import AgentRun
+from sagaguard.idempotency import Guard, open_store
 
 set_tracing_disabled(True)
 refunds: list[str] = []

@@ -8,8 +8,8 @@ import os
 
 from sqlmodel import Field, Session, SQLModel
 
-from idempotency.outbox import Message, Outbox, create_tables
-from idempotency.stores.sql import make_engine
+from sagaguard.idempotency.outbox import Message, Outbox, create_tables
+from sagaguard.idempotency.stores.sql import make_engine
 
 url = os.environ.get("SAGAGUARD_STORE", "")
 if not url.startswith(("sqlite", "postgresql")):

@@ -6,7 +6,7 @@ Run it twice: the second run charges nothing and prints the receipt the first ru
 import os
 from dataclasses import dataclass
 
-from idempotency import Guard, current_effect, open_store, scope
+from sagaguard.idempotency import Guard, current_effect, open_store, scope
 
 
 @dataclass

@@ -1,6 +1,6 @@
 from dataclasses import dataclass
 
-from idempotency import Guard, current_effect, open_store, scope
+from sagaguard.idempotency import Guard, current_effect, open_store, scope
 
 
 @dataclass

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import tenacity
 
-from idempotency import Guard, Retry, open_store
-from saga import Saga, SagaRunner, SagaState, StepContext, recover, render, retry
-from saga.journals import open_journal
+from sagaguard.idempotency import Guard, Retry, open_store
+from sagaguard.saga import Saga, SagaRunner, SagaState, StepContext, recover, render, retry
+from sagaguard.saga.journals import open_journal
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 ::
 
-    from idempotency.outbox import Outbox, create_tables
+    from sagaguard.idempotency.outbox import Outbox, create_tables
 
     outbox = Outbox()
     create_tables(engine)                                  # once (or: sagaguard outbox migrate)
@@ -21,18 +21,18 @@
 See ``docs/outbox.md`` for the guarantees.
 """
 
-from idempotency.outbox.claims import OutboxDb
-from idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
-from idempotency.outbox.enqueue import (
+from sagaguard.idempotency.outbox.claims import OutboxDb
+from sagaguard.idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
+from sagaguard.idempotency.outbox.enqueue import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_PAYLOAD_BYTES,
     aenqueue,
     encode_payload,
     enqueue,
 )
-from idempotency.outbox.errors import MessageNotFound, NotDead, OutboxError
-from idempotency.outbox.handlers import DeferredEffect, Outbox
-from idempotency.outbox.model import (
+from sagaguard.idempotency.outbox.errors import MessageNotFound, NotDead, OutboxError
+from sagaguard.idempotency.outbox.handlers import DeferredEffect, Outbox
+from sagaguard.idempotency.outbox.model import (
     DEFAULT_TABLE,
     METADATA,
     SCHEMA_VERSION,
@@ -45,9 +45,15 @@ from idempotency.outbox.model import (
     schema_version,
     uuid7,
 )
-from idempotency.outbox.policy import RelaySettings, RelayStats, default_backoff
-from idempotency.outbox.records import BlockedAggregate, DeadLetter, Message, OutboxStatus, current_message
-from idempotency.outbox.relay import Relay
+from sagaguard.idempotency.outbox.policy import RelaySettings, RelayStats, default_backoff
+from sagaguard.idempotency.outbox.records import (
+    BlockedAggregate,
+    DeadLetter,
+    Message,
+    OutboxStatus,
+    current_message,
+)
+from sagaguard.idempotency.outbox.relay import Relay
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",

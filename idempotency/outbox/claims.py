@@ -34,9 +34,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
-from idempotency.outbox.model import DEFAULT_TABLE, MessageStatus, check_table_name
-from idempotency.stores.sql_driver import SqlDriver, Statement
+from sagaguard.idempotency.backends.sql_driver import SqlDriver, Statement
+from sagaguard.idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
+from sagaguard.idempotency.outbox.model import DEFAULT_TABLE, MessageStatus, check_table_name
 
 __all__ = ["Claimed", "OutboxDb", "Settle"]
 
@@ -111,7 +111,7 @@ class OutboxDb:
     """Raw-cursor access to one outbox table: the relay's primitives and the operators' queries.
 
     Args:
-        engine: an engine on SQLite or Postgres (:func:`idempotency.stores.sql.make_engine` builds
+        engine: an engine on SQLite or Postgres (:func:`sagaguard.idempotency.stores.sql.make_engine` builds
             one with the settings this needs: WAL and ``BEGIN IMMEDIATE`` on SQLite).
         table_name: the outbox table.
         clock: seconds since the epoch; by default the database's own time.

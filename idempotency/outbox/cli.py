@@ -37,12 +37,12 @@ from typing import Any, TextIO
 
 import sqlalchemy as sa
 
-from idempotency.cliutil import duration, positive
-from idempotency.errors import ConfigurationError, IdempotencyError
-from idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
-from idempotency.outbox.model import DEFAULT_TABLE, check_schema, migrate
-from idempotency.outbox.records import OutboxStatus
-from idempotency.outbox.relay import Relay, RelaySettings, RelayStats
+from sagaguard.idempotency.cliutil import duration, positive
+from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
+from sagaguard.idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
+from sagaguard.idempotency.outbox.model import DEFAULT_TABLE, check_schema, migrate
+from sagaguard.idempotency.outbox.records import OutboxStatus
+from sagaguard.idempotency.outbox.relay import Relay, RelaySettings, RelayStats
 
 __all__ = ["add_commands", "main", "run", "status_line"]
 
@@ -164,8 +164,8 @@ def _url(args: argparse.Namespace) -> str:
 
 
 def _engine(url: str, action: str) -> sa.Engine:
-    from idempotency.stores.sql import make_engine
-    from idempotency.stores.urls import check_url
+    from sagaguard.idempotency.backends.urls import check_url
+    from sagaguard.idempotency.stores.sql import make_engine
 
     scheme = check_url(url, what="outbox database")
     if scheme not in ("sqlite", "postgresql"):
@@ -337,7 +337,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m idempotency.outbox.cli outbox status`` etc.: these commands on their own."""
+    """``python -m sagaguard.idempotency.outbox.cli outbox status`` etc.: these commands on their own."""
     parser = argparse.ArgumentParser(prog="sagaguard", description="The outbox commands of sagaguard.")
     add_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
     try:

@@ -26,11 +26,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from idempotency.errors import ConfigurationError
-from idempotency.outbox.claims import OutboxDb, _uuid_text
-from idempotency.outbox.errors import MessageNotFound, NotDead
-from idempotency.outbox.model import DEFAULT_TABLE, uuid7_floor
-from idempotency.outbox.records import BlockedAggregate, DeadLetter, OutboxStatus
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.outbox.claims import OutboxDb, _uuid_text
+from sagaguard.idempotency.outbox.errors import MessageNotFound, NotDead
+from sagaguard.idempotency.outbox.model import DEFAULT_TABLE, uuid7_floor
+from sagaguard.idempotency.outbox.records import BlockedAggregate, DeadLetter, OutboxStatus
 
 __all__ = ["DEFAULT_RETENTION", "MessageInfo", "OutboxControl"]
 

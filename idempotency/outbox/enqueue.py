@@ -15,7 +15,7 @@ sync code, so there the row is added to the session and inserted by its flush at
 
 With ``dedup_key=`` a message is enqueued once per key: the insert is ``ON CONFLICT (dedup_key) DO
 NOTHING``, so enqueueing again under the key, in any later transaction, inserts nothing and returns
-the message already there (a :class:`~idempotency.errors.KeyConflict` if its type or payload
+the message already there (a :class:`~sagaguard.idempotency.errors.KeyConflict` if its type or payload
 differ). The unique index makes it atomic: a concurrent enqueue under the key waits for the first
 transaction and then finds its row (Postgres), or is serialised behind it (SQLite).
 """
@@ -35,10 +35,17 @@ import sqlalchemy.orm
 from pydantic_core import to_jsonable_python
 from sqlalchemy.dialects import postgresql, sqlite
 
-from idempotency.errors import CodecError, ConfigurationError, KeyConflict, StoreError
-from idempotency.keys import provider_key as derive_provider_key
-from idempotency.outbox.model import DEFAULT_TABLE, MessageStatus, db_epoch, outbox_model, outbox_table, uuid7
-from idempotency.outbox.telemetry import CreateSpan
+from sagaguard.idempotency.errors import CodecError, ConfigurationError, KeyConflict, StoreError
+from sagaguard.idempotency.keys import provider_key as derive_provider_key
+from sagaguard.idempotency.outbox.model import (
+    DEFAULT_TABLE,
+    MessageStatus,
+    db_epoch,
+    outbox_model,
+    outbox_table,
+    uuid7,
+)
+from sagaguard.idempotency.outbox.telemetry import CreateSpan
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "MAX_PAYLOAD_BYTES", "aenqueue", "encode_payload", "enqueue"]
 
@@ -124,8 +131,8 @@ def enqueue(
             ``AsyncSession`` (use :func:`aenqueue`).
         delay: seconds before the message may be delivered.
         max_attempts: deliveries tried before the message is dead-lettered.
-        message_id: the id to use: a UUIDv7 made now (:func:`~idempotency.outbox.uuid7`); one is made
-            by default.
+        message_id: the id to use: a UUIDv7 made now (:func:`~sagaguard.idempotency.outbox.uuid7`); one is
+            made by default.
         table_name: the outbox table.
         clock: seconds since the epoch for the row's times; by default the database's clock.
         max_payload_bytes: refuse larger payloads.

@@ -1,4 +1,4 @@
-"""Errors of the outbox. They join the package's tree (see :mod:`idempotency.errors`)::
+"""Errors of the outbox. They join the package's tree (see :mod:`sagaguard.idempotency.errors`)::
 
 IdempotencyError
 ├── ConfigurationError        bad argument, unknown type, missing or outdated outbox table
@@ -13,7 +13,7 @@ IdempotencyError
 
 from __future__ import annotations
 
-from idempotency.errors import IdempotencyError
+from sagaguard.idempotency.errors import IdempotencyError
 
 __all__ = ["MessageNotFound", "NotDead", "OutboxError"]
 

@@ -17,7 +17,7 @@
 
 A deferred effect runs under the guard in the scope ``outbox/<message id>``, so a redelivery (a
 relay died after the call, before its ack) replays the recorded result instead of calling again,
-and its provider key is the message's :attr:`~idempotency.outbox.Message.provider_key`.
+and its provider key is the message's :attr:`~sagaguard.idempotency.outbox.Message.provider_key`.
 
 Deferring is itself once per effect: inside a scope, :meth:`DeferredEffect.defer` enqueues under the
 effect's key (scope + name + ordinal, as an inline call would be keyed) as the message's dedup key,
@@ -36,17 +36,17 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 
-from idempotency.codec import Codec
-from idempotency.errors import ConfigurationError
-from idempotency.keys import EffectIdentity, current_scope, scope
-from idempotency.outbox.control import OutboxControl
-from idempotency.outbox.enqueue import DEFAULT_MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, aenqueue, enqueue
-from idempotency.outbox.model import DEFAULT_TABLE, check_table_name, migrate, uuid7
-from idempotency.outbox.records import Message
+from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.keys import EffectIdentity, current_scope, scope
+from sagaguard.idempotency.outbox.control import OutboxControl
+from sagaguard.idempotency.outbox.enqueue import DEFAULT_MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, aenqueue, enqueue
+from sagaguard.idempotency.outbox.model import DEFAULT_TABLE, check_table_name, migrate, uuid7
+from sagaguard.idempotency.outbox.records import Message
 
 if TYPE_CHECKING:
-    from idempotency.guard import Guard
-    from idempotency.outbox.relay import Relay
+    from sagaguard.idempotency.guard import Guard
+    from sagaguard.idempotency.outbox.relay import Relay
 
 __all__ = ["DeferredEffect", "Outbox"]
 
@@ -126,7 +126,8 @@ class Outbox:
         max_attempts: int | None = None,
         message_id: Any = None,
     ) -> str:
-        """:func:`~idempotency.outbox.enqueue` into this outbox's table, with its clock and limits."""
+        """:func:`~sagaguard.idempotency.outbox.enqueue` into this outbox's table, with its clock and
+        limits."""
         return enqueue(session, type, payload, **self._options(locals()))
 
     async def aenqueue(
@@ -144,7 +145,7 @@ class Outbox:
         max_attempts: int | None = None,
         message_id: Any = None,
     ) -> str:
-        """:func:`~idempotency.outbox.aenqueue` (an ``AsyncSession``) into this outbox's table."""
+        """:func:`~sagaguard.idempotency.outbox.aenqueue` (an ``AsyncSession``) into this outbox's table."""
         return await aenqueue(session, type, payload, **self._options(locals()))
 
     def _options(self, given: dict[str, Any]) -> dict[str, Any]:
@@ -198,13 +199,14 @@ class Outbox:
     # -- operating -----------------------------------------------------------------------------
 
     def create_tables(self, engine: sa.Engine) -> int:
-        """Create or migrate this outbox's table (see :func:`~idempotency.outbox.migrate`)."""
+        """Create or migrate this outbox's table (see :func:`~sagaguard.idempotency.outbox.migrate`)."""
         return migrate(engine, self.table_name)
 
     def relay(self, engine: sa.Engine | str, **settings: Any) -> Relay:
-        """A :class:`~idempotency.outbox.Relay` for this outbox (``settings``: RelaySettings fields)."""
-        from idempotency.outbox.policy import RelaySettings
-        from idempotency.outbox.relay import Relay
+        """A :class:`~sagaguard.idempotency.outbox.Relay` for this outbox (``settings``: RelaySettings
+        fields)."""
+        from sagaguard.idempotency.outbox.policy import RelaySettings
+        from sagaguard.idempotency.outbox.relay import Relay
 
         return Relay(self, engine, RelaySettings(**settings), clock=self.clock)
 

@@ -41,7 +41,7 @@ from sqlalchemy.orm import registry
 from sqlalchemy.sql.expression import FunctionElement
 from sqlmodel import Field, SQLModel
 
-from idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
+from sagaguard.idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -410,5 +410,5 @@ def check_schema(engine: sa.Engine, table_name: str = DEFAULT_TABLE) -> None:
         problem = "has no recorded schema version"
     else:
         problem = f"has schema version {version}, this sagaguard uses {SCHEMA_VERSION}"
-    hint = "run `sagaguard outbox migrate` or call idempotency.outbox.create_tables(engine)"
+    hint = "run `sagaguard outbox migrate` or call sagaguard.idempotency.outbox.create_tables(engine)"
     raise ConfigurationError(f"outbox table {table_name!r} {problem}: {hint}")

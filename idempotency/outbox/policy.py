@@ -11,11 +11,11 @@ from typing import Any, cast
 
 import tenacity
 
-from idempotency.errors import CodecError, ConfigurationError, NotApplied, ReplayedFailure
-from idempotency.outbox.claims import Claimed, Settle
-from idempotency.outbox.control import DEFAULT_RETENTION
-from idempotency.outbox.model import MessageStatus
-from idempotency.outbox.records import Message
+from sagaguard.idempotency.errors import CodecError, ConfigurationError, NotApplied, ReplayedFailure
+from sagaguard.idempotency.outbox.claims import Claimed, Settle
+from sagaguard.idempotency.outbox.control import DEFAULT_RETENTION
+from sagaguard.idempotency.outbox.model import MessageStatus
+from sagaguard.idempotency.outbox.records import Message
 
 __all__ = [
     "Handler",
@@ -59,8 +59,8 @@ class RelaySettings:
     or discards it (order kept). False lets them through (order broken around the dead one)."""
     permanent: tuple[type[BaseException], ...] = ()
     """Exception types that dead-letter a message at once. Always included: a non-retryable
-    :class:`~idempotency.errors.NotApplied`, :class:`~idempotency.errors.ReplayedFailure`, and a
-    payload or argument that does not decode (:class:`~idempotency.errors.CodecError`)."""
+    :class:`~sagaguard.idempotency.errors.NotApplied`, :class:`~sagaguard.idempotency.errors.ReplayedFailure`,
+    and a payload or argument that does not decode (:class:`~sagaguard.idempotency.errors.CodecError`)."""
     retention: float = DEFAULT_RETENTION
     """Seconds delivered and discarded messages are kept before the relay purges them."""
     purge_every: float | None = 300.0

@@ -8,7 +8,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from idempotency.errors import ConfigurationError
+from sagaguard.idempotency.errors import ConfigurationError
 
 __all__ = ["DeadLetter", "Message", "OutboxStatus", "current_message"]
 

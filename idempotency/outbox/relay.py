@@ -5,7 +5,7 @@
     relay = Relay(outbox, engine)          # outbox: the Outbox whose handlers deliver
     relay.run()                            # until relay.stop() (or SIGTERM in `sagaguard relay`)
 
-One round: claim a batch (see :mod:`idempotency.outbox.claims`), deliver it (the messages of one
+One round: claim a batch (see :mod:`sagaguard.idempotency.outbox.claims`), deliver it (the messages of one
 aggregate one after the other, in id order; different aggregates in parallel up to
 ``concurrency``), then settle it in one statement: delivered, retried after a backoff (tenacity's
 wait strategies, with jitter), dead-lettered (after ``max_attempts``, or at once for a permanent
@@ -41,11 +41,11 @@ from typing import Any
 import sqlalchemy as sa
 from opentelemetry import trace
 
-from idempotency.errors import ConfigurationError, StoreError
-from idempotency.outbox.claims import Claimed, OutboxDb, Settle, _uuid_text
-from idempotency.outbox.control import OutboxControl
-from idempotency.outbox.model import DEFAULT_TABLE, MessageStatus, check_schema
-from idempotency.outbox.policy import (
+from sagaguard.idempotency.errors import ConfigurationError, StoreError
+from sagaguard.idempotency.outbox.claims import Claimed, OutboxDb, Settle, _uuid_text
+from sagaguard.idempotency.outbox.control import OutboxControl
+from sagaguard.idempotency.outbox.model import DEFAULT_TABLE, MessageStatus, check_schema
+from sagaguard.idempotency.outbox.policy import (
     Handler,
     RelaySettings,
     RelayStats,
@@ -54,9 +54,9 @@ from idempotency.outbox.policy import (
     failure_outcome,
     released,
 )
-from idempotency.outbox.records import Message, _current
-from idempotency.outbox.renewal import ClaimRenewer
-from idempotency.outbox.telemetry import (
+from sagaguard.idempotency.outbox.records import Message, _current
+from sagaguard.idempotency.outbox.renewal import ClaimRenewer
+from sagaguard.idempotency.outbox.telemetry import (
     dead_counter,
     delivered_counter,
     failed_counter,
@@ -64,7 +64,7 @@ from idempotency.outbox.telemetry import (
     send_span,
     tracing_enabled,
 )
-from idempotency.outbox.wake import Waker
+from sagaguard.idempotency.outbox.wake import Waker
 
 __all__ = ["Handler", "Relay", "RelaySettings", "RelayStats", "default_backoff", "failure_outcome"]
 
@@ -101,7 +101,7 @@ class Relay:
     the work through leases and ``SKIP LOCKED``.
 
     Args:
-        handlers: an :class:`~idempotency.outbox.Outbox` (its handlers and table), or a mapping of
+        handlers: an :class:`~sagaguard.idempotency.outbox.Outbox` (its handlers and table), or a mapping of
             message type to handler.
         engine: the database (an engine, a URL, or an :class:`OutboxDb`).
         settings: see :class:`RelaySettings`.
@@ -112,7 +112,7 @@ class Relay:
 
     Raises:
         ConfigurationError: bad settings or database (a URL is checked as
-            :func:`~idempotency.stores.urls.check_url` does).
+            :func:`~sagaguard.idempotency.backends.urls.check_url` does).
     """
 
     def __init__(
@@ -136,8 +136,8 @@ class Relay:
             self.db = engine
         else:
             if not isinstance(engine, sa.Engine):
-                from idempotency.stores.sql import make_engine
-                from idempotency.stores.urls import check_url
+                from sagaguard.idempotency.backends.urls import check_url
+                from sagaguard.idempotency.stores.sql import make_engine
 
                 if check_url(engine, what="outbox database") not in ("sqlite", "postgresql"):
                     raise ConfigurationError("the outbox lives in SQLite or Postgres, not this URL's backend")

@@ -5,7 +5,7 @@ message to another relay, which delivers it again (and again, until it is dead-l
 every delivery succeeded). :class:`ClaimRenewer` calls the relay's renew function every
 ``interval`` seconds for as long as a batch is in hand, whichever thread runs the handlers (the
 relay's own thread for one aggregate, a pool for several), so a long handler keeps its claim. It
-holds the batch on a :class:`~idempotency.renewal.Renewer`.
+holds the batch on a :class:`~sagaguard.idempotency.renewal.Renewer`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from idempotency.renewal import Renewer
+from sagaguard.idempotency.renewal import Renewer
 
 __all__ = ["ClaimRenewer"]
 

@@ -10,9 +10,9 @@ the relay runs hours later in another process. Attributes: ``messaging.system`` 
 ``sagaguard.outbox.attempt``, and on a ``create`` that found its message already enqueued under its
 dedup key ``sagaguard.outbox.deduplicated`` (its message id is then that message's: nothing new
 was written). A failed span carries ``error.type`` (the exception's fully-qualified type name). With
-the business key opted in (:func:`idempotency.telemetry.expose_identifiers`), a ``create`` span started
-inside :func:`idempotency.telemetry.business_key` carries ``sagaguard.business_key``. Payloads,
-headers, provider keys and dedup keys never go on spans.
+the business key opted in (:func:`sagaguard.idempotency.telemetry.expose_identifiers`), a ``create`` span
+started inside :func:`sagaguard.idempotency.telemetry.business_key` carries ``sagaguard.business_key``.
+Payloads, headers, provider keys and dedup keys never go on spans.
 
 Metrics: ``sagaguard.outbox.delivered``, ``.failed`` (an attempt failed and will be retried) and
 ``.dead`` counters; ``sagaguard.outbox.depth`` and ``sagaguard.outbox.oldest_age`` gauges, fed by
@@ -32,7 +32,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
 
-from idempotency.telemetry import error_type, identifier_attributes
+from sagaguard.idempotency.telemetry import error_type, identifier_attributes
 
 __all__ = [
     "SYSTEM",

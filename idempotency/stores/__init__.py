@@ -1,16 +1,16 @@
 """Store backends and a factory that opens one from a URL.
 
-Backends import their driver only in their own module, so ``import idempotency`` needs neither redis
-nor psycopg: ``from idempotency.stores.redis import RedisStore`` does.
+Backends import their driver only in their own module, so ``import sagaguard.idempotency`` needs neither redis
+nor psycopg: ``from sagaguard.idempotency.stores.redis import RedisStore`` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from idempotency.store import IdempotencyStore
-from idempotency.stores.memory import MemoryStore
-from idempotency.stores.urls import check_url
+from sagaguard.idempotency.backends.urls import check_url
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.idempotency.stores.memory import MemoryStore
 
 __all__ = ["DEFAULT_URL", "MemoryStore", "open_store"]
 
@@ -32,18 +32,19 @@ def open_store(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = No
 
     Raises:
         ConfigurationError: ``url`` is not a string, is malformed, has an unknown scheme, or leaves
-            the host or database to a driver default (see :func:`~idempotency.stores.urls.check_url`).
+            the host or database to a driver default (see
+            :func:`~sagaguard.idempotency.backends.urls.check_url`).
         StoreUnavailable: the backend cannot be reached.
     """
     scheme = check_url(url, what="store")
     if scheme == "memory":
         return MemoryStore(clock=clock)
     if scheme in ("sqlite", "postgresql"):
-        from idempotency.stores.sql import SqlStore
+        from sagaguard.idempotency.stores.sql import SqlStore
 
         return SqlStore(url, clock=clock)
     if scheme in ("redis", "rediss", "unix"):
-        from idempotency.stores.redis import RedisStore
+        from sagaguard.idempotency.stores.redis import RedisStore
 
         return RedisStore(url, clock=clock)
     raise AssertionError(f"check_url returned an unknown scheme {scheme!r}")  # pragma: no cover

@@ -1,7 +1,7 @@
 """An in-process store: a real backend for one process (tests, notebooks, single-shot scripts).
 
 It keeps every promise of the contract within its process; it cannot survive that process, so it is
-no protection against crashes. Use :class:`~idempotency.stores.sql.SqlStore` (SQLite) for that.
+no protection against crashes. Use :class:`~sagaguard.idempotency.stores.sql.SqlStore` (SQLite) for that.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import threading
 import time
 from collections.abc import Callable, Collection
 
-from idempotency import holder as _holder
-from idempotency.errors import LostOwnership
-from idempotency.keys import EffectIdentity
-from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
-from idempotency.store import first_token
+from sagaguard.idempotency import holder as _holder
+from sagaguard.idempotency.errors import LostOwnership
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from sagaguard.idempotency.store import first_token
 
 __all__ = ["MemoryStore"]
 

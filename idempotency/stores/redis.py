@@ -2,7 +2,7 @@
 
 Each record is a hash named ``<prefix>:{<key>}``. Every script touches that one key, and the braces
 make it a hash tag, so the layout and the scripts suit Redis Cluster. The fields mirror
-:class:`~idempotency.records.Record` except ``key`` (the hash's name): the state as its value,
+:class:`~sagaguard.idempotency.records.Record` except ``key`` (the hash's name): the state as its value,
 numbers as text that reads back as the exact float, None as an absent field.
 
 Retention is Redis's own: completing a record (or failing it permanently) sets ``expires_at`` on
@@ -12,9 +12,9 @@ absent, and ``purge`` deletes it, whether or not Redis has evicted it yet.
 
 Times come from Redis (``TIME`` inside the script) unless a clock is injected, so workers with
 skewed clocks agree on lease expiry. Requires Redis 7 (scripts replicated by their effects, so a
-script may read ``TIME`` and then write). The scripts are in :mod:`idempotency.stores.redis_scripts`
+script may read ``TIME`` and then write). The scripts are in :mod:`sagaguard.idempotency.stores.redis_scripts`
 and run through redis-py's ``register_script`` (``EVALSHA``, loaded again on ``NOSCRIPT``); the
-client and its pool are :mod:`idempotency.stores.redis_client`'s.
+client and its pool are :mod:`sagaguard.idempotency.backends.redis_client`'s.
 """
 
 from __future__ import annotations
@@ -28,14 +28,22 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from idempotency import holder as _holder
-from idempotency.errors import CodecError, LostOwnership, StoreError
-from idempotency.keys import EffectIdentity
-from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
-from idempotency.store import first_token
-from idempotency.stores.redis_client import MAX_CONNECTIONS, ScriptRunner, connect, store_error
-from idempotency.stores.redis_persistence import check_persistence
-from idempotency.stores.redis_scripts import CLAIM, COMPLETE, FAIL, FIELDS, HEARTBEAT, PURGE, TAKE_OVER
+from sagaguard.idempotency import holder as _holder
+from sagaguard.idempotency.backends.redis_client import MAX_CONNECTIONS, ScriptRunner, connect, store_error
+from sagaguard.idempotency.backends.redis_persistence import check_persistence
+from sagaguard.idempotency.errors import CodecError, LostOwnership, StoreError
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from sagaguard.idempotency.store import first_token
+from sagaguard.idempotency.stores.redis_scripts import (
+    CLAIM,
+    COMPLETE,
+    FAIL,
+    FIELDS,
+    HEARTBEAT,
+    PURGE,
+    TAKE_OVER,
+)
 
 __all__ = ["RedisStore", "connect"]
 
@@ -115,7 +123,7 @@ class RedisStore:
             owns every key matching ``{prefix}:{*}``.
         max_connections: connections of the pool of a client built from a URL: one per call in
             flight, up to half of them kept by the threads that used them last; past them a call
-            waits up to the read timeout for one (see :mod:`idempotency.stores.redis_client`).
+            waits up to the read timeout for one (see :mod:`sagaguard.idempotency.backends.redis_client`).
 
     Raises:
         ConfigurationError: the URL, the prefix or ``max_connections`` is malformed.
@@ -197,7 +205,7 @@ class RedisStore:
 
         The script reads the whole hash, decides and writes in one atomic step, and answers with the
         outcome and the record as it stands, whatever the outcome. A new record starts at the random
-        token of :func:`~idempotency.store.first_token`, passed as an argument.
+        token of :func:`~sagaguard.idempotency.store.first_token`, passed as an argument.
         """
         reply = self._run(
             self._claim, identity.key, self._now_arg(), float(lease), identity.namespace, identity.name,

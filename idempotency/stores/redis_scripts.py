@@ -1,4 +1,4 @@
-"""The Lua scripts of :class:`~idempotency.stores.redis.RedisStore`, one per primitive.
+"""The Lua scripts of :class:`~sagaguard.idempotency.stores.redis.RedisStore`, one per primitive.
 
 Each works on one record, the hash ``KEYS[1]``, so it runs atomically in one hash slot. ``ARGV[1]``
 is the injected clock's reading, or empty for Redis's own ``TIME``. Numbers are written with

@@ -1,11 +1,11 @@
 """The SQL store: one SQLModel table serving SQLite (the embedded default) and PostgreSQL.
 
 A new guarded call costs two statements, each its own transaction (autocommit): the claim and the
-record (:mod:`~idempotency.stores.sql_statements` writes them out), run on the driver itself
-(:mod:`~idempotency.stores.sql_driver`); on Postgres one round trip each, on SQLite one commit each.
-A replay costs the claim. Reading, listing, purging and the schema go through SQLAlchemy Core over
-the SQLModel table (:mod:`~idempotency.stores.sql_schema`); the engine is SQLAlchemy's, set up by
-:func:`~idempotency.stores.sql_engine.make_engine`.
+record (:mod:`~sagaguard.idempotency.stores.sql_statements` writes them out), run on the driver itself
+(:mod:`~sagaguard.idempotency.backends.sql_driver`); on Postgres one round trip each, on SQLite one commit
+each. A replay costs the claim. Reading, listing, purging and the schema go through SQLAlchemy Core over
+the SQLModel table (:mod:`~sagaguard.idempotency.stores.sql_schema`); the engine is SQLAlchemy's, set up by
+:func:`~sagaguard.idempotency.backends.sql_engine.make_engine`.
 
 The table is created when missing, with two partial indexes. A table made by an earlier version gets
 the columns added since (``holder``) when the store opens with ``create`` set: one ``ALTER TABLE ..
@@ -21,14 +21,14 @@ from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
 
-from idempotency import holder as _holder
-from idempotency.errors import ConfigurationError, LostOwnership, StoreError, StoreUnavailable
-from idempotency.keys import EffectIdentity
-from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
-from idempotency.store import first_token
-from idempotency.stores.sql_driver import SqlDriver, Statement
-from idempotency.stores.sql_engine import make_engine, retry_locked
-from idempotency.stores.sql_schema import (
+from sagaguard.idempotency import holder as _holder
+from sagaguard.idempotency.backends.sql_driver import SqlDriver, Statement
+from sagaguard.idempotency.backends.sql_engine import make_engine, retry_locked
+from sagaguard.idempotency.errors import ConfigurationError, LostOwnership, StoreError, StoreUnavailable
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from sagaguard.idempotency.store import first_token
+from sagaguard.idempotency.stores.sql_schema import (
     ADDED_COLUMNS,
     COLUMNS,
     DEFAULT_TABLE,
@@ -40,7 +40,7 @@ from idempotency.stores.sql_schema import (
     EffectRow,
     effect_model,
 )
-from idempotency.stores.sql_statements import DB_NOW, effect_statements
+from sagaguard.idempotency.stores.sql_statements import DB_NOW, effect_statements
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -82,7 +82,7 @@ def _error(text: str) -> StoreError:
 
 
 class SqlStore:
-    """An :class:`~idempotency.store.IdempotencyStore` on SQLite or PostgreSQL. Thread-safe.
+    """An :class:`~sagaguard.idempotency.store.IdempotencyStore` on SQLite or PostgreSQL. Thread-safe.
 
     Every write a guarded call makes is one statement in autocommit: on Postgres one round trip,
     no BEGIN/COMMIT; on SQLite one commit. The guard's async calls run these blocking writes in a
@@ -220,7 +220,7 @@ class SqlStore:
 
         One upsert whose ``DO UPDATE`` fires only for a record that may be replaced (finished
         and expired) or taken over (lease run out, same fingerprint); an inserted row gets the
-        random starting token of :func:`~idempotency.store.first_token`, bound as a parameter,
+        random starting token of :func:`~sagaguard.idempotency.store.first_token`, bound as a parameter,
         and ``DO UPDATE`` sets the old token + 1. On SQLite a plain insert (its own transaction)
         comes first and settles a new key; only when a record is in the way do the upsert and, if
         it returns nothing, the read of that record follow, in one ``BEGIN IMMEDIATE``

@@ -1,6 +1,6 @@
 """The effects table: its SQLModel class, its columns and its two partial indexes.
 
-One row per effect key (:class:`~idempotency.records.Record`). Both indexes are partial, so the two
+One row per effect key (:class:`~sagaguard.idempotency.records.Record`). Both indexes are partial, so the two
 writes of a guarded call that succeeds (a claim in progress with no expiry, then its success) write
 no entry into either: only the index on ``expires_at`` for the retention sweep, and the index on
 ``(state, key)`` for the rare states an operator lists (in doubt, failed). A table made by an earlier
@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 
-from idempotency.errors import ConfigurationError
-from idempotency.records import State
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.records import State
 
 __all__ = [
     "ADDED_COLUMNS",
@@ -46,7 +46,7 @@ COLUMNS: Final = (
     "key, namespace, scope, name, ordinal, fingerprint, state, token, lease_until, attempts, "
     "created_at, updated_at, expires_at, result, error, holder"
 )
-"""Every column, in the order of :class:`~idempotency.records.Record`'s fields."""
+"""Every column, in the order of :class:`~sagaguard.idempotency.records.Record`'s fields."""
 
 
 class _SagaguardModel(SQLModel, registry=registry()):
@@ -59,7 +59,7 @@ METADATA: Final = _SagaguardModel.metadata
 
 
 class EffectFields(_SagaguardModel):
-    """The columns of an effects table: :class:`~idempotency.records.Record`, one row per key."""
+    """The columns of an effects table: :class:`~sagaguard.idempotency.records.Record`, one row per key."""
 
     key: str = Field(primary_key=True, max_length=80)
     namespace: str = Field(sa_type=sa.Text)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from idempotency.stores.sql_schema import COLUMNS
+from sagaguard.idempotency.stores.sql_schema import COLUMNS
 
 __all__ = ["DB_NOW", "effect_statements"]
 

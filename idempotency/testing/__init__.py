@@ -24,16 +24,24 @@ and in ``worker.py``::
 Crash points are not hooks in the guard: :class:`CrashingStore` wraps any store, and
 :func:`crash_point` is called by the effect body itself. Production code carries neither.
 
-Run ``python -m idempotency.testing counter --port 0`` to start the service by hand; it prints one
+Run ``python -m sagaguard.idempotency.testing counter --port 0`` to start the service by hand; it prints one
 JSON line ``{"url": ..., "port": ...}`` when it listens.
 """
 
 from __future__ import annotations
 
-from idempotency.testing.counter_client import Charge, CounterClient, CounterService, CounterServiceError
-from idempotency.testing.counter_server import main as main  # `python -m` entry point, not in __all__
-from idempotency.testing.counter_server import serve_counter
-from idempotency.testing.crash import (
+from sagaguard.idempotency.testing.children import child_environment
+from sagaguard.idempotency.testing.counter_client import (
+    Charge,
+    CounterClient,
+    CounterService,
+    CounterServiceError,
+)
+from sagaguard.idempotency.testing.counter_server import (
+    main as main,  # `python -m` entry point, not in __all__
+)
+from sagaguard.idempotency.testing.counter_server import serve_counter
+from sagaguard.idempotency.testing.crash import (
     CRASH_ENV,
     STORE_CRASH_POINTS,
     CrashingStore,
@@ -51,6 +59,7 @@ __all__ = [
     "CounterServiceError",
     "CrashingStore",
     "crash_at",
+    "child_environment",
     "crash_point",
     "serve_counter",
     "sigkill",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import select
 import subprocess
 import sys
@@ -15,11 +14,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from idempotency.effect import NOT_APPLIED, Applied, NotAppliedResolution, ReconcileRequest, Unknown
+from sagaguard.idempotency.effect import NOT_APPLIED, Applied, NotAppliedResolution, ReconcileRequest, Unknown
+from sagaguard.idempotency.testing.children import child_environment
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +173,7 @@ def _charge(data: Mapping[str, Any], *, replayed: bool = False) -> Charge:
 class CounterService:
     """Runs the counter service in a separate process on 127.0.0.1, as a context manager.
 
-    The process is ``python -m idempotency.testing counter --port 0``; it listens on a free port
+    The process is ``python -m sagaguard.idempotency.testing counter --port 0``; it listens on a free port
     and exits when this object stops it or when the process that started it dies (its stdin closes).
 
     Endpoints: ``POST /charge`` (JSON ``{"key", "amount", "provider_key"?}``, optional
@@ -219,15 +218,16 @@ class CounterService:
         """
         if self._proc is not None:
             return self
-        root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "idempotency.testing", "counter", "--port", "0", "--exit-on-stdin-eof"],
+            [
+                sys.executable, "-m", "sagaguard.idempotency.testing", "counter", "--port", "0",
+                "--exit-on-stdin-eof",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
+            env=child_environment(),
         )
         self._proc = proc
         try:

@@ -1,5 +1,5 @@
 """The server side of the counter service: the ledger of charges and its HTTP handler, run as
-``python -m idempotency.testing counter``.
+``python -m sagaguard.idempotency.testing counter``.
 """
 
 from __future__ import annotations
@@ -189,8 +189,8 @@ def serve_counter(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m idempotency.testing counter [--host H] [--port P] [--port-file F]``."""
-    parser = argparse.ArgumentParser(prog="python -m idempotency.testing")
+    """``python -m sagaguard.idempotency.testing counter [--host H] [--port P] [--port-file F]``."""
+    parser = argparse.ArgumentParser(prog="python -m sagaguard.idempotency.testing")
     commands = parser.add_subparsers(dest="command", required=True)
     counter = commands.add_parser("counter", help="run the counter service")
     counter.add_argument("--host", default="127.0.0.1")

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable, Collection
 from typing import NoReturn
 
-from idempotency.keys import EffectIdentity
-from idempotency.records import ClaimResult, Disposition, Record, State
-from idempotency.store import IdempotencyStore
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import ClaimResult, Disposition, Record, State
+from sagaguard.idempotency.store import IdempotencyStore
 
 CRASH_ENV = "SAGAGUARD_CRASH_AT"
 """The environment variable that tells a (child) process where to die: a crash point's name."""
@@ -54,7 +54,7 @@ def crash_point(name: str) -> None:
 
 
 class CrashingStore:
-    """Wraps any :class:`~idempotency.store.IdempotencyStore` and SIGKILLs the process at one point.
+    """Wraps any :class:`~sagaguard.idempotency.store.IdempotencyStore` and SIGKILLs the process at one point.
 
     The points are :data:`STORE_CRASH_POINTS`: ``before_claim``, ``after_claim`` (the claim is
     written, the effect has not run), ``before_complete`` (the effect ran, its result is not

@@ -19,9 +19,9 @@ An agent run is an ordinary saga in the journal (``sagaguard sagas list/show/can
 steps are its compensatable and pivot tool calls, appended as they happen.
 """
 
-from saga.agent.call import ToolCall
-from saga.agent.definition import AgentSaga, AgentStep, OnFailure, resume_signal
-from saga.agent.errors import (
+from sagaguard.saga.agent.call import ToolCall
+from sagaguard.saga.agent.definition import AgentSaga, AgentStep, OnFailure, resume_signal
+from sagaguard.saga.agent.errors import (
     AgentRunAbandoned,
     AgentRunCancelled,
     AgentRunEnded,
@@ -29,9 +29,9 @@ from saga.agent.errors import (
     AgentSagaError,
     UnknownUndo,
 )
-from saga.agent.run import AgentRun, current_run
-from saga.agent.runner import AgentRunner
-from saga.agent.undo import Undo, UndoRegistry, undoing
+from sagaguard.saga.agent.run import AgentRun, current_run
+from sagaguard.saga.agent.runner import AgentRunner
+from sagaguard.saga.agent.undo import Undo, UndoRegistry, undoing
 
 __all__ = [
     "AgentRun",

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from idempotency.codec import Codec
-from saga.records import StepRecord
+from sagaguard.idempotency.codec import Codec
+from sagaguard.saga.records import StepRecord
 
 __all__ = ["RUN_PREFIX", "TOOL_PREFIX", "ToolCall", "run_step_name", "tool_step_name"]
 

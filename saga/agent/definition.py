@@ -1,13 +1,13 @@
 """An agent run's saga: a definition whose steps come from its journal rows.
 
-A declared :class:`~saga.definition.Saga` knows its steps before it runs. An agent's steps are the
-tool calls its model chose, appended to the journal as they happen (:mod:`saga.agent.run`). So an
-:class:`AgentSaga` is registered like any saga (a :class:`~saga.registry.SagaRegistry` the worker
+A declared :class:`~sagaguard.saga.definition.Saga` knows its steps before it runs. An agent's steps are the
+tool calls its model chose, appended to the journal as they happen (:mod:`sagaguard.saga.agent.run`). So an
+:class:`AgentSaga` is registered like any saga (a :class:`~sagaguard.saga.registry.SagaRegistry` the worker
 is given), and :meth:`AgentSaga.for_run` builds, for one claimed instance, the ordinary definition
-that :class:`~saga.runner.SagaRunner` and :func:`~saga.recovery.recover` drive:
+that :class:`~sagaguard.saga.runner.SagaRunner` and :func:`~sagaguard.saga.recovery.recover` drive:
 
 - one step per row, in journal order. A tool row is compensatable with its undo (found by the name
-  the row records in the :class:`~saga.agent.undo.UndoRegistry`) or a pivot; the run's own rows
+  the row records in the :class:`~sagaguard.saga.agent.undo.UndoRegistry`) or a pivot; the run's own rows
   (``agent.run.{i}``) have nothing to undo;
 - one more step after them: the run itself, which only the agent's process can take forward.
 
@@ -15,7 +15,7 @@ Forward, every step only *waits for the agent*: taken over by the worker (the ag
 gone and its lease ran out), the saga parks WAITING for ``agent.resume.{index}`` with no process
 held. The agent's process, resumed, delivers that signal and takes the saga back. Past the
 definition's ``abandon_after`` without that, the wait fails with
-:class:`~saga.agent.errors.AgentRunAbandoned` (*maybe applied*) and the saga compensates. A
+:class:`~sagaguard.saga.agent.errors.AgentRunAbandoned` (*maybe applied*) and the saga compensates. A
 cancellation (before the pivot) wakes it and compensates at once. The worker therefore never
 completes an agent run and never runs a tool.
 
@@ -38,19 +38,19 @@ from typing import Any
 
 import tenacity
 
-from idempotency.codec import Codec
-from idempotency.effect import Retry
-from idempotency.guard import Guard
-from idempotency.keys import derive_explicit_key
-from idempotency.records import State
-from saga.agent.call import RUN_PREFIX, TOOL_PREFIX, ToolCall, run_step_name
-from saga.agent.errors import AgentRunAbandoned, UnknownUndo
-from saga.agent.undo import Undo, UndoRegistry, undoing_call
-from saga.context import StepContext
-from saga.definition import FORWARD_RETRY, Saga, _check_timeout
-from saga.errors import DefinitionMismatch, SignalTimeout
-from saga.records import CompensationPolicy, SagaSnapshot, StepKind, StepRecord
-from saga.step import Step
+from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.effect import Retry
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.keys import derive_explicit_key
+from sagaguard.idempotency.records import State
+from sagaguard.saga.agent.call import RUN_PREFIX, TOOL_PREFIX, ToolCall, run_step_name
+from sagaguard.saga.agent.errors import AgentRunAbandoned, UnknownUndo
+from sagaguard.saga.agent.undo import Undo, UndoRegistry, undoing_call
+from sagaguard.saga.context import StepContext
+from sagaguard.saga.definition import FORWARD_RETRY, Saga, _check_timeout
+from sagaguard.saga.errors import DefinitionMismatch, SignalTimeout
+from sagaguard.saga.records import CompensationPolicy, SagaSnapshot, StepKind, StepRecord
+from sagaguard.saga.step import Step
 
 __all__ = ["AgentSaga", "AgentStep", "OnFailure", "resume_signal"]
 
@@ -85,7 +85,7 @@ class AgentSaga(Saga[RunInput]):
             the worker parking it) before the worker compensates it; None waits for ever.
         on_failure: what an exception escaping the run does (default: compensate).
         compensation_retry: how a failing undo is retried before the run needs attention.
-        on_compensation_failure: as for :class:`~saga.definition.Saga`.
+        on_compensation_failure: as for :class:`~sagaguard.saga.definition.Saga`.
 
     Raises:
         DefinitionError: a bad name, ``abandon_after`` or policy.

@@ -1,4 +1,4 @@
-"""Errors of agent sagas, under the saga layer's root (:class:`~saga.errors.SagaError`)::
+"""Errors of agent sagas, under the saga layer's root (:class:`~sagaguard.saga.errors.SagaError`)::
 
 SagaError
 ├── AgentSagaError          an agent run's saga cannot do what was asked
@@ -12,7 +12,7 @@ AgentRunCancelled (BaseException)  raised at a tool call of a run cancelled from
 
 from __future__ import annotations
 
-from saga.errors import DefinitionMismatch, SagaError
+from sagaguard.saga.errors import DefinitionMismatch, SagaError
 
 __all__ = [
     "AgentRunAbandoned",

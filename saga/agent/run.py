@@ -1,9 +1,9 @@
 """One agent run's saga, open in this process: :class:`AgentRun`, opened by
-:meth:`AgentRunner.run <saga.agent.runner.AgentRunner.run>` with ``with`` or ``async with``.
+:meth:`AgentRunner.run <sagaguard.saga.agent.runner.AgentRunner.run>` with ``with`` or ``async with``.
 
 A compensatable call is registered before its body runs: one commit appends its row (STARTED, its
 undo's name, its arguments, its effect key), then the call is claimed and run under the guard, then
-its result is recorded on the row. See :mod:`saga.agent.definition` for why a crash between the
+its result is recorded on the row. See :mod:`sagaguard.saga.agent.definition` for why a crash between the
 commit and the claim is safe, and for what the worker does with a run whose process is gone.
 
 **Decide once, drive twice.** What a call is (a step or not, its key, its kind), what its row
@@ -13,15 +13,15 @@ or ``Guard.arun``) and in where the journal is written: the async driver hands e
 (the journals are sync) to a worker thread, so the event loop never waits on a commit, and the
 compensation at the end runs there too (undos are sync callables).
 
-While the run is open its lease is renewed (a :class:`~saga.renewer.LeaseRenewer`); a process that
+While the run is open its lease is renewed (a :class:`~sagaguard.saga.renewer.LeaseRenewer`); a process that
 dies stops renewing, and once the lease runs out (at once when it died on the worker's host: its
-holder is provably dead, see :mod:`saga.lease`) the worker parks the run WAITING for the agent.
+holder is provably dead, see :mod:`sagaguard.saga.lease`) the worker parks the run WAITING for the agent.
 Opening the same run id again (a resumed process) attaches to it, taking it back from the worker if
 it was parked, or over from its dead holder (a restart at once on the same host); the framework
 runs one process per run id at a time, as its checkpointer assumes.
 Where two processes may hold one run at once (durable-execution engines), each opens it with
 ``exclusive=True``: opening a run whose lease another open run holds is then refused
-(:class:`~saga.errors.SagaInProgress`), so one place at a time appends the run's rows.
+(:class:`~sagaguard.saga.errors.SagaInProgress`), so one place at a time appends the run's rows.
 """
 
 from __future__ import annotations
@@ -37,17 +37,23 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import trace
 
-from idempotency.codec import encode_error
-from idempotency.errors import ConfigurationError
-from idempotency.keys import fingerprint
-from idempotency.offload import in_thread
-from idempotency.telemetry import tracing
-from saga.agent.call import RUN_PREFIX, ToolCall, run_step_name, tool_step_name
-from saga.agent.definition import AgentSaga, OnFailure, RunInput, resume_signal
-from saga.agent.errors import AgentRunCancelled, AgentRunEnded, AgentRunRejected, UnknownUndo
-from saga.decisions import pivot_started
-from saga.errors import DefinitionMismatch, SagaCancelled, SagaConflict, SagaInProgress, SagaNotFound
-from saga.records import (
+from sagaguard.idempotency.backends.offload import in_thread
+from sagaguard.idempotency.codec import encode_error
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.keys import fingerprint
+from sagaguard.idempotency.telemetry import tracing
+from sagaguard.saga.agent.call import RUN_PREFIX, ToolCall, run_step_name, tool_step_name
+from sagaguard.saga.agent.definition import AgentSaga, OnFailure, RunInput, resume_signal
+from sagaguard.saga.agent.errors import AgentRunCancelled, AgentRunEnded, AgentRunRejected, UnknownUndo
+from sagaguard.saga.decisions import pivot_started
+from sagaguard.saga.errors import (
+    DefinitionMismatch,
+    SagaCancelled,
+    SagaConflict,
+    SagaInProgress,
+    SagaNotFound,
+)
+from sagaguard.saga.records import (
     FOREVER,
     Phase,
     SagaOutcome,
@@ -59,10 +65,10 @@ from saga.records import (
     StepRecord,
     StepState,
 )
-from saga.telemetry import traceparent, tracer
+from sagaguard.saga.telemetry import traceparent, tracer
 
 if TYPE_CHECKING:
-    from saga.agent.runner import AgentRunner
+    from sagaguard.saga.agent.runner import AgentRunner
 
 __all__ = ["AgentRun", "current_run"]
 
@@ -117,7 +123,7 @@ class AgentRun:
     - An exception escaping the block: with ``on_failure="compensate"`` (default) the run's tool
       calls are undone now, in reverse journal order; with ``"leave"`` the run is parked
       NEEDS_ATTENTION. The exception propagates either way.
-    - :class:`~saga.agent.errors.AgentRunCancelled` (the run was cancelled from outside) is raised
+    - :class:`~sagaguard.saga.agent.errors.AgentRunCancelled` (the run was cancelled from outside) is raised
       at the next tool call, and leaving the block then compensates.
     - Any other BaseException (KeyboardInterrupt, ``asyncio.CancelledError``, a test's simulated
       crash) leaves the saga as a crash would: the worker finds it when its lease runs out. A time
@@ -302,21 +308,22 @@ class AgentRun:
             tool: the tool's name.
             fn: the call with its arguments bound.
             arguments: the recorded arguments (JSON-storable), given to the undo and fingerprinted.
-            undo: the name of an undo registered in the saga's :class:`~saga.agent.undo.UndoRegistry`.
+            undo: the name of an undo registered in the saga's
+                :class:`~sagaguard.saga.agent.undo.UndoRegistry`.
             pivot: the call is the run's go/no-go point.
             call_id: the framework's stable id of the call (LangGraph's ``tool_call_id``); None
                 counts calls of ``tool`` in this process (sequential agents only).
             result_type: the type the result is stored as.
             record: what the step records of the result for the undo (default: the result itself);
                 a framework adapter passes the tool's own output rather than its message.
-            options: other :meth:`~idempotency.guard.Guard.run` options for the call's effect
+            options: other :meth:`~sagaguard.idempotency.guard.Guard.run` options for the call's effect
                 (``policy=``, ``reconciler=``, ... as a tool's declaration gives them).
 
         Raises:
             AgentRunCancelled: the run was cancelled; nothing ran.
             AgentRunEnded: the run's saga no longer takes calls.
             UnknownUndo: ``undo`` is not registered. ConfigurationError: both ``undo`` and ``pivot``.
-            and whatever the guard raises (see :meth:`idempotency.guard.Guard.run`).
+            and whatever the guard raises (see :meth:`sagaguard.idempotency.guard.Guard.run`).
         """
         step = self._step(tool, arguments, undo, pivot, call_id)
         if step is None:
@@ -342,7 +349,7 @@ class AgentRun:
         options: Mapping[str, Any] | None = None,
     ) -> T:
         """The async twin of :meth:`call`, line for line: ``fn`` is awaited under
-        :meth:`~idempotency.guard.Guard.arun` (``options`` are its options), and the journal
+        :meth:`~sagaguard.idempotency.guard.Guard.arun` (``options`` are its options), and the journal
         commits (the registration before the call, the result after) run in a worker thread.
 
         Raises:

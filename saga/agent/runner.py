@@ -8,7 +8,7 @@
     async with runner.run(trip_agent, run_id) as run:      # async agents (the Agents SDK, MCP)
         await Runner.run(...)                              # tools await run.acall(...)
 
-See :class:`~saga.agent.run.AgentRun` for what a run does with its tool calls and how it ends.
+See :class:`~sagaguard.saga.agent.run.AgentRun` for what a run does with its tool calls and how it ends.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from idempotency.errors import ConfigurationError
-from idempotency.guard import Guard
-from saga.agent.definition import AgentSaga
-from saga.agent.run import AgentRun
-from saga.journal import SagaJournal
-from saga.records import SagaOutcome
-from saga.renewer import LeaseRenewer
-from saga.runner import SagaRunner
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.guard import Guard
+from sagaguard.saga.agent.definition import AgentSaga
+from sagaguard.saga.agent.run import AgentRun
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.records import SagaOutcome
+from sagaguard.saga.renewer import LeaseRenewer
+from sagaguard.saga.runner import SagaRunner
 
 __all__ = ["AgentRunner"]
 
@@ -58,13 +58,13 @@ class AgentRunner:
 
     def run(self, agent: AgentSaga, run_id: str, *, exclusive: bool = False) -> AgentRun:
         """The run ``run_id`` of ``agent``, to open with ``with`` or ``async with`` (see
-        :class:`~saga.agent.run.AgentRun`).
+        :class:`~sagaguard.saga.agent.run.AgentRun`).
 
         Args:
             agent: the run's saga type.
             run_id: the framework's durable run identity.
             exclusive: refuse to open a run whose lease another open run holds
-                (:class:`~saga.errors.SagaInProgress`, nothing written) instead of attaching to
+                (:class:`~sagaguard.saga.errors.SagaInProgress`, nothing written) instead of attaching to
                 it as to this process's own run resumed before its lease ran out. For engines
                 that may run two processes for one run at once (Temporal activities of one
                 workflow on two workers, DBOS steps): each opens the run exclusively, so only
@@ -80,7 +80,7 @@ class AgentRunner:
 
     def reject(self, agent: AgentSaga, run_id: str, reason: str = "rejected") -> SagaOutcome:
         """A human rejected the run at an approval: undo its tool calls now (see
-        :meth:`AgentRun.reject <saga.agent.run.AgentRun.reject>`), from any process.
+        :meth:`AgentRun.reject <sagaguard.saga.agent.run.AgentRun.reject>`), from any process.
 
         Raises:
             AgentRunEnded: the run has already ended (completed, compensated, ...).

@@ -22,8 +22,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from saga.agent.call import ToolCall
-from saga.errors import DefinitionError
+from sagaguard.saga.agent.call import ToolCall
+from sagaguard.saga.errors import DefinitionError
 
 __all__ = ["Undo", "UndoRegistry", "undoing"]
 

@@ -1,16 +1,17 @@
 """Journal backends, and :func:`open_journal`, which opens one from a URL.
 
 The SQL and Redis journals import their drivers only in their own modules:
-``from saga.journals.sql import SqlJournal``, ``from saga.journals.redis import RedisJournal``.
+``from sagaguard.saga.journals.sql import SqlJournal``, ``from sagaguard.saga.journals.redis import
+RedisJournal``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from idempotency.stores.urls import check_url
-from saga.journal import SagaJournal
-from saga.journals.memory import MemoryJournal
+from sagaguard.idempotency.backends.urls import check_url
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.journals.memory import MemoryJournal
 
 __all__ = ["DEFAULT_URL", "MemoryJournal", "open_journal"]
 
@@ -22,23 +23,25 @@ def open_journal(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = 
     """Open the journal a URL names.
 
     - ``memory://``: :class:`MemoryJournal` (one process, nothing survives it).
-    - ``sqlite:///path.db``, ``postgresql://user@host/db``: :class:`~saga.journals.sql.SqlJournal`.
-    - ``redis://host:port/db``, ``rediss://``, ``unix://``: :class:`~saga.journals.redis.RedisJournal`.
+    - ``sqlite:///path.db``, ``postgresql://user@host/db``: :class:`~sagaguard.saga.journals.sql.SqlJournal`.
+    - ``redis://host:port/db``, ``rediss://``, ``unix://``:
+      :class:`~sagaguard.saga.journals.redis.RedisJournal`.
 
     Raises:
         ConfigurationError: ``url`` is not a string, is malformed, has an unknown scheme, or leaves
-            the host or database to a driver default (see :func:`~idempotency.stores.urls.check_url`).
+            the host or database to a driver default (see
+            :func:`~sagaguard.idempotency.backends.urls.check_url`).
         JournalUnavailable: the backend cannot be reached.
     """
     scheme = check_url(url, what="journal")
     if scheme == "memory":
         return MemoryJournal(clock=clock)
     if scheme in ("sqlite", "postgresql"):
-        from saga.journals.sql import SqlJournal
+        from sagaguard.saga.journals.sql import SqlJournal
 
         return SqlJournal(url, clock=clock)
     if scheme in ("redis", "rediss", "unix"):
-        from saga.journals.redis import RedisJournal
+        from sagaguard.saga.journals.redis import RedisJournal
 
         return RedisJournal(url, clock=clock)
     raise AssertionError(f"check_url returned an unknown scheme {scheme!r}")  # pragma: no cover

@@ -1,7 +1,7 @@
 """An in-process journal: a real backend for one process (tests, notebooks, scripts).
 
 It keeps every promise of the contract within its process and none across a crash of it; use
-:class:`~saga.journals.sql.SqlJournal` (SQLite) for that.
+:class:`~sagaguard.saga.journals.sql.SqlJournal` (SQLite) for that.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 
-from saga import lease as _lease
-from saga.errors import LostSagaLease, SagaNotFound
-from saga.records import (
+from sagaguard.saga import lease as _lease
+from sagaguard.saga.errors import LostSagaLease, SagaNotFound
+from sagaguard.saga.records import (
     LIVE_STATES,
     RESUMABLE_STATES,
     CancelOutcome,
@@ -30,7 +30,7 @@ __all__ = ["MemoryJournal"]
 
 
 class MemoryJournal:
-    """Dicts under a lock. A :class:`~saga.journal.SagaJournal`.
+    """Dicts under a lock. A :class:`~sagaguard.saga.journal.SagaJournal`.
 
     Args:
         clock: seconds since the epoch; inject one to test lease expiry without sleeping.

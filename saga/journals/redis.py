@@ -3,8 +3,8 @@
 A saga lives in three keys that share the hash tag ``{<saga id>}``, so every script touches one hash
 slot and the layout suits Redis Cluster:
 
-- ``<prefix>:{<id>}``: a hash of the saga row (:class:`~saga.records.SagaRecord`'s fields; numbers as
-  text that reads back as the exact float, None as an absent field);
+- ``<prefix>:{<id>}``: a hash of the saga row (:class:`~sagaguard.saga.records.SagaRecord`'s fields; numbers
+  as text that reads back as the exact float, None as an absent field);
 - ``<prefix>:{<id>}:steps``: a hash of step rows: field ``<index>`` is the row as JSON (written by
   Python), ``<index>:s`` and ``<index>:u`` its start and update times (stamped by the script);
 - ``<prefix>:{<id>}:signals``: a hash of delivered signals, name to payload.
@@ -35,12 +35,12 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from idempotency.errors import ConfigurationError
-from idempotency.stores.redis_client import ScriptRunner, connect
-from idempotency.stores.redis_persistence import check_persistence
-from saga import lease as _lease
-from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
-from saga.journals.redis_scripts import (
+from sagaguard.idempotency.backends.redis_client import ScriptRunner, connect
+from sagaguard.idempotency.backends.redis_persistence import check_persistence
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.saga import lease as _lease
+from sagaguard.saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
+from sagaguard.saga.journals.redis_scripts import (
     CANCEL,
     CLAIM,
     COMMIT,
@@ -53,7 +53,7 @@ from saga.journals.redis_scripts import (
     START,
     TAKE_OVER,
 )
-from saga.records import (
+from sagaguard.saga.records import (
     FINAL_STATES,
     RESUMABLE_STATES,
     CancelOutcome,
@@ -172,7 +172,7 @@ def _step_json(row: StepRecord) -> str:
 
 
 class RedisJournal:
-    """A :class:`~saga.journal.SagaJournal` in Redis, shared by any number of processes.
+    """A :class:`~sagaguard.saga.journal.SagaJournal` in Redis, shared by any number of processes.
 
     Args:
         url_or_client: a ``redis://``, ``rediss://`` or ``unix://`` URL, or a ready ``redis.Redis``
@@ -274,7 +274,7 @@ class RedisJournal:
         holder: str | None = None,
     ) -> StartResult:
         """See :meth:`SagaJournal.start`: one script (after lowering the saga's index entry); a live
-        saga found held by a dead holder is then taken over (:mod:`saga.lease`)."""
+        saga found held by a dead holder is then taken over (:mod:`sagaguard.saga.lease`)."""
         args: tuple[Any, ...] = (
             self._now_arg(), name, str(version), fingerprint, input, float(lease), float(timeout),
             _lease.current(holder),

@@ -1,4 +1,4 @@
-"""The Lua scripts of :class:`~saga.journals.redis.RedisJournal`, one per primitive.
+"""The Lua scripts of :class:`~sagaguard.saga.journals.redis.RedisJournal`, one per primitive.
 
 Each works on the keys of one saga (``KEYS``: the saga hash, its steps hash, its signals hash), so
 it runs atomically in one hash slot. ``ARGV[1]`` is the injected clock's reading, or empty for

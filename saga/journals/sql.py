@@ -1,18 +1,18 @@
 """The SQL journal: SQLModel tables serving SQLite (the embedded default) and PostgreSQL.
 
 ``{prefix}sagas`` holds one row per saga instance, ``{prefix}saga_steps`` one row per started step,
-``{prefix}saga_signals`` one row per delivered signal (see :mod:`saga.journals.sql_schema`). Each
+``{prefix}saga_signals`` one row per delivered signal (see :mod:`sagaguard.saga.journals.sql_schema`). Each
 primitive is one transaction; :meth:`SqlJournal.commit` (the atomic phase) is one fenced
 ``UPDATE .. RETURNING`` of the saga row and an upsert per step row, committed together, so a
 phase is written entirely or not at all: on Postgres one statement (the upserts in a data-modifying
 ``WITH`` fed by the update's ``RETURNING``, so a refused fence writes no step row) in autocommit, one
 round trip; on SQLite one ``BEGIN IMMEDIATE`` transaction. Those calls a saga makes on every step
 (:meth:`~SqlJournal.start`, :meth:`~SqlJournal.commit`) run their SQL text on the driver itself
-(:mod:`idempotency.stores.sql_driver`: psycopg's prepared statements, sqlite3); the rest goes
+(:mod:`sagaguard.idempotency.backends.sql_driver`: psycopg's prepared statements, sqlite3); the rest goes
 through SQLAlchemy Core.
 :meth:`SqlJournal.claim` is one conditional
 ``UPDATE .. RETURNING``: of two workers racing for a saga, the second finds it no longer due. The
-engine comes from :func:`idempotency.stores.sql.make_engine`: SQLite in WAL mode with
+engine comes from :func:`sagaguard.idempotency.stores.sql.make_engine`: SQLite in WAL mode with
 ``BEGIN IMMEDIATE`` writers (so writes are serialised), Postgres through psycopg 3, where parking a
 saga and delivering a signal both lock the saga row first, so neither misses the other.
 
@@ -31,12 +31,12 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 
-from idempotency.errors import ConfigurationError
-from idempotency.stores.sql_driver import SqlDriver, Statement
-from idempotency.stores.sql_engine import make_engine
-from saga import lease as _lease
-from saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
-from saga.journals.sql_schema import (
+from sagaguard.idempotency.backends.sql_driver import SqlDriver, Statement
+from sagaguard.idempotency.backends.sql_engine import make_engine
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.saga import lease as _lease
+from sagaguard.saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
+from sagaguard.saga.journals.sql_schema import (
     DEFAULT_PREFIX,
     SAGA_COLUMNS,
     SCHEMA_VERSION,
@@ -44,7 +44,7 @@ from saga.journals.sql_schema import (
     journal_models,
     metadata,
 )
-from saga.records import (
+from sagaguard.saga.records import (
     LIVE_STATES,
     RESUMABLE_STATES,
     CancelOutcome,
@@ -132,7 +132,7 @@ def _step_values(step: StepRecord, suffix: str, **extra: Any) -> dict[str, Any]:
 
 
 class SqlJournal:
-    """A :class:`~saga.journal.SagaJournal` on SQLite or PostgreSQL. Thread-safe.
+    """A :class:`~sagaguard.saga.journal.SagaJournal` on SQLite or PostgreSQL. Thread-safe.
 
     Args:
         url_or_engine: ``sqlite:///path.db``, ``sqlite://`` (private, in memory),
@@ -247,7 +247,7 @@ class SqlJournal:
         """See :meth:`SagaJournal.start`. One upsert (on Postgres one statement with ``first``'s
         upsert; on SQLite that upsert follows in the same transaction); a saga it took over or
         found is then read. A live saga found held by a dead holder is then taken over
-        (:mod:`saga.lease`).
+        (:mod:`sagaguard.saga.lease`).
 
         A saga the upsert created has no step rows but ``first`` and no signals (a saga row is
         never deleted, and a signal needs an existing saga), so nothing is read back for it.

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 
-from idempotency.errors import ConfigurationError
+from sagaguard.idempotency.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -46,7 +46,7 @@ SAGA_COLUMNS: Final = (
     "saga_id, name, version, fingerprint, input, state, token, lease_until, created_at, updated_at, "
     "error, deadline, recoveries, waiting_for, wait_until, cancel_requested, holder"
 )
-"""In the order of :class:`~saga.records.SagaRecord`'s fields."""
+"""In the order of :class:`~sagaguard.saga.records.SagaRecord`'s fields."""
 STEP_COLUMNS: Final = (
     "saga_id, idx, name, kind, state, compensation, result, error, not_applied, compensation_error, "
     "attempts, compensation_attempts, started_at, updated_at, trace, resolution"
@@ -60,7 +60,7 @@ class _JournalModel(SQLModel, registry=registry()):
 
 
 class SagaFields(_JournalModel):
-    """The columns of the sagas table (:class:`~saga.records.SagaRecord`)."""
+    """The columns of the sagas table (:class:`~sagaguard.saga.records.SagaRecord`)."""
 
     saga_id: str = Field(primary_key=True, max_length=255)
     name: str = Field(sa_type=sa.Text)
@@ -82,7 +82,7 @@ class SagaFields(_JournalModel):
 
 
 class StepFields(_JournalModel):
-    """The columns of the steps table (:class:`~saga.records.StepRecord`)."""
+    """The columns of the steps table (:class:`~sagaguard.saga.records.StepRecord`)."""
 
     saga_id: str = Field(primary_key=True, max_length=255)
     idx: int = Field(primary_key=True)
@@ -227,7 +227,8 @@ class Statements:
             "move": f"UPDATE {sagas} SET state = :state, error = :error, lease_until = {lease}, "
             f"updated_at = {at}{source} WHERE {fence} RETURNING {SAGA_COLUMNS}",
         }
-        """The statements of the hot path (run by :mod:`idempotency.stores.sql_driver`), as text."""
+        """The statements of the hot path (run by :mod:`sagaguard.idempotency.backends.sql_driver`), as
+        text."""
         # Parking: due at once when the awaited signal is already recorded or a cancel is pending.
         self.park = sa.text(
             f"UPDATE {sagas} SET state = 'waiting', error = :error, waiting_for = :waiting_for, "

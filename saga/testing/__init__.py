@@ -6,7 +6,7 @@ COMPENSATED, or parked as NEEDS_ATTENTION, never stuck RUNNING or COMPENSATING) 
 effect at most once, with every effect of a compensated saga undone. This module tests exactly that,
 with real processes and a real ``SIGKILL`` (no ``finally``, no ``atexit``, no flush)::
 
-    from saga.testing import Storage, kill_points, run_kill_point_sweep
+    from sagaguard.saga.testing import Storage, kill_points, run_kill_point_sweep
 
     points = kill_points(my_saga, fail_at="book_hotel")      # every distinct crash boundary
     results = run_kill_point_sweep(
@@ -38,17 +38,17 @@ run to compare against.
 
 **Scenarios.** The child process builds the saga from a *scenario factory* named ``module:attr``: a
 callable ``factory(guard, params) -> Scenario`` that declares the saga's effects with the given
-:class:`~idempotency.guard.Guard` (its store is the crashing one) and returns the saga and its input.
-``params`` are strings: the ``--param k=v`` of the command line plus ``saga_id``.
+:class:`~sagaguard.idempotency.guard.Guard` (its store is the crashing one) and returns the saga and its
+input. ``params`` are strings: the ``--param k=v`` of the command line plus ``saga_id``.
 :func:`trip_scenario` is the worked example: a four-step trip (charge the card, reserve a seat, book
 a hotel, send the receipt; undone by refund, release, cancel) whose every effect and compensation
-is an HTTP call to an :class:`~idempotency.testing.CounterService` in its own process, guarded with
+is an HTTP call to an :class:`~sagaguard.idempotency.testing.CounterService` in its own process, guarded with
 a reconciler that asks the service whether an effect with the call's provider key happened.
 
 **One point** (:func:`run_kill_point`): a child runs the saga and is SIGKILLed at the point; a fresh
 child (started alongside, warmed up and waiting at a gate, so it costs no import time) recovers it,
 by running the same saga id again (``recovery="rerun"``: the runner takes the saga over once the dead
-runner's short lease ran out) or through :func:`saga.recovery.recover` (``recovery="sweep"``, then
+runner's short lease ran out) or through :func:`sagaguard.saga.recovery.recover` (``recovery="sweep"``, then
 the rerun, which replays what the sweeper recorded). The result holds the journal's state after
 the crash and after the recovery, the guard records left unsettled, and whatever ``observe`` saw.
 :meth:`PointResult.problems` lists the generic violations; the scenario's own checks
@@ -56,19 +56,19 @@ the crash and after the recovery, the guard records left unsettled, and whatever
 killed too, each at its own point (counted from its own start), before a last one finishes:
 crashes during recovery.
 
-The child is ``python -m saga.testing child --scenario M:F --saga-id ID --journal URL --store URL
+The child is ``python -m sagaguard.saga.testing child --scenario M:F --saga-id ID --journal URL --store URL
 [--kill SPEC] ...`` (see ``--help``); it prints one JSON line with the outcome.
 """
 
 from __future__ import annotations
 
-from saga.testing.child import child_main
-from saga.testing.child import main as main  # `python -m` entry point, not in __all__
-from saga.testing.points import JOURNAL_METHODS, STORE_METHODS, Boundary, KillPoint, Tripwire
-from saga.testing.runner import PointResult, run_kill_point, run_kill_point_sweep, trace_run
-from saga.testing.scenario import Scenario, ScenarioFactory, Storage, load_factory
-from saga.testing.shadow import kill_points, points_of
-from saga.testing.trip import (
+from sagaguard.saga.testing.child import child_main
+from sagaguard.saga.testing.child import main as main  # `python -m` entry point, not in __all__
+from sagaguard.saga.testing.points import JOURNAL_METHODS, STORE_METHODS, Boundary, KillPoint, Tripwire
+from sagaguard.saga.testing.runner import PointResult, run_kill_point, run_kill_point_sweep, trace_run
+from sagaguard.saga.testing.scenario import Scenario, ScenarioFactory, Storage, load_factory
+from sagaguard.saga.testing.shadow import kill_points, points_of
+from sagaguard.saga.testing.trip import (
     TRIP_EFFECTS,
     Trip,
     TripRejected,
@@ -77,7 +77,7 @@ from saga.testing.trip import (
     trip_saga,
     trip_scenario,
 )
-from saga.testing.wrappers import CrashingJournal, CrashingSagaStore, describe_phase
+from sagaguard.saga.testing.wrappers import CrashingJournal, CrashingSagaStore, describe_phase
 
 __all__ = [
     "JOURNAL_METHODS",

@@ -1,10 +1,10 @@
-"""``python -m saga.testing child ...`` (see :func:`saga.testing.child.child_main`)."""
+"""``python -m sagaguard.saga.testing child ...`` (see :func:`sagaguard.saga.testing.child.child_main`)."""
 
 from __future__ import annotations
 
 import sys
 
-from saga.testing.child import main
+from sagaguard.saga.testing.child import main
 
 if __name__ == "__main__":
     sys.exit(main())

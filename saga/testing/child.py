@@ -1,4 +1,4 @@
-"""The child process: ``python -m saga.testing child ...`` runs (or recovers) one saga, maybe dying
+"""The child process: ``python -m sagaguard.saga.testing child ...`` runs (or recovers) one saga, maybe dying
 at a kill point, and prints one JSON line with the outcome.
 """
 
@@ -12,18 +12,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from idempotency.guard import Guard
-from saga.definition import Saga
-from saga.journal import SagaJournal
-from saga.records import (
+from sagaguard.idempotency.guard import Guard
+from sagaguard.saga.definition import Saga
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.records import (
     LIVE_STATES,
     SagaOutcome,
 )
-from saga.recovery import arecover, recover
-from saga.runner import SagaRunner
-from saga.testing.points import KillPoint, Tripwire
-from saga.testing.scenario import Scenario, Storage, load_factory
-from saga.testing.wrappers import CrashingJournal, CrashingSagaStore
+from sagaguard.saga.recovery import arecover, recover
+from sagaguard.saga.runner import SagaRunner
+from sagaguard.saga.testing.points import KillPoint, Tripwire
+from sagaguard.saga.testing.scenario import Scenario, Storage, load_factory
+from sagaguard.saga.testing.wrappers import CrashingJournal, CrashingSagaStore
 
 
 def _unfinished(journal: SagaJournal, saga_id: str) -> bool:
@@ -36,7 +36,7 @@ def _deadline(runner: SagaRunner) -> float:
 
 
 def _sweep(journal: SagaJournal, runner: SagaRunner, guard: Guard, saga: Saga[Any], saga_id: str) -> bool:
-    """Sweep with :func:`saga.recovery.recover` until it drove ``saga_id`` (its dead runner's lease
+    """Sweep with :func:`sagaguard.saga.recovery.recover` until it drove ``saga_id`` (its dead runner's lease
     must run out first) or the saga is not there to recover. Returns whether a sweep drove it."""
     deadline = _deadline(runner)
     while time.monotonic() < deadline and _unfinished(journal, saga_id):
@@ -49,7 +49,7 @@ def _sweep(journal: SagaJournal, runner: SagaRunner, guard: Guard, saga: Saga[An
 async def _asweep(
     journal: SagaJournal, runner: SagaRunner, guard: Guard, saga: Saga[Any], saga_id: str
 ) -> bool:
-    """:func:`_sweep` with :func:`saga.recovery.arecover`."""
+    """:func:`_sweep` with :func:`sagaguard.saga.recovery.arecover`."""
     deadline = _deadline(runner)
     while time.monotonic() < deadline and _unfinished(journal, saga_id):
         if saga_id in (await arecover(journal, guard, saga, runner=runner)).outcomes:
@@ -75,13 +75,13 @@ def _run(
 
 
 def child_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m saga.testing child ...``: run (or recover) one saga, maybe dying at a point.
+    """``python -m sagaguard.saga.testing child ...``: run (or recover) one saga, maybe dying at a point.
 
     Prints one JSON line: ``{"state", "replayed", "swept", "error", "trace"}`` (``swept``: the
     recovery sweeper drove the saga), or ``{"exception", "message"}`` with exit status 2 when the
     run raised.
     """
-    parser = argparse.ArgumentParser(prog="python -m saga.testing child")
+    parser = argparse.ArgumentParser(prog="python -m sagaguard.saga.testing child")
     parser.add_argument("--scenario", required=True, help="module:attr of a scenario factory")
     parser.add_argument("--saga-id", required=True)
     parser.add_argument("--journal", required=True, help="journal URL (sqlite:///f.db, postgresql://...)")
@@ -148,9 +148,9 @@ def child_main(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m saga.testing child ...`` (see :func:`child_main`)."""
+    """``python -m sagaguard.saga.testing child ...`` (see :func:`child_main`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] != "child":
-        print("usage: python -m saga.testing child --help", file=sys.stderr)
+        print("usage: python -m sagaguard.saga.testing child --help", file=sys.stderr)
         return 2
     return child_main(args[1:])

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from idempotency.testing import sigkill
+from sagaguard.idempotency.testing import sigkill
 
 JOURNAL_METHODS = ("start", "claim", "commit")
 """Journal calls a point can name (``claim`` is the recovery sweeper's take-over)."""
@@ -106,7 +106,7 @@ class Tripwire:
     Args:
         point: where to die; None only records.
         kill: what dying means; the default is a real SIGKILL
-            (:func:`idempotency.testing.sigkill`). In-process tests may pass a function that raises
+            (:func:`sagaguard.idempotency.testing.sigkill`). In-process tests may pass a function that raises
             a ``BaseException``.
     """
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,17 +14,17 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from idempotency.records import Record, State
-from saga.records import (
+from sagaguard.idempotency.records import Record, State
+from sagaguard.idempotency.testing.children import child_environment
+from sagaguard.saga.records import (
     LIVE_STATES,
     SagaSnapshot,
     SagaState,
 )
-from saga.testing.points import Boundary, KillPoint
-from saga.testing.scenario import Storage
+from sagaguard.saga.testing.points import Boundary, KillPoint
+from sagaguard.saga.testing.scenario import Storage
 
 T = TypeVar("T")
 
@@ -83,14 +82,12 @@ class PointResult(Generic[T]):
 
 
 def _child_env() -> dict[str, str]:
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    return child_environment()
 
 
 def _spawn(arguments: Sequence[str], *, gate: bool) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "saga.testing", "child", *arguments, *(["--gate"] if gate else [])],
+        [sys.executable, "-m", "sagaguard.saga.testing", "child", *arguments, *(["--gate"] if gate else [])],
         stdin=subprocess.PIPE if gate else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -150,9 +147,9 @@ def run_kill_point(
             they are taken over at once); 0 for the defaults a user gets (the runner's 60 s lease
             and 10 s wait, the guard's 5 s lease and 10 s wait).
         recovery: ``rerun`` (run the same saga id again) or ``sweep``
-            (:func:`saga.recovery.recover` first, then the rerun, which replays what it recorded).
-        driver: ``sync`` (:meth:`SagaRunner.run`, :func:`~saga.recovery.recover`) or ``async``
-            (:meth:`SagaRunner.arun`, :func:`~saga.recovery.arecover`), in every child.
+            (:func:`sagaguard.saga.recovery.recover` first, then the rerun, which replays what it recorded).
+        driver: ``sync`` (:meth:`SagaRunner.run`, :func:`~sagaguard.saga.recovery.recover`) or ``async``
+            (:meth:`SagaRunner.arun`, :func:`~sagaguard.saga.recovery.arecover`), in every child.
         timeout: seconds each child may take.
     """
     saga_id = saga_id or f"kp-{uuid.uuid4().hex[:12]}"

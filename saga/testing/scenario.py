@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from idempotency.guard import Guard
-from idempotency.store import IdempotencyStore
-from saga.definition import Saga
-from saga.journal import SagaJournal
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.saga.definition import Saga
+from sagaguard.saga.journal import SagaJournal
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +50,8 @@ class Storage:
     """Where a child keeps its journal and its effect store (both must outlive the child).
 
     Attributes:
-        journal_url: a SQLite file or Postgres URL for :class:`~saga.journals.sql.SqlJournal`.
-        store_url: the same for :class:`~idempotency.stores.sql.SqlStore` (or any ``open_store``
+        journal_url: a SQLite file or Postgres URL for :class:`~sagaguard.saga.journals.sql.SqlJournal`.
+        store_url: the same for :class:`~sagaguard.idempotency.stores.sql.SqlStore` (or any ``open_store``
             URL when ``store_table`` is None).
         journal_prefix: the journal's table prefix.
         store_table: the store's table name; None opens ``store_url`` with ``open_store``.
@@ -70,17 +70,17 @@ class Storage:
 
     def journal(self) -> SagaJournal:
         """Open the journal (tables are created when missing)."""
-        from saga.journals.sql import SqlJournal
+        from sagaguard.saga.journals.sql import SqlJournal
 
         return SqlJournal(self.journal_url, table_prefix=self.journal_prefix)
 
     def store(self) -> IdempotencyStore:
         """Open the store (tables are created when missing)."""
         if self.store_table is None:
-            from idempotency.stores import open_store
+            from sagaguard.idempotency.stores import open_store
 
             return open_store(self.store_url)
-        from idempotency.stores.sql import SqlStore
+        from sagaguard.idempotency.stores.sql import SqlStore
 
         return SqlStore(self.store_url, table_name=self.store_table)
 

@@ -7,17 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from idempotency.errors import NotApplied
-from idempotency.guard import Guard
-from idempotency.stores.memory import MemoryStore
-from saga.definition import Saga, StepContext
-from saga.journals.memory import MemoryJournal
-from saga.records import (
+from sagaguard.idempotency.errors import NotApplied
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.stores.memory import MemoryStore
+from sagaguard.saga.definition import Saga, StepContext
+from sagaguard.saga.journals.memory import MemoryJournal
+from sagaguard.saga.records import (
     StepKind,
 )
-from saga.runner import SagaRunner
-from saga.testing.points import Boundary, KillPoint, Tripwire
-from saga.testing.wrappers import CrashingJournal, CrashingSagaStore
+from sagaguard.saga.runner import SagaRunner
+from sagaguard.saga.testing.points import Boundary, KillPoint, Tripwire
+from sagaguard.saga.testing.wrappers import CrashingJournal, CrashingSagaStore
 
 
 class _ShadowFailure(RuntimeError):

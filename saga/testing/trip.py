@@ -1,5 +1,5 @@
 """The worked example: a four-step trip whose every effect and compensation is counted at a
-:class:`~idempotency.testing.CounterService`, and its scenario factory and checks.
+:class:`~sagaguard.idempotency.testing.CounterService`, and its scenario factory and checks.
 """
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from dataclasses import dataclass
 
 import tenacity
 
-from idempotency.effect import Retry, current_effect
-from idempotency.guard import Guard
-from idempotency.keys import EffectIdentity
-from idempotency.testing import Charge, CounterClient
-from saga.definition import Saga, StepContext
-from saga.records import (
+from sagaguard.idempotency.effect import Retry, current_effect
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.testing import Charge, CounterClient
+from sagaguard.saga.definition import Saga, StepContext
+from sagaguard.saga.records import (
     SagaState,
 )
-from saga.testing.scenario import Scenario
+from sagaguard.saga.testing.scenario import Scenario
 
 
 class TripRejected(RuntimeError):
@@ -128,7 +128,7 @@ def trip_saga(guard: Guard, client: CounterClient, *, guarded: bool = True) -> S
 
 
 def trip_scenario(guard: Guard, params: Mapping[str, str]) -> Scenario:
-    """The scenario factory of :func:`trip_saga` (``saga.testing:trip_scenario``).
+    """The scenario factory of :func:`trip_saga` (``sagaguard.saga.testing:trip_scenario``).
 
     Params: ``service`` (the counter service URL), ``saga_id`` (also the order), ``fail_at``
     (optional step name), ``guarded`` (``no`` for the unguarded negative control).

@@ -8,18 +8,18 @@ import builtins
 from collections.abc import Collection
 from typing import Any
 
-from idempotency.keys import EffectIdentity
-from idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
-from idempotency.store import IdempotencyStore
-from saga.journal import SagaJournal
-from saga.records import (
+from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
+from sagaguard.idempotency.store import IdempotencyStore
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.records import (
     Phase,
     SagaRecord,
     SagaSnapshot,
     StartOutcome,
     StartResult,
 )
-from saga.testing.points import Tripwire
+from sagaguard.saga.testing.points import Tripwire
 
 
 def describe_phase(phase: Phase) -> str:
@@ -31,7 +31,7 @@ def describe_phase(phase: Phase) -> str:
 
 
 class CrashingJournal:
-    """Wraps any :class:`~saga.journal.SagaJournal` and dies at a journal kill point.
+    """Wraps any :class:`~sagaguard.saga.journal.SagaJournal` and dies at a journal kill point.
 
     ``start``, ``claim`` and ``commit`` are counted (the calls that write), except the commits that
     only renew the lease, which come from the runner's renewer thread whenever a step runs long;
@@ -75,9 +75,9 @@ class CrashingJournal:
 
 
 class CrashingSagaStore:
-    """Wraps any :class:`~idempotency.store.IdempotencyStore` and dies at a store kill point.
+    """Wraps any :class:`~sagaguard.idempotency.store.IdempotencyStore` and dies at a store kill point.
 
-    Unlike :class:`idempotency.testing.CrashingStore` (first call at a named point) it counts calls,
+    Unlike :class:`sagaguard.idempotency.testing.CrashingStore` (first call at a named point) it counts calls,
     so ``store.complete#3:before`` is "the third guarded effect ran; its record is not written".
 
     Args:

@@ -20,20 +20,20 @@ the tools finished), so a fresh process can go on from it.
   the resume runs the agent on the session with no new input, so the model continues from the last
   saved step (a session that already ends with the agent's final text is a finished run: the
   resume calls nothing, :func:`final_text`).
-- ``sagaguard``: the same agent wrapped by :class:`connectors.openai_agents.AgentRun` under the run
-  key :data:`RUN_KEY`: loop model calls journaled (run key + model-call ordinal), every tool a
+- ``sagaguard``: the same agent wrapped by :class:`sagaguard.connectors.frameworks.openai_agents.AgentRun`
+  under the run key :data:`RUN_KEY`: loop model calls journaled (run key + model-call ordinal), every tool a
   guarded effect (run key + ``tool_call_id``). A tool's body runs in the scope of its effect, so
   what it does inside is keyed on the tool call too: its model call is journaled
-  (:class:`connectors.llm.ChatJournal`), the charge is a :class:`connectors.stripe.StripeEffects`
-  effect (provider key + reconciler), the email an :class:`connectors.email.EmailEffects` inline send
-  (at most once: a send whose answer was lost is parked for an operator, ``"in_doubt"``, never
-  re-sent). Every world-changing call inside a tool is guarded, so the tools themselves are
-  ``at_least_once``: a tool left in doubt by a crash runs its body again and each inner effect
-  replays or settles itself. The resume goes on from the session like ``plain`` and continues the
+  (:class:`sagaguard.connectors.llm.ChatJournal`), the charge is a
+  :class:`sagaguard.connectors.stripe.StripeEffects` effect (provider key + reconciler), the email an
+  :class:`sagaguard.connectors.email.EmailEffects` inline send (at most once: a send whose answer was lost is
+  parked for an operator, ``"in_doubt"``, never re-sent). Every world-changing call inside a tool is guarded,
+  so the tools themselves are ``at_least_once``: a tool left in doubt by a crash runs its body again and each
+  inner effect replays or settles itself. The resume goes on from the session like ``plain`` and continues the
   model-call ordinals after the answers the session holds (:func:`answers_in`): the answer the
   session had not saved is then the same call (same ordinal, same input), replayed from the journal
   with its ``tool_call_id`` when it was recorded (so its tool finds its record), asked again when it
-  was still in flight. Effects are recorded in a SQLite :class:`~idempotency.stores.sql.SqlStore`
+  was still in flight. Effects are recorded in a SQLite :class:`~sagaguard.idempotency.stores.sql.SqlStore`
   beside the session.
 
 The config JSON: ``dir`` (session and effects live there), ``action`` (``start``: run the topic;
@@ -102,13 +102,13 @@ from agents.models.interface import Model  # noqa: E402
 from _research.points import reach  # noqa: E402
 from _research.sweep import SDK_PRELOAD, Variant  # noqa: E402
 from _research.world import SENDER, TOOL_NAMES, check_prompt, report_digest, write_prompt  # noqa: E402
-from connectors.email import Email, EmailEffects, Sent, SmtpSettings  # noqa: E402
-from connectors.llm import ChatJournal  # noqa: E402
-from connectors.openai_agents import AgentRun  # noqa: E402
-from connectors.stripe import StripeEffects  # noqa: E402
-from idempotency import Guard, current_effect, scope  # noqa: E402
-from idempotency.errors import OutcomeUnknown  # noqa: E402
-from idempotency.stores.sql import SqlStore  # noqa: E402
+from sagaguard.connectors.email import Email, EmailEffects, Sent, SmtpSettings  # noqa: E402
+from sagaguard.connectors.frameworks.openai_agents import AgentRun  # noqa: E402
+from sagaguard.connectors.llm import ChatJournal  # noqa: E402
+from sagaguard.connectors.stripe import StripeEffects  # noqa: E402
+from sagaguard.idempotency import Guard, current_effect, scope  # noqa: E402
+from sagaguard.idempotency.errors import OutcomeUnknown  # noqa: E402
+from sagaguard.idempotency.stores.sql import SqlStore  # noqa: E402
 
 MODES = ("sagaguard", "plain", "fanout")
 """``fanout``: ``sagaguard`` with the fan-out plan (:data:`FANOUT_INSTRUCTIONS`)."""
@@ -247,7 +247,7 @@ class Effects:
     send: Callable[[str, str, str], str]
     """``send(to, subject, body)``: an email; ``"sent ..."`` or ``"in_doubt"``."""
     run: Any = None
-    """The sagaguard :class:`~connectors.openai_agents.AgentRun` (None in ``plain``)."""
+    """The sagaguard :class:`~sagaguard.connectors.frameworks.openai_agents.AgentRun` (None in ``plain``)."""
     closers: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
 

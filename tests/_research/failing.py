@@ -14,7 +14,7 @@ naming the point, or SIGKILL it ``kill_after`` seconds after its start (a random
 by SIGKILL. Then, at once, ``action: resume`` in a fresh process (the agent opens its run again and
 goes on; a run killed in its compensation is taken over at once, its holder being dead on this
 host, and finished when the run is opened: ``ended``) until a run reports the agent's run ended (at most
-``max_resumes``); then ``action: worker``, one sweep of the worker API (``saga.recovery.recover``)
+``max_resumes``); then ``action: worker``, one sweep of the worker API (``sagaguard.saga.recovery.recover``)
 in a fresh process, which reads the run's saga state; then the world's counters and what is left in
 place (:meth:`_research.world.ResearchWorld.left_in_place`), which the SIGKILL cannot touch.
 
@@ -70,7 +70,7 @@ from _research.sweep import (  # noqa: E402
 )
 from _research.world import TOPIC, ResearchWorld  # noqa: E402
 from _research.zygote import KILLED_AFTER  # noqa: E402
-from idempotency.testing import CRASH_ENV  # noqa: E402
+from sagaguard.idempotency.testing import CRASH_ENV  # noqa: E402
 
 __all__ = [
     "ENDED",
@@ -95,7 +95,10 @@ ENDED = ("failed", "ended", "recovered", "completed")
 """Statuses of a process that saw the agent's run end (the child protocol's ``status``)."""
 UNFINISHED = ("running", "compensating")
 """Saga states of a run still held (or due for the worker): stuck, after the worker's sweep."""
-PRELOAD = (*LANGGRAPH_PRELOAD, "langchain_openai.chat_models.base", "saga.recovery", "saga.journals.sql")
+PRELOAD = (
+    *LANGGRAPH_PRELOAD, "langchain_openai.chat_models.base", "sagaguard.saga.recovery",
+    "sagaguard.saga.journals.sql",
+)  # fmt: skip
 PLUGINS = ("_research.failing_agents",)
 """Modules that may define ``failing_variants() -> list[Failing]`` (the Agents SDK's); missing
 ones are skipped."""

@@ -12,16 +12,16 @@ or ``worker``; the same JSON line). One ``Agent`` (``OpenAIChatCompletionsModel`
   ``stripe`` SDK with its own random idempotency key, a booking without a key); the tools are
   built with ``failure_error_function=None``, so ``publish``'s exception ends the run. Nothing is
   undone.
-- ``sagaguard``: the turn is an agent saga, :class:`connectors.openai_agents_saga.SagaTurn`
-  (``async with``; run id ``{session}/turn-1``): loop model calls journaled, ``book_review`` and
-  ``pay`` declared by name at the adapter (``SagaTurn(declare=DECLARE)``:
-  ``changes_world(undo="cancel_review")`` and ``changes_world(undo="refund")``, both
-  ``policy="at_least_once"``), the tools built from :class:`_research.failing_common.PlanTools`
-  with ``failure_error_function=None``, their insides
+- ``sagaguard``: the turn is an agent saga,
+  :class:`sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn` (``async with``; run id
+  ``{session}/turn-1``): loop model calls journaled, ``book_review`` and ``pay`` declared by name at the
+  adapter (``SagaTurn(declare=DECLARE)``: ``changes_world(undo="cancel_review")`` and
+  ``changes_world(undo="refund")``, both ``policy="at_least_once"``), the tools built from
+  :class:`_research.failing_common.PlanTools` with ``failure_error_function=None``, their insides
   guarded as in the LangGraph child (the booking under the tool call's ``Idempotency-Key``, the
-  charge a :class:`connectors.stripe.StripeEffects` effect in the tool call's scope), the read-only
+  charge a :class:`sagaguard.connectors.stripe.StripeEffects` effect in the tool call's scope), the read-only
   tools guarded by the SDK adapter, the report's model call journaled
-  (:class:`connectors.llm.ChatJournal`). ``publish`` raises, the turn's saga compensates with the
+  (:class:`sagaguard.connectors.llm.ChatJournal`). ``publish`` raises, the turn's saga compensates with the
   undos of :mod:`_research.failing_common`. The resume goes on from the session with
   ``SagaTurn.resume_turn``; a turn killed in its compensation is taken over at once (its holder is
   dead on this host) and finished when the run is opened (or, held elsewhere, through the worker
@@ -72,12 +72,12 @@ from _research.failing_common import (  # noqa: E402
 )
 from _research.points import reach  # noqa: E402
 from _research.sweep import SDK_PRELOAD, Variant  # noqa: E402
-from connectors.llm import ChatJournal  # noqa: E402
-from connectors.openai_agents_saga import SagaTurn, turn_run_id  # noqa: E402
-from connectors.stripe import StripeEffects  # noqa: E402
-from idempotency import current_effect, scope  # noqa: E402
-from saga import SagaState  # noqa: E402
-from saga.agent import AgentRunEnded  # noqa: E402
+from sagaguard.connectors.frameworks.openai_agents_saga import SagaTurn, turn_run_id  # noqa: E402
+from sagaguard.connectors.llm import ChatJournal  # noqa: E402
+from sagaguard.connectors.stripe import StripeEffects  # noqa: E402
+from sagaguard.idempotency import current_effect, scope  # noqa: E402
+from sagaguard.saga import SagaState  # noqa: E402
+from sagaguard.saga.agent import AgentRunEnded  # noqa: E402
 
 MODES = ("sagaguard", "plain")
 SESSION = "research-failing-1"
@@ -85,7 +85,10 @@ SESSION = "research-failing-1"
 RUN_ID = turn_run_id(SESSION, 1)
 """The turn's run id: its saga's id and its model calls' run key."""
 MAX_TURNS = 20
-PRELOAD = (*SDK_PRELOAD, "connectors.llm", "connectors.stripe", "saga.recovery", "saga.journals.sql")
+PRELOAD = (
+    *SDK_PRELOAD, "sagaguard.connectors.llm", "sagaguard.connectors.stripe", "sagaguard.saga.recovery",
+    "sagaguard.saga.journals.sql",
+)  # fmt: skip
 EARLY = ("session_saved#1", "model_answered#1", "searched", "model_answered#4", "recorded:llm.chat#1")
 """Kill points before the first call with an undo: the input saved, the first answer, inside the
 search, inside the report's model call, the report's model call recorded."""

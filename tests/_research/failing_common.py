@@ -3,7 +3,7 @@ its undos, the review desk and the publisher, the hooked stores, and the worker 
 
 The undos are registered here at import, so the children of every framework, and the worker that
 sweeps their journals, find the same ones: ``refund`` (the charge ``pay`` made, through
-:class:`connectors.stripe.StripeEffects`, a guarded effect with its reconciler) and
+:class:`sagaguard.connectors.stripe.StripeEffects`, a guarded effect with its reconciler) and
 ``cancel_review`` (the booking ``book_review`` made, at the desk, under the undo effect's own
 ``Idempotency-Key``). Nothing here starts a thread or opens anything at import (the zygote forks
 from modules that imported it); :func:`configure` gives the undos their clients for the run.
@@ -32,15 +32,15 @@ import stripe
 
 from _research.points import reach
 from _research.world import write_prompt
-from connectors.declare import ToolDeclaration, changes_world
-from connectors.stripe import StripeEffects
-from idempotency import Guard, current_effect, scope
-from idempotency.records import Record, State
-from idempotency.stores.sql import SqlStore
-from saga import SagaRegistry, SagaState, recover
-from saga.agent import AgentRunner, AgentSaga, UndoRegistry
-from saga.journals.sql import SqlJournal
-from saga.records import Phase, SagaRecord
+from sagaguard.connectors.declare import ToolDeclaration, changes_world
+from sagaguard.connectors.stripe import StripeEffects
+from sagaguard.idempotency import Guard, current_effect, scope
+from sagaguard.idempotency.records import Record, State
+from sagaguard.idempotency.stores.sql import SqlStore
+from sagaguard.saga import SagaRegistry, SagaState, recover
+from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.journals.sql import SqlJournal
+from sagaguard.saga.records import Phase, SagaRecord
 
 __all__ = [
     "DECLARE",
@@ -83,8 +83,8 @@ DECLARE: dict[str, ToolDeclaration] = {
 }
 """The steps of the agent saga, declared by name at the adapter (``SagaTools(DECLARE)``,
 ``SagaTurn(declare=DECLARE)``): what the two tools do inside is guarded on its own (the booking by
-the desk's ``Idempotency-Key``, the charge a :class:`~connectors.stripe.StripeEffects` effect with its
-reconciler), so a call left in doubt by a crash runs its body again (at least once)."""
+the desk's ``Idempotency-Key``, the charge a :class:`~sagaguard.connectors.stripe.StripeEffects` effect with
+its reconciler), so a call left in doubt by a crash runs its body again (at least once)."""
 
 undos = UndoRegistry()
 research_agent = AgentSaga("research_agent", undos)

@@ -14,16 +14,16 @@ driven by the world's ``TASK agent_failing`` plan (:func:`_research.world.failin
   ``stripe`` SDK with its own random idempotency key per request, a booking without a key), a
   ``ToolNode`` with ``handle_tool_errors=False``. The failure ends the run; nothing undoes the
   booking or the charge.
-- ``sagaguard``: an agent saga (:mod:`saga.agent`). The model is journaled
-  (:class:`connectors.langgraph.JournaledChatModel`, so a resumed run's tool calls keep their ids),
-  the ``ToolNode``'s handler is :class:`connectors.langgraph_saga.SagaTools` with
-  ``inner=ToolGuard(guard)`` and the steps declared by name (``SagaTools(DECLARE, ...)``:
+- ``sagaguard``: an agent saga (:mod:`sagaguard.saga.agent`). The model is journaled
+  (:class:`sagaguard.connectors.frameworks.langgraph.JournaledChatModel`, so a resumed run's tool calls keep
+  their ids), the ``ToolNode``'s handler is :class:`sagaguard.connectors.frameworks.langgraph_saga.SagaTools`
+  with ``inner=ToolGuard(guard)`` and the steps declared by name (``SagaTools(DECLARE, ...)``:
   ``book_review`` ``changes_world(undo="cancel_review")``, ``pay`` ``changes_world(undo="refund")``,
   both ``policy="at_least_once"``: what they do inside is
   guarded on its own, the booking by the desk's ``Idempotency-Key``, the charge as a
-  :class:`connectors.stripe.StripeEffects` effect with its reconciler), the read-only tools run
+  :class:`sagaguard.connectors.stripe.StripeEffects` effect with its reconciler), the read-only tools run
   through the ``ToolGuard`` (the report's model call journaled with
-  :class:`connectors.llm.ChatJournal`). The run is opened with ``AgentRunner.run(research_agent,
+  :class:`sagaguard.connectors.llm.ChatJournal`). The run is opened with ``AgentRunner.run(research_agent,
   THREAD)`` around ``graph.invoke``; ``publish`` raises, the run's saga compensates with the undos
   of :mod:`_research.failing_common`: the charge refunded (``StripeEffects.refund``, a guarded
   effect with its reconciler), the booking cancelled (the desk's ``Idempotency-Key`` from the undo's
@@ -37,8 +37,8 @@ The config JSON: ``dir`` (checkpoints, effects and the saga journal live there),
   as it is; a run killed in its compensation is taken over at once (its holder is dead on this
   host) and finished when the run is opened (``AgentRunEnded``: compensated); one still held
   elsewhere (``AgentRunEnded``: compensating) is finished here through the worker API
-  (:func:`saga.recovery.recover`, once that lease ran out);
-- ``worker``: one sweep of the worker API over the journal (:func:`saga.recovery.recover`), as
+  (:func:`sagaguard.saga.recovery.recover`, once that lease ran out);
+- ``worker``: one sweep of the worker API over the journal (:func:`sagaguard.saga.recovery.recover`), as
   ``sagaguard sagas worker --once`` does;
 
 ``topic``, and the world's addresses (:func:`_research.sweep.world_config`).
@@ -98,12 +98,12 @@ from _research.failing_common import (  # noqa: E402
     research_agent,
 )
 from _research.points import reach  # noqa: E402
-from connectors.langgraph import JournaledChatModel, ToolGuard  # noqa: E402
-from connectors.langgraph_saga import SagaTools  # noqa: E402
-from connectors.llm import ChatJournal  # noqa: E402
-from connectors.stripe import StripeEffects  # noqa: E402
-from saga import SagaState  # noqa: E402
-from saga.agent import AgentRunEnded  # noqa: E402
+from sagaguard.connectors.frameworks.langgraph import JournaledChatModel, ToolGuard  # noqa: E402
+from sagaguard.connectors.frameworks.langgraph_saga import SagaTools  # noqa: E402
+from sagaguard.connectors.llm import ChatJournal  # noqa: E402
+from sagaguard.connectors.stripe import StripeEffects  # noqa: E402
+from sagaguard.saga import SagaState  # noqa: E402
+from sagaguard.saga.agent import AgentRunEnded  # noqa: E402
 
 MODES = ("sagaguard", "plain")
 THREAD = "research-failing-1"

@@ -13,12 +13,13 @@ Each node is one LangGraph task; a crash anywhere in it re-runs it from its firs
 
 - ``plain``: the checkpointer alone, as LangGraph's docs recommend: the ``openai`` SDK, the
   ``stripe`` SDK (its own random idempotency key per request) and ``smtplib``.
-- ``sagaguard``: the same nodes under :func:`connectors.langgraph.task_scoped` (effects keyed on
-  ``thread_id`` + ``checkpoint_ns`` + a per-task ordinal), model calls journaled
-  (:class:`connectors.llm.ChatJournal`), the charge a :class:`connectors.stripe.StripeEffects`
-  effect (provider key + reconciler), the email an :class:`connectors.email.EmailEffects` inline
-  send (at most once: a send whose answer was lost is parked for an operator, never re-sent).
-  Effects are recorded in a SQLite :class:`~idempotency.stores.sql.SqlStore` beside the checkpoints.
+- ``sagaguard``: the same nodes under :func:`sagaguard.connectors.frameworks.langgraph.task_scoped` (effects
+  keyed on ``thread_id`` + ``checkpoint_ns`` + a per-task ordinal), model calls journaled
+  (:class:`sagaguard.connectors.llm.ChatJournal`), the charge a
+  :class:`sagaguard.connectors.stripe.StripeEffects` effect (provider key + reconciler), the email an
+  :class:`sagaguard.connectors.email.EmailEffects` inline send (at most once: a send whose answer was lost is
+  parked for an operator, never re-sent). Effects are recorded in a SQLite
+  :class:`~sagaguard.idempotency.stores.sql.SqlStore` beside the checkpoints.
 
 The config JSON: ``dir`` (checkpoints and effects live there), ``action`` (``start``: invoke with the
 topic; ``resume``: ``invoke(None)`` from the last checkpoint, or from the topic when the killed run
@@ -153,13 +154,13 @@ def build(config: Mapping[str, Any], mode: str, folder: Path) -> tuple[Any, Call
                 {"role": "user", "content": user}]  # fmt: skip
 
     if mode == "sagaguard":
-        from connectors.email import Email, EmailEffects, SmtpSettings
-        from connectors.langgraph import task_scoped
-        from connectors.llm import ChatJournal
-        from connectors.stripe import StripeEffects
-        from idempotency import Guard
-        from idempotency.errors import OutcomeUnknown
-        from idempotency.stores.sql import SqlStore
+        from sagaguard.connectors.email import Email, EmailEffects, SmtpSettings
+        from sagaguard.connectors.frameworks.langgraph import task_scoped
+        from sagaguard.connectors.llm import ChatJournal
+        from sagaguard.connectors.stripe import StripeEffects
+        from sagaguard.idempotency import Guard
+        from sagaguard.idempotency.errors import OutcomeUnknown
+        from sagaguard.idempotency.stores.sql import SqlStore
 
         store = SqlStore(f"sqlite:///{folder / 'effects.db'}")
         # Guard's defaults, as docs/frameworks/langgraph.md shows it: a resume at once on this host

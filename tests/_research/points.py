@@ -1,10 +1,10 @@
 """Numbered kill points for the research agents: ``reach("model_answered")`` is ``model_answered#1`` the
 first time this process gets there, ``model_answered#2`` the second, and so on.
 
-The process dies with a real SIGKILL (:func:`idempotency.testing.sigkill`) when ``$SAGAGUARD_CRASH_AT``
-names the point reached, either with its number (``model_answered#7``) or, for points reached once,
-without (``enter:pay``). Numbers count within one process: the sweep sets the variable only for the
-first (fresh) run of an experiment, so they number the run from its start.
+The process dies with a real SIGKILL (:func:`sagaguard.idempotency.testing.sigkill`) when
+``$SAGAGUARD_CRASH_AT`` names the point reached, either with its number (``model_answered#7``) or, for points
+reached once, without (``enter:pay``). Numbers count within one process: the sweep sets the variable only for
+the first (fresh) run of an experiment, so they number the run from its start.
 
 With ``$SAGAGUARD_RESEARCH_TRACE`` set to a file path, every point reached is appended to it, one
 name per line: that is how a child lists its kill points (the sweep's clean run records them).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 
-from idempotency.testing import CRASH_ENV, sigkill
+from sagaguard.idempotency.testing import CRASH_ENV, sigkill
 
 __all__ = ["TRACE_ENV", "reach"]
 

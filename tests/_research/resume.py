@@ -65,9 +65,9 @@ from _research.sweep import (  # noqa: E402
 )
 from _research.world import TOPIC, ResearchWorld, expected_report  # noqa: E402
 from _research.zygote import KILLED_AFTER  # noqa: E402
-from idempotency.records import State  # noqa: E402
-from idempotency.stores.sql import SqlStore  # noqa: E402
-from idempotency.testing import CRASH_ENV  # noqa: E402
+from sagaguard.idempotency.records import State  # noqa: E402
+from sagaguard.idempotency.stores.sql import SqlStore  # noqa: E402
+from sagaguard.idempotency.testing import CRASH_ENV  # noqa: E402
 
 __all__ = [
     "MODEL_EFFECTS",
@@ -84,8 +84,8 @@ __all__ = [
 ]
 
 MODEL_EFFECTS = ("llm.chat", "agents.model")
-"""Effect names of journaled model calls: :class:`connectors.llm.ChatJournal`'s and the Agents SDK
-loop's (:data:`connectors.openai_agents.MODEL_EFFECT`)."""
+"""Effect names of journaled model calls: :class:`sagaguard.connectors.llm.ChatJournal`'s and the Agents SDK
+loop's (:data:`sagaguard.connectors.frameworks.openai_agents.MODEL_EFFECT`)."""
 DOC = HERE.parent.parent / "docs" / "frameworks" / "research_agent.md"
 START, END = "<!-- resume:start -->", "<!-- resume:end -->"
 

@@ -62,7 +62,7 @@ from typing import Any
 from _research.points import TRACE_ENV
 from _research.world import TOPIC, ResearchWorld, expected_report
 from _research.zygote import Zygote
-from idempotency.testing import CRASH_ENV
+from sagaguard.idempotency.testing import CRASH_ENV
 
 __all__ = [
     "LANGGRAPH_PRELOAD",
@@ -106,11 +106,11 @@ importing them starts no thread."""
 
 LANGGRAPH_PRELOAD = (
     *SDK_PRELOAD,
-    "connectors.email",
-    "connectors.langgraph",
-    "connectors.llm",
-    "connectors.stripe",
-    "idempotency.stores.sql",
+    "sagaguard.connectors.email",
+    "sagaguard.connectors.frameworks.langgraph",
+    "sagaguard.connectors.llm",
+    "sagaguard.connectors.stripe",
+    "sagaguard.idempotency.stores.sql",
     "langchain_core.tracers.run_collector",
     "langchain_core.tracers.stdout",
 )

@@ -14,16 +14,16 @@
 - the research server, in its own process (it survives a SIGKILLed agent): an OpenAI-compatible
   ``POST {model_base_url}/chat/completions`` (non-streaming, ``tools`` supported, ``store=true`` with
   ``metadata`` and ``GET .../chat/completions?metadata[k]=v`` as OpenAI's stored completions, so
-  ``connectors.llm.ChatJournal(store_at_provider=True)`` can reconcile), ``GET {tools_url}/search?q=``
-  (``{"query", "results": [{"url", "title"}] * N_PAGES}``) and ``GET {tools_url}/fetch?url=``
-  (``{"url", "text"}``: :func:`page_text`); a review desk, ``POST {tools_url}/bookings``
-  (``{"reviewer", "slot", "reference"}`` -> ``{"booking", ...}``) and ``POST
+  ``sagaguard.connectors.llm.ChatJournal(store_at_provider=True)`` can reconcile), ``GET
+  {tools_url}/search?q=`` (``{"query", "results": [{"url", "title"}] * N_PAGES}``) and ``GET
+  {tools_url}/fetch?url=`` (``{"url", "text"}``: :func:`page_text`); a review desk, ``POST
+  {tools_url}/bookings`` (``{"reviewer", "slot", "reference"}`` -> ``{"booking", ...}``) and ``POST
   {tools_url}/bookings/cancel`` (``{"booking"}`` or ``{"reference"}``: every booking it names), both
   honouring an ``Idempotency-Key`` header as Stripe does (the first answer replayed to the same
   key); and a publisher that is down (``POST {tools_url}/publish`` answers 503);
-- a :class:`~connectors.testing.LocalStripe` in its own process (``world.stripe``: ``api_key``,
+- a :class:`~sagaguard.connectors.testing.LocalStripe` in its own process (``world.stripe``: ``api_key``,
   ``api_base``);
-- a :class:`~connectors.testing.smtp.SmtpSink` in this process (``smtp_host``, ``smtp_port``;
+- a :class:`~sagaguard.connectors.testing.smtp.SmtpSink` in this process (``smtp_host``, ``smtp_port``;
   ``world.emails()`` lists what it accepted).
 
 ``counters()`` merges them: ``model_calls`` (answers generated: what is paid for), ``prompt_tokens``,
@@ -113,10 +113,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script (the server process): import this checkout
     sys.path.insert(0, str(ROOT))
 
-from connectors.testing._service import LocalService, Reply, Request, serve  # noqa: E402
-from connectors.testing.chat_server import ChatApp  # noqa: E402
-from connectors.testing.smtp import Received, SmtpSink  # noqa: E402
-from connectors.testing.stripe_server import LocalStripe  # noqa: E402
+from sagaguard.connectors.testing._service import LocalService, Reply, Request, serve  # noqa: E402
+from sagaguard.connectors.testing.chat_server import ChatApp  # noqa: E402
+from sagaguard.connectors.testing.smtp import Received, SmtpSink  # noqa: E402
+from sagaguard.connectors.testing.stripe_server import LocalStripe  # noqa: E402
 
 __all__ = [
     "AGENT_MODEL_CALLS",

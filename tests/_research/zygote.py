@@ -5,7 +5,7 @@ loaded 2-core machine; a sweep starts ~200 of them per variant. :class:`Zygote` 
 once as a server (``python tests/_research/zygote.py '<spec json>'``) that imports the variant's
 modules and then, per run request, forks::
 
-    zygote = Zygote("_research.langgraph_child:main", preload=("connectors.llm",), env=env)
+    zygote = Zygote("_research.langgraph_child:main", preload=("sagaguard.connectors.llm",), env=env)
     done = zygote.run(("sagaguard",), config, {"SAGAGUARD_CRASH_AT": "charge_applied"}, timeout=180)
     done.returncode  # -9: SIGKILLed, exactly like subprocess's returncode
     zygote.close()

@@ -11,7 +11,7 @@ that makes naive retries pay twice. A supervisor restarts the job until it finis
 
 Runs in a few seconds on the embedded SQLite store (a temporary file), touching nothing but
 127.0.0.1. Exits 0 only when the service counted exactly that, so ``make demo`` failing means
-something broke. Also ``python -m idempotency.demo [--store URL]``.
+something broke. Also ``python -m sagaguard.connectors.demo.small [--store URL]``.
 """
 
 from __future__ import annotations
@@ -25,15 +25,27 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from idempotency.effect import Applied, NotAppliedResolution, ReconcileRequest, Unknown, current_effect
-from idempotency.errors import IdempotencyError
-from idempotency.guard import Guard
-from idempotency.keys import EffectIdentity, scope
-from idempotency.stores import open_store
-from idempotency.testing import CRASH_ENV, Charge, CounterClient, CounterService, crash_point
+from sagaguard.idempotency.effect import (
+    Applied,
+    NotAppliedResolution,
+    ReconcileRequest,
+    Unknown,
+    current_effect,
+)
+from sagaguard.idempotency.errors import IdempotencyError
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.keys import EffectIdentity, scope
+from sagaguard.idempotency.stores import open_store
+from sagaguard.idempotency.testing import (
+    CRASH_ENV,
+    Charge,
+    CounterClient,
+    CounterService,
+    child_environment,
+    crash_point,
+)
 
 __all__ = ["main"]
 
@@ -137,15 +149,13 @@ class _Story:
 
 def _supervise(story: _Story, config: dict[str, Any], say: Callable[[str], None]) -> None:
     """Run the job until it finishes; the first run is told to die after the charge."""
-    root = str(Path(__file__).resolve().parent.parent)
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     for number in range(1, _MAX_RUNS + 1):
-        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        env = child_environment()
         env.pop(CRASH_ENV, None)
         if number == 1:
             env[CRASH_ENV] = _CRASH_POINT
         done = subprocess.run(
-            [sys.executable, "-m", "idempotency.demo", _CHILD, json.dumps(config)],
+            [sys.executable, "-m", "sagaguard.connectors.demo.small", _CHILD, json.dumps(config)],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,

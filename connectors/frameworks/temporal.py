@@ -27,8 +27,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from temporalio import activity
 
-from idempotency.errors import ConfigurationError
-from idempotency.keys import Scope, scope
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.keys import Scope, scope
 
 __all__ = ["activity_scope", "activity_scope_id", "temporal_scoped"]
 

@@ -34,7 +34,8 @@ so the last one before a crash may be missing: the restore then goes back one mo
 the keys, which do not depend on it, still match.
 
 With ``CrewGuard(guard, saga=CrewSaga(...))`` each kickoff is also an agent saga run, and the calls
-of tools declared with an undo or as the pivot are its steps (:mod:`connectors.crewai_saga`).
+of tools declared with an undo or as the pivot are its steps
+(:mod:`sagaguard.connectors.frameworks.crewai_saga`).
 
 Objects are guarded in place (their ``_run`` / ``call`` are replaced on the instance), so a crew's
 checkpoint is the same with sagaguard or without; a restored crew holds fresh objects, hence
@@ -57,17 +58,17 @@ from crewai.llms.base_llm import BaseLLM
 from crewai.tools import BaseTool
 from pydantic import BaseModel
 
-from connectors.declare import ToolDeclaration, declaration_of, tool_options
-from connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
-from connectors.telemetry import record_llm_call
-from idempotency.effect import NO_RETRY, Policy
-from idempotency.errors import CodecError, ConfigurationError, NoScope
-from idempotency.guard import Guard
-from idempotency.keys import current_scope, fingerprint, scope
-from idempotency.records import Disposition
+from sagaguard.connectors.declare import ToolDeclaration, declaration_of, tool_options
+from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
+from sagaguard.connectors.telemetry import record_llm_call
+from sagaguard.idempotency.effect import NO_RETRY, Policy
+from sagaguard.idempotency.errors import CodecError, ConfigurationError, NoScope
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.keys import current_scope, fingerprint, scope
+from sagaguard.idempotency.records import Disposition
 
 if TYPE_CHECKING:
-    from connectors.crewai_saga import CrewSaga
+    from sagaguard.connectors.frameworks.crewai_saga import CrewSaga
 
 __all__ = [
     "ANSWER_TYPES",
@@ -108,7 +109,7 @@ def _attempt() -> str:
 def task_scope_id() -> str:
     """The scope id of the current task of a crew kickoff: kickoff event id + task id.
 
-    Outside a crew kickoff (an agent run on its own), the current :func:`~idempotency.keys.scope`
+    Outside a crew kickoff (an agent run on its own), the current :func:`~sagaguard.idempotency.keys.scope`
     stands for the kickoff: name the run with ``with scope("run-7"):``.
 
     Raises:
@@ -278,11 +279,11 @@ class CrewGuard:
 
     Args:
         guard: the guard the calls run under.
-        declare: tool name to :class:`~connectors.declare.ToolDeclaration`. Tools are read-only
+        declare: tool name to :class:`~sagaguard.connectors.declare.ToolDeclaration`. Tools are read-only
             unless declared (here or with ``@changes_world`` on the tool or its function): a crash
             inside a read-only tool re-runs it; only a tool that changes the world is at most once.
         on_doubt: what a tool run does when it, or a guarded effect inside it, is in doubt
-            (:mod:`connectors.in_doubt`: ``Stop()``, the default, raises ``OutcomeUnknown``, which
+            (:mod:`sagaguard.connectors.in_doubt`: ``Stop()``, the default, raises ``OutcomeUnknown``, which
             the agent sees as a tool error; ``ReturnPending()``; ``WaitForOperator(...)``).
         policy: one policy for every tool instead of the declarations (``"at_most_once"`` gives
             the behaviour before declarations existed).
@@ -295,10 +296,10 @@ class CrewGuard:
             :meth:`protect`), a call's ``response_model``, the model clients' tool-call types
             (:data:`ANSWER_TYPES`) and the types of answers this guard journaled. A journaled answer
             naming any other type raises :class:`UnknownAnswerType`; it is never imported.
-        saga: run each kickoff as an agent run (:class:`~connectors.crewai_saga.CrewSaga`): the
-            calls of tools declared ``changes_world(undo=...)`` or ``changes_world(pivot=True)``
-            become its steps, undone when the kickoff fails. Without it those declarations only
-            say that the tool changes the world.
+        saga: run each kickoff as an agent run
+            (:class:`~sagaguard.connectors.frameworks.crewai_saga.CrewSaga`): the calls of tools declared
+            ``changes_world(undo=...)`` or ``changes_world(pivot=True)`` become its steps, undone when the
+            kickoff fails. Without it those declarations only say that the tool changes the world.
         options: any other :meth:`Guard.run` option for the tool runs (``reconciler=``, ``lease=``).
     """
 
@@ -399,7 +400,7 @@ class CrewGuard:
     def guard_tool(self, tool: BaseTool) -> BaseTool:
         """Make ``tool``'s runs guarded effects, in place; returns it. With ``saga=``, a tool
         declared with an undo or as the pivot becomes a step of the kickoff's run instead
-        (:meth:`~connectors.crewai_saga.CrewSaga.step_tool`)."""
+        (:meth:`~sagaguard.connectors.frameworks.crewai_saga.CrewSaga.step_tool`)."""
         if getattr(tool.__dict__.get("_run"), _MARK, False):
             return tool
         run = tool._run

@@ -1,12 +1,13 @@
 """Agent sagas inside a durable-execution engine: the engine-neutral part of the DBOS and Temporal
-adapters (:mod:`connectors.dbos_saga`, :mod:`connectors.temporal_saga`).
+adapters (:mod:`sagaguard.connectors.frameworks.dbos_saga`,
+:mod:`sagaguard.connectors.frameworks.temporal_saga`).
 
 In an engine the durable owner of a run is the workflow, not a process: its steps (activities) may
 run in different processes, one after the other or at once, and any of them may be re-run after a
 crash. So no process holds the run between two tool calls. Each declared tool call *holds* the run
-only while it calls: it opens the run exclusively (:meth:`saga.agent.AgentRunner.run`, refused
+only while it calls: it opens the run exclusively (:meth:`sagaguard.saga.agent.AgentRunner.run`, refused
 while another place holds it: the call waits, then lets the engine retry), makes the call
-(:meth:`saga.agent.AgentRun.call`: the row and its undo committed before the body runs), and parks
+(:meth:`sagaguard.saga.agent.AgentRun.call`: the row and its undo committed before the body runs), and parks
 the run again (WAITING, no process held). One place at a time appends the run's rows, under the
 run's fencing token, so rows never collide. The end of the workflow ends the run the same way
 (:meth:`EngineSaga.end`), and a compensation a killed process left is finished by whoever comes next:
@@ -25,12 +26,19 @@ from typing import Any, TypeVar
 
 import tenacity
 
-from connectors.declare import ToolDeclaration, declaration_of, tool_options
-from idempotency.errors import ConfigurationError
-from saga import cancel
-from saga.agent import AgentRun, AgentRunCancelled, AgentRunEnded, AgentRunner, AgentSaga, AgentSagaError
-from saga.errors import SagaInProgress
-from saga.records import FINAL_STATES, SagaOutcome, SagaState
+from sagaguard.connectors.declare import ToolDeclaration, declaration_of, tool_options
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.saga import cancel
+from sagaguard.saga.agent import (
+    AgentRun,
+    AgentRunCancelled,
+    AgentRunEnded,
+    AgentRunner,
+    AgentSaga,
+    AgentSagaError,
+)
+from sagaguard.saga.errors import SagaInProgress
+from sagaguard.saga.records import FINAL_STATES, SagaOutcome, SagaState
 
 __all__ = ["AgentRunStopped", "EngineSaga", "EngineTools", "Ending", "call_arguments", "return_type"]
 
@@ -71,7 +79,7 @@ class Ending(enum.StrEnum):
 class AgentRunStopped(AgentSagaError):
     """A tool step (activity) of a run that was cancelled or has ended: the tool did not run.
 
-    Raised to the engine in place of :class:`~saga.agent.AgentRunCancelled` (a BaseException) so
+    Raised to the engine in place of :class:`~sagaguard.saga.agent.AgentRunCancelled` (a BaseException) so
     the engine records it as the step's failure; the workflow then ends and its run is undone.
     Retrying it changes nothing (the adapters mark it non-retryable where the engine can).
 
@@ -99,7 +107,7 @@ class EngineSaga:
             engines; one provably dead on this host is taken over at once).
         agent: the runs' saga type (register it with the worker as well).
         hold_wait: seconds a step waits for the run held elsewhere before it raises
-            :class:`~saga.errors.SagaInProgress` for the engine to retry it (default: three leases,
+            :class:`~sagaguard.saga.errors.SagaInProgress` for the engine to retry it (default: three leases,
             time for the lease of a holder dead on another host to run out).
         sleep: the sleep between those tries (inject one in tests).
 
@@ -164,7 +172,7 @@ class EngineSaga:
 
         A tool declared with neither ``undo=`` nor ``pivot=True`` runs as it is (``fn()``).
         Otherwise the run is opened exclusively, the call made through
-        :meth:`~saga.agent.AgentRun.call` under ``{run_id}/{call_id}`` (a re-run of the step finds
+        :meth:`~sagaguard.saga.agent.AgentRun.call` under ``{run_id}/{call_id}`` (a re-run of the step finds
         its row and the guard replays its result), and the run parked again, whatever the call did.
 
         Raises:

@@ -19,9 +19,9 @@ workflow's end completes or undoes the run.
         return book_flight(order)                            # raises: the run is undone
 
 The run's saga is keyed on the DBOS workflow id (``SetWorkflowID`` makes it yours); a tool call
-on the step id, inside :func:`~connectors.dbos.dbos_scope`, so a step DBOS re-runs after a crash
-finds its row and replays its effects. Each tool step holds the run only while it calls
-(:mod:`connectors._engine_saga`); between steps the run is parked with no process held.
+on the step id, inside :func:`~sagaguard.connectors.frameworks.dbos.dbos_scope`, so a step DBOS re-runs after
+a crash finds its row and replays its effects. Each tool step holds the run only while it calls
+(:mod:`sagaguard.connectors.frameworks._engine_saga`); between steps the run is parked with no process held.
 
 - The workflow returns: a last step completes the run (COMPLETED, effects kept).
 - An exception escapes it: a last step undoes the run's tool calls in reverse, in this process
@@ -44,10 +44,10 @@ from typing import Any, ParamSpec, TypeVar, overload
 from dbos import DBOS
 from dbos import error as dbos_errors
 
-from connectors._engine_saga import AgentRunStopped, Ending, EngineTools, call_arguments
-from connectors.dbos import dbos_scope
-from idempotency.errors import ConfigurationError
-from saga.records import SagaState
+from sagaguard.connectors.frameworks._engine_saga import AgentRunStopped, Ending, EngineTools, call_arguments
+from sagaguard.connectors.frameworks.dbos import dbos_scope
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.saga.records import SagaState
 
 __all__ = ["AgentRunStopped", "DbosSagaTools", "dbos_run_id"]
 
@@ -83,8 +83,8 @@ class DbosSagaTools(EngineTools):
     """Tool steps and the workflow wrapper of one agent saga type's DBOS runs.
 
     Create it at import, before ``DBOS.launch()``: it registers the run's end step with DBOS.
-    Arguments as for :class:`~connectors._engine_saga.EngineTools` (``runner``, ``agent``,
-    ``declare=``, ``hold_wait=``).
+    Arguments as for :class:`~sagaguard.connectors.frameworks._engine_saga.EngineTools` (``runner``,
+    ``agent``, ``declare=``, ``hold_wait=``).
     """
 
     def _register_end(self) -> None:

@@ -21,15 +21,15 @@ is rejected at an approval, is cancelled or is abandoned.
 (:func:`turn_run_id`), the durable identity of one ``Runner.run`` of a conversation, its approval
 interruptions and resumes included. A turn that completes keeps its effects, and a later turn that
 fails undoes only its own calls: the user was told what the earlier turn did. The same string is the
-run key of the journaled model (:class:`~connectors.openai_agents.AgentRun`, which this class runs
-inside), so a rerun of the turn gets the recorded answers and the same ``tool_call_id``\\ s. A call of
-a tool declared ``changes_world(undo="name")`` or ``changes_world(pivot=True)`` (on the function,
+run key of the journaled model (:class:`~sagaguard.connectors.frameworks.openai_agents.AgentRun`, which this
+class runs inside), so a rerun of the turn gets the recorded answers and the same ``tool_call_id``\\ s. A call
+of a tool declared ``changes_world(undo="name")`` or ``changes_world(pivot=True)`` (on the function,
 the ``FunctionTool``, or by name in ``declare=``) is a step of the turn's run
-(:meth:`saga.agent.AgentRun.acall`): the effect ``agent.tool.{tool}`` under the key
+(:meth:`sagaguard.saga.agent.AgentRun.acall`): the effect ``agent.tool.{tool}`` under the key
 ``{run id}/{tool_call_id}``, registered with its undo in one journal commit before it runs. Other
-tools stay guarded as :class:`~connectors.openai_agents.AgentRun` guards them. The undo receives the
-call's arguments (the model's JSON, parsed) and the tool's output
-(:func:`~connectors.declare.recorded_output`).
+tools stay guarded as :class:`~sagaguard.connectors.frameworks.openai_agents.AgentRun` guards them. The undo
+receives the call's arguments (the model's JSON, parsed) and the tool's output
+(:func:`~sagaguard.connectors.declare.recorded_output`).
 
 **Approvals.** A tool with ``needs_approval`` interrupts the turn: :meth:`SagaTurn.run` then
 pauses it (WAITING, no process held). Approved, the turn is opened again and resumed from its saved
@@ -55,14 +55,14 @@ from agents.memory import Session
 from agents.models.interface import ModelProvider
 from agents.tool_context import ToolContext
 
-from connectors.declare import ToolDeclaration, recorded_output
-from connectors.in_doubt import OnDoubt, Stop
-from connectors.llm import LlmUsage
-from connectors.openai_agents import AgentRun, parsed_arguments
-from idempotency.errors import ConfigurationError
-from saga.agent import AgentRun as SagaRun
-from saga.agent import AgentRunner, AgentSaga
-from saga.records import SagaOutcome
+from sagaguard.connectors.declare import ToolDeclaration, recorded_output
+from sagaguard.connectors.frameworks.openai_agents import AgentRun, parsed_arguments
+from sagaguard.connectors.in_doubt import OnDoubt, Stop
+from sagaguard.connectors.llm import LlmUsage
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.saga.agent import AgentRun as SagaRun
+from sagaguard.saga.agent import AgentRunner, AgentSaga
+from sagaguard.saga.records import SagaOutcome
 
 __all__ = ["SagaTurn", "turn_run_id"]
 
@@ -79,7 +79,7 @@ def turn_run_id(session_id: str, turn: int) -> str:
 
 class SagaTurn:
     """One turn of an Agents SDK conversation, run under an agent saga. Open it with ``async with``
-    (or ``with``, around ``Runner.run_sync``); it ends as :class:`saga.agent.AgentRun` ends: the
+    (or ``with``, around ``Runner.run_sync``); it ends as :class:`sagaguard.saga.agent.AgentRun` ends: the
     block returning completes the turn (or leaves it paused at an approval), an exception undoes
     it (with the saga's ``on_failure="compensate"``), a cancellation undoes it at its next call.
 
@@ -89,7 +89,7 @@ class SagaTurn:
         session_id: the conversation's durable id (a session's ``session_id``, a ticket id).
         turn: the turn's position in the conversation, from 1.
         declare: tool name to declaration, for tools not declared where they are defined.
-        on_doubt: what a call does when it is left in doubt (:mod:`connectors.in_doubt`).
+        on_doubt: what a call does when it is left in doubt (:mod:`sagaguard.connectors.in_doubt`).
         tool_options: per tool name, :meth:`Guard.effect` options over its declaration's.
         provider: resolves an agent's model given by name or left unset.
         fingerprint_model: whether a replayed model call's input must match (default True).
@@ -97,8 +97,9 @@ class SagaTurn:
 
     Attributes:
         run_id: the turn's run id (:func:`turn_run_id`).
-        saga_run: the turn's :class:`saga.agent.AgentRun`.
-        journaled: the :class:`~connectors.openai_agents.AgentRun` the agent is wrapped by.
+        saga_run: the turn's :class:`sagaguard.saga.agent.AgentRun`.
+        journaled: the :class:`~sagaguard.connectors.frameworks.openai_agents.AgentRun` the agent is wrapped
+            by.
 
     Raises:
         ConfigurationError: an empty session id, or a turn below 1.
@@ -186,14 +187,14 @@ class SagaTurn:
     def resume(self, state: RunState[Any, Any]) -> RunState[Any, Any]:
         """Go on with a turn interrupted for approval: its model-call ordinals continue after those
         in ``state`` (loaded against :meth:`wrap`'s agent). See
-        :meth:`connectors.openai_agents.AgentRun.resume`."""
+        :meth:`sagaguard.connectors.frameworks.openai_agents.AgentRun.resume`."""
         return self.journaled.resume(state)
 
     async def resume_turn(
         self, session: Session, input: str | list[TResponseInputItem]
     ) -> str | list[TResponseInputItem] | None:
         """What to pass :meth:`run` to run or go on with this turn of ``session`` (see
-        :meth:`connectors.openai_agents.AgentRun.resume_turn`)."""
+        :meth:`sagaguard.connectors.frameworks.openai_agents.AgentRun.resume_turn`)."""
         return await self.journaled.resume_turn(session, self.turn, input)
 
     def pause(self) -> None:

@@ -1,7 +1,7 @@
 """What the sync and async Stripe methods share: the settings, the clients and the guard's options.
 
-:class:`connectors.stripe.StripeEffects` is this base, the async methods of
-:mod:`connectors._stripe_async` and the sync ones of its own module.
+:class:`sagaguard.connectors.stripe.StripeEffects` is this base, the async methods of
+:mod:`sagaguard.connectors.stripe._async` and the sync ones of its own module.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from typing import Any
 
 import stripe
 
-from connectors._stripe_objects import KEY_WINDOW
-from connectors.errors import classify, replayable
-from idempotency.effect import ReconcileRequest, Retry
-from idempotency.guard import Guard
+from sagaguard.connectors.errors import classify, replayable
+from sagaguard.connectors.stripe._objects import KEY_WINDOW
+from sagaguard.idempotency.effect import ReconcileRequest, Retry
+from sagaguard.idempotency.guard import Guard
 
 
 class StripeBase:
-    """The settings and clients of :class:`connectors.stripe.StripeEffects` (see there)."""
+    """The settings and clients of :class:`sagaguard.connectors.stripe.StripeEffects` (see there)."""
 
     def __init__(
         self,

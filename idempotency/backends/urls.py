@@ -1,9 +1,9 @@
 """Checks on a backend URL, run before anything connects or writes.
 
-Every entry point that takes a URL (:func:`~idempotency.stores.open_store`,
-:func:`saga.journals.open_journal`, the outbox relay, the CLI) calls :func:`check_url` first, so a
+Every entry point that takes a URL (:func:`~sagaguard.idempotency.stores.open_store`,
+:func:`sagaguard.saga.journals.open_journal`, the outbox relay, the CLI) calls :func:`check_url` first, so a
 URL that is not a string, cannot be parsed, or leaves the database to a driver's default is a
-:class:`~idempotency.errors.ConfigurationError` that names the problem, never a ``TypeError`` from
+:class:`~sagaguard.idempotency.errors.ConfigurationError` that names the problem, never a ``TypeError`` from
 deep inside a driver or a silent write to libpq's default database. Messages show the URL with its
 password masked.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs, urlsplit
 
-from idempotency.errors import ConfigurationError
+from sagaguard.idempotency.errors import ConfigurationError
 
 __all__ = ["check_url", "masked"]
 

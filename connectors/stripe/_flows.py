@@ -1,6 +1,6 @@
 """What the Stripe connector decides, free of I/O: the requests it builds and how it reconciles.
 
-The sync and async methods of :class:`connectors.stripe.StripeEffects` are two thin drivers over
+The sync and async methods of :class:`sagaguard.connectors.stripe.StripeEffects` are two thin drivers over
 this module (the house pattern of ``idempotency/flow.py``): a *flow* is a generator that yields the
 reads and undo effects it needs (:class:`Read`, :class:`Undo`) and is sent their answers (or has
 their exceptions thrown in); :func:`drive` runs one with sync calls, :func:`adrive` with awaited
@@ -18,7 +18,8 @@ from typing import Any, Generic, TypeVar
 
 import stripe
 
-from connectors._stripe_objects import (
+from sagaguard.connectors.errors import ProviderKeyConflict, ProviderRejected, ProviderUnavailable
+from sagaguard.connectors.stripe._objects import (
     CANCEL,
     CAPTURE,
     CHARGE,
@@ -31,8 +32,7 @@ from connectors._stripe_objects import (
     Resolution,
     plain,
 )
-from connectors.errors import ProviderKeyConflict, ProviderRejected, ProviderUnavailable
-from idempotency.effect import NOT_APPLIED, Applied, ReconcileRequest, Unknown
+from sagaguard.idempotency.effect import NOT_APPLIED, Applied, ReconcileRequest, Unknown
 
 T = TypeVar("T")
 R = TypeVar("R", Payment, Refund)
@@ -302,7 +302,7 @@ def find_payments(
     search_lag: float,
 ) -> Flow[list[dict[str, Any]] | None]:
     """The PaymentIntents made under ``effect_key``, or None when Stripe cannot tell yet (see
-    :meth:`connectors.stripe.StripeEffects.find_payments`)."""
+    :meth:`sagaguard.connectors.stripe.StripeEffects.find_payments`)."""
     mine = _made_under(effect_key)
     params: dict[str, Any] = {"created": {"gte": max(0, int(since))}, "limit": 100}
     if customer:

@@ -9,9 +9,9 @@
 
 - every ``FunctionTool`` is a guarded effect keyed on (run key, ``tool_call_id``): a rerun returns the
   recorded output without running the tool. Tools are read-only unless declared to change the world
-  (:mod:`connectors.declare`): a crash inside a read-only tool re-runs it, a declared one is at most
+  (:mod:`sagaguard.connectors.declare`): a crash inside a read-only tool re-runs it, a declared one is at most
   once. Inside the tool, the call's scope is current, so ``StripeEffects``, ``EmailEffects`` and
-  ``ChatJournal`` calls there need no ``key=``; ``on_doubt`` (:mod:`connectors.in_doubt`) says what
+  ``ChatJournal`` calls there need no ``key=``; ``on_doubt`` (:mod:`sagaguard.connectors.in_doubt`) says what
   the call does when it, or an effect inside it, is left in doubt;
 - the model is a :class:`JournaledModel`: ``get_response`` is a journaled effect keyed on (run key,
   model-call ordinal), so a rerun gets the recorded responses, hence the same tool calls with the same
@@ -40,9 +40,9 @@ Streaming (``Runner.run_streamed``) is not journaled (see :class:`JournaledModel
 ``RunConfig(model=...)`` overrides the agent's model and so bypasses the journal: leave it unset.
 Only ``Agent`` handoffs are followed; a ``Handoff`` object's target is not wrapped.
 
-This ``AgentRun`` makes a run's calls happen once; it is not :class:`saga.agent.AgentRun`, the
+This ``AgentRun`` makes a run's calls happen once; it is not :class:`sagaguard.saga.agent.AgentRun`, the
 agent saga's run. To undo a turn's tool calls when it fails or is rejected, run it as a
-:class:`connectors.openai_agents_saga.SagaTurn` (which uses this one inside).
+:class:`sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn` (which uses this one inside).
 """
 
 from __future__ import annotations
@@ -68,16 +68,16 @@ from agents.usage import deserialize_usage, serialize_usage
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 from pydantic import BaseModel, TypeAdapter
 
-from connectors.declare import ToolDeclaration, declaration_of, tool_options
-from connectors.in_doubt import OnDoubt, Pending, Stop, asettle
-from connectors.llm import LlmUsage
-from connectors.telemetry import record_llm_call
-from idempotency.effect import NO_RETRY, Policy
-from idempotency.errors import ConfigurationError
-from idempotency.guard import Guard
-from idempotency.keys import scope
-from idempotency.records import Disposition
-from idempotency.telemetry import TOOL_CALL_ID
+from sagaguard.connectors.declare import ToolDeclaration, declaration_of, tool_options
+from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle
+from sagaguard.connectors.llm import LlmUsage
+from sagaguard.connectors.telemetry import record_llm_call
+from sagaguard.idempotency.effect import NO_RETRY, Policy
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.keys import scope
+from sagaguard.idempotency.records import Disposition
+from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 
 __all__ = [
     "MODEL_EFFECT",
@@ -322,11 +322,11 @@ class AgentRun:
         run_key: the run's durable name; a rerun after a crash passes the same one.
         model_calls: model calls already made in this run (see :meth:`resume` and :meth:`resume_turn`).
         tools: names of the function tools to guard (default: all of them).
-        declare: tool name to :class:`~connectors.declare.ToolDeclaration`. Tools are read-only
+        declare: tool name to :class:`~sagaguard.connectors.declare.ToolDeclaration`. Tools are read-only
             unless declared (here or with ``@changes_world`` on the function or the tool): a crash
             inside a read-only tool re-runs it; only a tool that changes the world is at most once.
         on_doubt: what a tool call does when it, or a guarded effect inside it, is in doubt
-            (:mod:`connectors.in_doubt`: ``Stop()``, the default, ``ReturnPending()`` or
+            (:mod:`sagaguard.connectors.in_doubt`: ``Stop()``, the default, ``ReturnPending()`` or
             ``WaitForOperator(...)``).
         policy: one policy for every tool instead of the declarations (``"at_most_once"`` gives
             the behaviour before declarations existed).
@@ -480,8 +480,8 @@ class AgentRun:
         options: Mapping[str, Any],
     ) -> Any:
         """Run one call of ``tool`` (the original) as the guarded effect of its name under
-        :func:`tool_call_key`. :class:`connectors.openai_agents_saga.SagaTurn` makes the calls of
-        tools declared with an undo or as the pivot steps of its agent run here instead."""
+        :func:`tool_call_key`. :class:`sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn` makes the
+        calls of tools declared with an undo or as the pivot steps of its agent run here instead."""
         key = tool_call_key(self.run_key, ctx.tool_call_id)
         fingerprinted = {"arguments": parsed_arguments(arguments)}
         call = functools.partial(tool.on_invoke_tool, ctx, arguments)

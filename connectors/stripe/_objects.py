@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from idempotency.effect import Applied, NotAppliedResolution, Unknown
+from sagaguard.idempotency.effect import Applied, NotAppliedResolution, Unknown
 
 __all__ = ["CANCEL", "CAPTURE", "CHARGE", "KEY_WINDOW", "METADATA_EFFECT", "METADATA_KEY", "REFUND",
            "Payment", "Refund", "plain"]  # fmt: skip

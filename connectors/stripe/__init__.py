@@ -8,7 +8,7 @@
         payment = payments.charge(1999, "eur", payment_method="pm_card_visa")   # once
         payments.refund(payment.id)                                             # once
 
-Every call is a guarded effect (:class:`~idempotency.guard.Guard`) with:
+Every call is a guarded effect (:class:`~sagaguard.idempotency.guard.Guard`) with:
 
 - **the provider key** (``Idempotency-Key``) derived from the effect key, so a re-send after a
   lost answer is absorbed by Stripe within its key window (24 hours);
@@ -18,7 +18,7 @@ Every call is a guarded effect (:class:`~idempotency.guard.Guard`) with:
   guard's retry budget is the only one and attempts are never multiplied;
 - **the error mapping** of :func:`map_error`: card and validation errors are *not applied*;
   connection errors, timeouts, 5xx and 409 ``idempotency_key_in_use`` are *ambiguous*;
-  ``IdempotencyError`` is a :class:`~connectors.errors.ProviderKeyConflict`;
+  ``IdempotencyError`` is a :class:`~sagaguard.connectors.errors.ProviderKeyConflict`;
 - **a reconciler** that settles an in-doubt call by asking Stripe: the list endpoints, filtered by
   creation time and matched on metadata (read-after-write consistent), with search only as a
   fallback (it lags);
@@ -29,7 +29,7 @@ Every call is a guarded effect (:class:`~idempotency.guard.Guard`) with:
 Every method has an async twin with the SDK's suffix (``charge_async``, ``refund_async``,
 ``undo_charges_async``, ``reconcile_charge_async``, ...) on the SDK's async API: the same effect,
 key and record, so a charge made by one is replayed by the other. The requests, the error mapping
-and the reconciling decisions are written once (:mod:`connectors._stripe_flows`); the sync and async
+and the reconciling decisions are written once (:mod:`sagaguard.connectors.stripe._flows`); the sync and async
 methods only drive them.
 """
 
@@ -40,10 +40,10 @@ from typing import Any, Literal, Protocol, TypeVar, overload
 
 import stripe
 
-from connectors import _stripe_flows as flows
-from connectors._stripe_async import AsyncStripeMethods
-from connectors._stripe_flows import map_error
-from connectors._stripe_objects import (
+from sagaguard.connectors.stripe import _flows as flows
+from sagaguard.connectors.stripe._async import AsyncStripeMethods
+from sagaguard.connectors.stripe._flows import map_error
+from sagaguard.connectors.stripe._objects import (
     CANCEL,
     CHARGE,
     KEY_WINDOW,
@@ -52,9 +52,9 @@ from connectors._stripe_objects import (
     Refund,
     Resolution,
 )
-from idempotency.effect import ReconcileRequest
-from idempotency.effect import current_effect as _current_effect
-from idempotency.keys import EffectIdentity
+from sagaguard.idempotency.effect import ReconcileRequest
+from sagaguard.idempotency.effect import current_effect as _current_effect
+from sagaguard.idempotency.keys import EffectIdentity
 
 __all__ = [
     "CHARGE",

@@ -5,7 +5,7 @@ statements on every call: the claim and the record, the saga phase, the outbox c
 are SQL text with ``:name`` parameters, written out and documented where they are defined, and run
 here, without SQLAlchemy's ``Connection`` between (its Python costs about what a commit costs a fast
 disk): on Postgres through psycopg's libpq interface, ``psycopg.pq``
-(:class:`~idempotency.stores.sql_pq.PqCursor`: ``$1`` parameters, each statement prepared once per
+(:class:`~sagaguard.idempotency.backends.sql_pq.PqCursor`: ``$1`` parameters, each statement prepared once per
 connection outside a transaction; ``prepare_threshold=None`` on the engine's connections, as behind
 an old PgBouncer, turns that off), one cursor per connection kept in the pool's ``info`` for it; on
 SQLite through sqlite3, which takes ``:name`` parameters itself and caches the compiled statement. Everything
@@ -16,8 +16,8 @@ go back to it when the block ends; the pool's own reset-on-return rolls back wha
 left open. A driver made with ``keep`` (the effects store's and the saga journal's on an engine of
 their own) instead lets each thread keep the connection its block used, checked out, for its next
 blocks, as many threads as the pool keeps connections (``QueuePool.size()``; the others take one
-per block from the overflow), by :class:`~idempotency.kept.KeptConnections`: a checkout and the
-reset (on Postgres also the switch into autocommit and back) are most of the driver's own client
+per block from the overflow), by :class:`~sagaguard.idempotency.backends.kept.KeptConnections`: a checkout and
+the reset (on Postgres also the switch into autocommit and back) are most of the driver's own client
 CPU per block (docs/benchmarks.md). Between blocks a kept connection holds no transaction (every
 block ends in a commit or a rollback), so it holds no lock, on SQLite neither the write lock nor a
 read snapshot. Postgres connections run the block in autocommit (set on checkout, restored before
@@ -31,8 +31,8 @@ and the kept connections are forgotten, not closed, so the child never talks on 
 sockets.
 
 Transactions, per block: on SQLite (``isolation_level=None``, set by
-:func:`~idempotency.stores.sql_engine.make_engine`) each statement is its own transaction unless the
-block takes the write lock up front (``immediate``: ``BEGIN IMMEDIATE``; a reader that later writes
+:func:`~sagaguard.idempotency.backends.sql_engine.make_engine`) each statement is its own transaction unless
+the block takes the write lock up front (``immediate``: ``BEGIN IMMEDIATE``; a reader that later writes
 can fail at once with "database is locked", whatever the busy timeout); on Postgres each statement
 is its own transaction unless the block asks for one (``transaction``), or for one whose commit does
 not wait for the WAL flush (``relaxed``: ``SET LOCAL synchronous_commit = off``). A transaction still
@@ -53,7 +53,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.pool import QueuePool, StaticPool
 
-from idempotency.kept import KeptConnections
+from sagaguard.idempotency.backends.kept import KeptConnections
 
 __all__ = ["SqlDriver", "Statement"]
 
@@ -64,7 +64,7 @@ _served_lock = threading.Lock()
 def _after_fork_in_child() -> None:
     # The parent's pooled connections are not ours to use, nor to close (closing one would end the
     # parent's session on the shared socket): a new, empty pool for each engine. (The connections
-    # threads kept are forgotten by idempotency.kept's own hook.)
+    # threads kept are forgotten by sagaguard.idempotency.backends.kept's own hook.)
     for engine in list(_served):
         with contextlib.suppress(Exception):
             engine.dispose(close=False)
@@ -112,7 +112,7 @@ class SqlDriver:
     """Blocks of hot statements on connections of ``engine``'s pool, the driver's errors made ours.
 
     Args:
-        engine: an engine on SQLite (from :func:`~idempotency.stores.sql_engine.make_engine`) or
+        engine: an engine on SQLite (from :func:`~sagaguard.idempotency.backends.sql_engine.make_engine`) or
             Postgres through psycopg 3.
         unavailable: builds the error for a transient failure (the server gone, the pool empty,
             SQLite's "database is locked") from the driver's message.
@@ -301,8 +301,8 @@ class SqlDriver:
 
 
 def raw_cursor(conn: Any) -> Any:
-    """The hot path's cursor on ``conn``, a :class:`~idempotency.stores.sql_pq.PqCursor` (a name
+    """The hot path's cursor on ``conn``, a :class:`~sagaguard.idempotency.backends.sql_pq.PqCursor` (a name
     of its own, so a test or a bench can count what the hot path sends by replacing it)."""
-    from idempotency.stores.sql_pq import PqCursor
+    from sagaguard.idempotency.backends.sql_pq import PqCursor
 
     return PqCursor(conn)

@@ -20,8 +20,8 @@ The handler makes each declared call ``current_run().call(tool, ..., call_id=too
 ``await current_run().acall(...)`` in the async handler): one
 journal commit registers the call with its undo, then the call runs under the run's guard (keyed on
 the run id and LangGraph's ``tool_call_id``, stable across a crash when the model is journaled, see
-:mod:`connectors.langgraph`), then its result is recorded. The undo receives the tool call's
-arguments and the tool's output (the ``ToolMessage``'s content, read back as JSON when it is JSON).
+:mod:`sagaguard.connectors.frameworks.langgraph`), then its result is recorded. The undo receives the tool
+call's arguments and the tool's output (the ``ToolMessage``'s content, read back as JSON when it is JSON).
 The tool's body runs in a scope named after the call's key, so guarded effects inside it
 (``StripeEffects``, ``EmailEffects``) need no ``key=``.
 Other tools run as they are (or through ``inner``). ``ToolNode`` runs a turn's calls in a thread pool; the
@@ -40,11 +40,11 @@ from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
-from connectors.declare import ToolDeclaration, declaration_of, recorded_output, tool_options
-from connectors.langgraph import ToolGuard
-from idempotency.errors import ConfigurationError
-from idempotency.keys import scope
-from saga.agent import current_run
+from sagaguard.connectors.declare import ToolDeclaration, declaration_of, recorded_output, tool_options
+from sagaguard.connectors.frameworks.langgraph import ToolGuard
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.keys import scope
+from sagaguard.saga.agent import current_run
 
 __all__ = ["SagaTools", "tool_output"]
 
@@ -55,7 +55,7 @@ AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
 
 def tool_output(message: ToolMessage) -> Any:
     """What a tool returned, read back from its ``ToolMessage``: the content as JSON when it is
-    JSON, else as it is (:func:`~connectors.declare.recorded_output`)."""
+    JSON, else as it is (:func:`~sagaguard.connectors.declare.recorded_output`)."""
     return recorded_output(message.content)
 
 
@@ -73,22 +73,22 @@ class _Step:
     call_id: str
     arguments: dict[str, Any]
     options: dict[str, Any]
-    """The keyword arguments of :meth:`saga.agent.AgentRun.call` / ``acall``."""
+    """The keyword arguments of :meth:`sagaguard.saga.agent.AgentRun.call` / ``acall``."""
 
 
 class SagaTools:
     """``wrap_tool_call`` and ``awrap_tool_call`` for ``ToolNode`` (and, through
-    :class:`connectors.langchain_saga.SagaMiddleware`, for ``create_agent``): calls of tools
-    declared with an undo or as the pivot become steps of the open agent run.
+    :class:`sagaguard.connectors.frameworks.langchain_saga.SagaMiddleware`, for ``create_agent``): calls of
+    tools declared with an undo or as the pivot become steps of the open agent run.
 
-    A tool says so with its declaration (:func:`~connectors.declare.changes_world`), on the tool or
+    A tool says so with its declaration (:func:`~sagaguard.connectors.declare.changes_world`), on the tool or
     by name here: ``@changes_world(undo="cancel_booking")`` (compensatable) or
     ``@changes_world(pivot=True)``. The declaration's :meth:`Guard.run` options apply to the call.
 
     Args:
         declare: tool name to declaration, for tools not declared where they are defined.
-        inner: the handler for every other tool (a :class:`~connectors.langgraph.ToolGuard`); None
-            runs them as they are.
+        inner: the handler for every other tool (a
+            :class:`~sagaguard.connectors.frameworks.langgraph.ToolGuard`); None runs them as they are.
     """
 
     def __init__(
@@ -118,7 +118,7 @@ class SagaTools:
 
     async def awrap_tool_call(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
         """The async handler (``ToolNode(awrap_tool_call=...)``, an agent run with ``ainvoke``):
-        the same steps, through :meth:`saga.agent.AgentRun.acall` (``async with`` the run).
+        the same steps, through :meth:`sagaguard.saga.agent.AgentRun.acall` (``async with`` the run).
 
         Raises:
             as :meth:`wrap_tool_call`.

@@ -27,8 +27,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from dbos import DBOS
 
-from idempotency.errors import ConfigurationError
-from idempotency.keys import Scope, scope
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.keys import Scope, scope
 
 __all__ = ["dbos_scope", "dbos_scope_id", "dbos_scoped"]
 

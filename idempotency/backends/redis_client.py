@@ -7,8 +7,8 @@ connections wait for one (up to the read timeout) rather than failing with redis
 
 The hot scripts (a guarded call's claim and record, a saga's phase) run through
 :class:`ScriptRunner`: on a client of the store's (or journal's) own, each thread keeps the
-connection its script used for its next ones (:class:`~idempotency.kept.KeptConnections`, half the
-pool at most), and sends ``EVALSHA`` with redis-py's public ``Connection.send_command`` and
+connection its script used for its next ones (:class:`~sagaguard.idempotency.backends.kept.KeptConnections`,
+half the pool at most), and sends ``EVALSHA`` with redis-py's public ``Connection.send_command`` and
 ``read_response``. redis-py's command path (the pool's checkout and release, its retry and metrics
 bookkeeping) costs a call about as much client CPU as the round trip itself (docs/benchmarks.md). A
 kept connection is checked before each use as the pool checks one it hands out
@@ -28,8 +28,8 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
-from idempotency.kept import KeptConnections
+from sagaguard.idempotency.backends.kept import KeptConnections
+from sagaguard.idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
 
 __all__ = [
     "CONNECT_TIMEOUT", "MAX_CONNECTIONS", "READ_TIMEOUT", "TRANSIENT", "ScriptRunner", "connect",

@@ -16,7 +16,7 @@ workflow's end completes or undoes the run in an activity of its own.
 
     # workflows.py
     with workflow.unsafe.imports_passed_through():
-        from connectors.temporal_saga import run_agent
+        from sagaguard.connectors.frameworks.temporal_saga import run_agent
 
     @workflow.defn
     class Trip:
@@ -34,9 +34,9 @@ new run (activity ids restart there), so those are new calls of the same agent r
 
 **Concurrency.** Activities of one workflow may run on several workers at once (parallel
 activities, a retry next to a zombie). Each holds the run only while it calls (opened exclusively;
-:mod:`connectors._engine_saga`), so one at a time appends rows; the others wait (then fail with
-:class:`~saga.errors.SagaInProgress` for Temporal to retry). Parallel tool activities are correct,
-and their registrations and bodies are serialised by the run.
+:mod:`sagaguard.connectors.frameworks._engine_saga`), so one at a time appends rows; the others wait (then
+fail with :class:`~sagaguard.saga.errors.SagaInProgress` for Temporal to retry). Parallel tool activities are
+correct, and their registrations and bodies are serialised by the run.
 
 **Triggers.** :func:`run_agent` ends the run when its body ends: returned, the end activity
 completes it; a failure that fails the workflow (a :class:`~temporalio.exceptions.FailureError`:
@@ -62,9 +62,9 @@ from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, FailureError, is_cancelled_exception
 
-from connectors._engine_saga import AgentRunStopped, Ending, EngineTools, call_arguments
-from connectors.temporal import activity_scope
-from idempotency.errors import ConfigurationError
+from sagaguard.connectors.frameworks._engine_saga import AgentRunStopped, Ending, EngineTools, call_arguments
+from sagaguard.connectors.frameworks.temporal import activity_scope
+from sagaguard.idempotency.errors import ConfigurationError
 
 __all__ = [
     "AgentRunStopped",
@@ -116,8 +116,8 @@ def _stopped(exc: AgentRunStopped) -> ApplicationError:
 class TemporalSagaTools(EngineTools):
     """Tool activities and the end activity of one agent saga type's Temporal runs.
 
-    Arguments as for :class:`~connectors._engine_saga.EngineTools` (``runner``: use a short
-    ``lease``, e.g. 5 s, as an activity retried after a worker died waits out the dead holder's
+    Arguments as for :class:`~sagaguard.connectors.frameworks._engine_saga.EngineTools` (``runner``: use a
+    short ``lease``, e.g. 5 s, as an activity retried after a worker died waits out the dead holder's
     lease; ``agent``, ``declare=``, ``hold_wait=``).
     """
 
@@ -156,8 +156,8 @@ class TemporalSagaTools(EngineTools):
 
         The tool's declaration (``@changes_world(undo=...)`` on the function, or by name in
         ``declare``) says what kind of call it is; a tool with neither ``undo=`` nor ``pivot=True``
-        runs as it is. Its body runs inside :func:`~connectors.temporal.activity_scope`, so guarded
-        effects inside it are keyed on the activity. The undo receives the call's arguments by
+        runs as it is. Its body runs inside :func:`~sagaguard.connectors.frameworks.temporal.activity_scope`,
+        so guarded effects inside it are keyed on the activity. The undo receives the call's arguments by
         parameter name and the activity's return value.
         """
         if fn is None:

@@ -20,21 +20,21 @@ run is in the journal attaches to it when it starts, taking it back from the wor
 had parked it.
 
 **A call's id** is the adapter's key of the tool run (kickoff, task, tool, argument hash, n: no
-tool-call id reaches CrewAI tools, see :mod:`connectors.crewai`). The undo receives the call's
-arguments by name and the tool's output (read back as JSON when it is JSON text), as every
+tool-call id reaches CrewAI tools, see :mod:`sagaguard.connectors.frameworks.crewai`). The undo receives the
+call's arguments by name and the tool's output (read back as JSON when it is JSON text), as every
 framework's adapter gives them, so the same undo functions serve every framework.
 
 **Triggers.** An exception escaping ``kickoff`` undoes the run (``AgentSaga(on_failure=...)``:
 ``"compensate"`` by default, ``"leave"`` parks it for an operator). A tool's own exception is
 handed to the model by CrewAI unless the crew, agent, task or tool says
 ``tool_failure_policy="raise"``. ``sagaguard sagas cancel RUN`` stops a live kickoff at its next
-declared tool call (:class:`~saga.agent.errors.AgentRunCancelled`) and undoes it; the worker undoes
+declared tool call (:class:`~sagaguard.saga.agent.errors.AgentRunCancelled`) and undoes it; the worker undoes
 a run whose process is gone. A human who says no at an approval (:meth:`CrewSaga.approval`, a task
 guardrail) undoes the run at once, and :meth:`CrewSaga.reject` undoes it from any process.
 
 A declared tool's runs are steps through ``_run`` (which CrewAI's agents call, in ``kickoff`` and
 ``akickoff`` alike) and through its own ``_arun`` where it has one (a direct ``await
-tool.arun(...)``: :meth:`AgentRun.acall <saga.agent.AgentRun.acall>`, journal writes off the loop).
+tool.arun(...)``: :meth:`AgentRun.acall <sagaguard.saga.agent.AgentRun.acall>`, journal writes off the loop).
 """
 
 from __future__ import annotations
@@ -51,16 +51,16 @@ from typing import TYPE_CHECKING, Any
 from crewai import Crew
 from crewai.tools import BaseTool
 
-from connectors.crewai import _MARK, _mark, _set, kickoff_id
-from connectors.declare import ToolDeclaration, recorded_output
-from connectors.in_doubt import Pending, asettle, settle
-from idempotency.errors import ConfigurationError
-from idempotency.keys import scope
-from saga.agent import AgentRun, AgentRunner, AgentRunRejected, AgentSaga, current_run
-from saga.records import SagaOutcome
+from sagaguard.connectors.declare import ToolDeclaration, recorded_output
+from sagaguard.connectors.frameworks.crewai import _MARK, _mark, _set, kickoff_id
+from sagaguard.connectors.in_doubt import Pending, asettle, settle
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.keys import scope
+from sagaguard.saga.agent import AgentRun, AgentRunner, AgentRunRejected, AgentSaga, current_run
+from sagaguard.saga.records import SagaOutcome
 
 if TYPE_CHECKING:
-    from connectors.crewai import CrewGuard
+    from sagaguard.connectors.frameworks.crewai import CrewGuard
 
 __all__ = ["CrewSaga", "KickoffRejected", "tool_output"]
 
@@ -79,7 +79,7 @@ class KickoffRejected(AgentRunRejected):
 
 def tool_output(value: Any) -> Any:
     """What a step records of a tool's result for its undo: JSON text read back as JSON (CrewAI
-    tools return strings), anything else as it is: :func:`connectors.declare.recorded_output`."""
+    tools return strings), anything else as it is: :func:`sagaguard.connectors.declare.recorded_output`."""
     return recorded_output(value)
 
 
@@ -295,7 +295,7 @@ class CrewSaga:
 
     def reject(self, run_id: str, reason: str = "rejected") -> SagaOutcome:
         """A human rejected the run: undo its steps now, in reverse order, from any process (the
-        run's own process may be gone). See :meth:`~saga.agent.AgentRunner.reject`."""
+        run's own process may be gone). See :meth:`~sagaguard.saga.agent.AgentRunner.reject`."""
         return self.runner.reject(self.agent, run_id, reason)
 
     def approval(self, decide: Callable[[Any], bool | str]) -> Callable[[Any], tuple[bool, Any]]:

@@ -1,8 +1,8 @@
-"""The ``_async`` methods of :class:`connectors.stripe.StripeEffects`: the same effects, reconcilers
+"""The ``_async`` methods of :class:`sagaguard.connectors.stripe.StripeEffects`: the same effects, reconcilers
 and compensation as the sync methods, awaited on the SDK's async API (``create_async``, ...).
 
 Each method is a thin driver: the requests, the error mapping and the reconciling decisions are
-those of :mod:`connectors._stripe_flows`, shared with the sync methods.
+those of :mod:`sagaguard.connectors.stripe._flows`, shared with the sync methods.
 """
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from typing import Any, TypeVar
 
 import stripe
 
-from connectors import _stripe_flows as flows
-from connectors._stripe_base import StripeBase
-from connectors._stripe_objects import CANCEL, CHARGE, Payment, Refund, Resolution
-from idempotency.effect import ReconcileRequest
-from idempotency.effect import current_effect as _current_effect
-from idempotency.keys import EffectIdentity
-from idempotency.offload import in_thread
+from sagaguard.connectors.stripe import _flows as flows
+from sagaguard.connectors.stripe._base import StripeBase
+from sagaguard.connectors.stripe._objects import CANCEL, CHARGE, Payment, Refund, Resolution
+from sagaguard.idempotency.backends.offload import in_thread
+from sagaguard.idempotency.effect import ReconcileRequest
+from sagaguard.idempotency.effect import current_effect as _current_effect
+from sagaguard.idempotency.keys import EffectIdentity
 
 R = TypeVar("R", Payment, Refund)
 
 
 class AsyncStripeMethods(StripeBase):
-    """The async half of :class:`connectors.stripe.StripeEffects`."""
+    """The async half of :class:`sagaguard.connectors.stripe.StripeEffects`."""
 
     async def charge_async(
         self,
@@ -38,7 +38,7 @@ class AsyncStripeMethods(StripeBase):
         metadata: Mapping[str, str] | None = None,
         key: str | None = None,
     ) -> Payment:
-        """The async twin of :meth:`~connectors.stripe.StripeEffects.charge`: the same effect
+        """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.charge`: the same effect
         (``stripe.charge``, same key, same record), so a charge made by either is replayed by both."""
         request = flows.ChargeRequest(
             amount, currency, payment_method, customer, capture, description, metadata
@@ -48,12 +48,12 @@ class AsyncStripeMethods(StripeBase):
     async def capture_async(
         self, payment_intent: str, *, amount: int | None = None, key: str | None = None
     ) -> Payment:
-        """The async twin of :meth:`~connectors.stripe.StripeEffects.capture`."""
+        """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.capture`."""
         write = flows.capture(payment_intent, amount)
         return await self._write_async(write, key, self._reconcile_status_async("succeeded"))
 
     async def cancel_async(self, payment_intent: str, *, key: str | None = None) -> Payment:
-        """The async twin of :meth:`~connectors.stripe.StripeEffects.cancel`."""
+        """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.cancel`."""
         write = flows.cancel(payment_intent)
         return await self._write_async(write, key, self._reconcile_status_async("canceled"))
 
@@ -66,14 +66,14 @@ class AsyncStripeMethods(StripeBase):
         metadata: Mapping[str, str] | None = None,
         key: str | None = None,
     ) -> Refund:
-        """The async twin of :meth:`~connectors.stripe.StripeEffects.refund`."""
+        """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.refund`."""
         request = flows.RefundRequest(payment_intent, amount, reason, metadata)
         return await self._write_async(request.write(), key, self.reconcile_refund_async)
 
     async def undo_charges_async(
         self, scope: str, *, effect: str = CHARGE, ordinal: int = 0, result: Payment | None = None
     ) -> list[Payment | Refund]:
-        """The async twin of :meth:`~connectors.stripe.StripeEffects.undo_charges`."""
+        """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.undo_charges`."""
         identity = EffectIdentity.of(self.guard.namespace, scope, effect, ordinal)
         found = None
         if result is None:
@@ -86,18 +86,18 @@ class AsyncStripeMethods(StripeBase):
         return await flows.adrive(flows.undo(intents), self._do_async)
 
     async def reconcile_charge_async(self, request: ReconcileRequest) -> Resolution[Payment]:
-        """The async twin of :meth:`~connectors.stripe.StripeEffects.reconcile_charge`."""
+        """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.reconcile_charge`."""
         query = flows.charge_query(request, self.search_margin)
         return flows.charge_resolution(await self.find_payments_async(request.identity.key, **query))
 
     async def reconcile_refund_async(self, request: ReconcileRequest) -> Resolution[Refund]:
-        """The async twin of :meth:`~connectors.stripe.StripeEffects.reconcile_refund`."""
+        """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.reconcile_refund`."""
         return await flows.adrive(flows.reconcile_refund(request, self.max_list_pages), self._do_async)
 
     async def find_payments_async(
         self, effect_key: str, *, since: float, customer: str | None = None, age: float | None = None
     ) -> list[dict[str, Any]] | None:
-        """The async twin of :meth:`~connectors.stripe.StripeEffects.find_payments`."""
+        """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.find_payments`."""
         flow = flows.find_payments(
             effect_key, since=since, customer=customer, age=age, max_pages=self.max_list_pages,
             search_lag=self.search_lag,

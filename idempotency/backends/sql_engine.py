@@ -11,7 +11,7 @@ The pool is SQLAlchemy's ``QueuePool`` with its defaults (5 connections kept, 10
 a rollback when a connection comes back); ``sqlite://`` is one private in-memory database on one
 shared connection (``StaticPool``). No pre-ping: every block checks a connection out, so it would
 cost a round trip on every call; a connection the server killed instead costs the one call that
-finds it, and the pool is then renewed (:mod:`~idempotency.stores.sql_driver`).
+finds it, and the pool is then renewed (:mod:`~sagaguard.idempotency.backends.sql_driver`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import QueuePool, StaticPool
 
-from idempotency.errors import ConfigurationError
-from idempotency.stores.urls import check_url
+from sagaguard.idempotency.backends.urls import check_url
+from sagaguard.idempotency.errors import ConfigurationError
 
 __all__ = ["BUSY_TIMEOUT_MS", "make_engine", "retry_locked"]
 

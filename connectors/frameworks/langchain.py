@@ -11,14 +11,14 @@ journals the model.
     agent.invoke({"messages": [...]}, {"configurable": {"thread_id": "t-1"}}, durability="sync")
 
 ``create_agent`` builds a LangGraph graph (a model node and a ``ToolNode``), so the identities are
-those of :mod:`connectors.langgraph`, whose logic this module reuses rather than repeats:
+those of :mod:`sagaguard.connectors.frameworks.langgraph`, whose logic this module reuses rather than repeats:
 
 - a tool call is keyed on ``thread_id`` + ``checkpoint_ns`` (the tools task) + ``tool_call_id``
-  (:class:`~connectors.langgraph.ToolGuard`); a re-run of the task returns the recorded
+  (:class:`~sagaguard.connectors.frameworks.langgraph.ToolGuard`); a re-run of the task returns the recorded
   ``ToolMessage`` without running the tool;
 - a model call is keyed on ``thread_id`` + ``checkpoint_ns`` (the model task) + the call's ordinal in
-  the task attempt (:class:`~connectors.langgraph.JournaledChatModel`); a re-run of the model node
-  after a crash gets the recorded ``AIMessage``, with the same tool calls and the same
+  the task attempt (:class:`~sagaguard.connectors.frameworks.langgraph.JournaledChatModel`); a re-run of the
+  model node after a crash gets the recorded ``AIMessage``, with the same tool calls and the same
   ``tool_call_id`` s, so the tools keep their keys and the model is not paid twice.
 
 The model is journaled where it is asked: the middleware hands the agent's handler a copy of the
@@ -28,7 +28,7 @@ middleware last in ``middleware=[...]`` (innermost), so a retry or fallback midd
 asks the journal, and a model chosen by a routing middleware is the one journaled.
 
 Run the agent with ``durability="sync"`` and a checkpointer: see
-:func:`~connectors.langgraph.check_durability`.
+:func:`~sagaguard.connectors.frameworks.langgraph.check_durability`.
 """
 
 from __future__ import annotations
@@ -41,11 +41,17 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from connectors.declare import ToolDeclaration
-from connectors.in_doubt import OnDoubt, Stop
-from connectors.langgraph import AsyncExecute, Execute, JournaledChatModel, ToolGuard, ToolResult
-from idempotency.effect import Policy
-from idempotency.guard import Guard
+from sagaguard.connectors.declare import ToolDeclaration
+from sagaguard.connectors.frameworks.langgraph import (
+    AsyncExecute,
+    Execute,
+    JournaledChatModel,
+    ToolGuard,
+    ToolResult,
+)
+from sagaguard.connectors.in_doubt import OnDoubt, Stop
+from sagaguard.idempotency.effect import Policy
+from sagaguard.idempotency.guard import Guard
 
 __all__ = ["GuardMiddleware"]
 
@@ -79,15 +85,15 @@ class GuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     """An ``AgentMiddleware`` for ``create_agent``: tool calls replay, model calls replay.
 
     Read-only tools (the default) are re-run after a crash inside them; tools declared
-    :func:`~connectors.declare.changes_world` happen at most once.
+    :func:`~sagaguard.connectors.declare.changes_world` happen at most once.
 
     Args:
         guard: the guard the calls run under.
-        declare: tool name to :class:`~connectors.declare.ToolDeclaration`. Tools are read-only
+        declare: tool name to :class:`~sagaguard.connectors.declare.ToolDeclaration`. Tools are read-only
             unless declared (here or with ``@changes_world`` on the tool): a crash inside a
             read-only tool re-runs it; only a tool that changes the world is at most once.
         on_doubt: what a tool call does when it, or a guarded effect inside it, is in doubt
-            (:mod:`connectors.in_doubt`: ``Stop()``, the default, ``ReturnPending()`` or
+            (:mod:`sagaguard.connectors.in_doubt`: ``Stop()``, the default, ``ReturnPending()`` or
             ``WaitForOperator(...)``).
         policy: one policy for every tool instead of the declarations (``"at_most_once"`` gives
             the behaviour before declarations existed).

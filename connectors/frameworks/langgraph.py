@@ -21,9 +21,9 @@ per-task counter for sequential code. ``node_attempt`` stays out of the key: a r
 
     graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}}, durability="sync")
 
-Tools are read-only unless declared with :func:`~connectors.declare.changes_world`: a crash inside
+Tools are read-only unless declared with :func:`~sagaguard.connectors.declare.changes_world`: a crash inside
 a read-only tool re-runs it; a declared one is at most once, and ``on_doubt``
-(:mod:`connectors.in_doubt`) says what a tool call does when it, or an effect inside it, is left in
+(:mod:`sagaguard.connectors.in_doubt`) says what a tool call does when it, or an effect inside it, is left in
 doubt.
 
 The model call is journaled so that a crash inside the model node replays the recorded
@@ -57,14 +57,14 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 from pydantic import ConfigDict
 
-from connectors.declare import ToolDeclaration, declaration_of, tool_options
-from connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
-from connectors.telemetry import record_llm_call
-from idempotency.effect import Policy
-from idempotency.errors import ConfigurationError, NoScope
-from idempotency.guard import Guard
-from idempotency.keys import Scope, scope
-from idempotency.telemetry import TOOL_CALL_ID
+from sagaguard.connectors.declare import ToolDeclaration, declaration_of, tool_options
+from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
+from sagaguard.connectors.telemetry import record_llm_call
+from sagaguard.idempotency.effect import Policy
+from sagaguard.idempotency.errors import ConfigurationError, NoScope
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.keys import Scope, scope
+from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 
 __all__ = [
     "DurabilityWarning",
@@ -296,18 +296,19 @@ class ToolGuard:
     tool, the same scope is current, so ``guard.effect`` calls in the tool body are keyed on the
     tool call too (and ``gen_ai.tool.call.id`` is on their spans).
 
-    Tools are read-only unless declared otherwise (:mod:`connectors.declare`): a crash or an error
+    Tools are read-only unless declared otherwise (:mod:`sagaguard.connectors.declare`): a crash or an error
     inside a read-only tool never parks the run, its next run asks again. A tool declared
-    :func:`~connectors.declare.changes_world` is at most once: a crash inside it leaves it in doubt,
+    :func:`~sagaguard.connectors.declare.changes_world` is at most once: a crash inside it leaves it in doubt,
     and ``on_doubt`` says what the run does then (as for an in-doubt effect inside any tool).
 
     Args:
         guard: the guard the calls run under.
-        declare: tool name to :class:`~connectors.declare.ToolDeclaration`, for tools not declared
+        declare: tool name to :class:`~sagaguard.connectors.declare.ToolDeclaration`, for tools not declared
             where they are defined (a mapping entry wins over a decorator).
         on_doubt: what a tool call does when it, or a guarded effect inside it, is in doubt:
-            :class:`~connectors.in_doubt.Stop` (default: raise ``OutcomeUnknown``),
-            :class:`~connectors.in_doubt.ReturnPending` or :class:`~connectors.in_doubt.WaitForOperator`.
+            :class:`~sagaguard.connectors.in_doubt.Stop` (default: raise ``OutcomeUnknown``),
+            :class:`~sagaguard.connectors.in_doubt.ReturnPending` or
+            :class:`~sagaguard.connectors.in_doubt.WaitForOperator`.
         policy: one policy for every tool, declared or not, instead of the declarations
             (``"at_most_once"`` gives the behaviour before declarations existed).
         prefix: prepended to the tool's name to make the effect's name.
@@ -436,7 +437,7 @@ class JournaledChatModel(BaseChatModel):
 
     Inside a graph the key is the task's scope plus the model call's ordinal in the task attempt
     (inside a journaled tool call: the tool call's scope); outside a graph, the current
-    :func:`~idempotency.keys.scope`. The recorded message keeps its tool calls and their ids, so
+    :func:`~sagaguard.idempotency.keys.scope`. The recorded message keeps its tool calls and their ids, so
     the tools the resumed run calls have the keys of the first run's.
 
     Attributes:
