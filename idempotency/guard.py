@@ -354,7 +354,8 @@ class Guard:
 
         Raises:
             KeyConflict, AlreadyInProgress, OutcomeUnknown, LostOwnership, StoreError: see
-            :mod:`sagaguard.idempotency.errors`; and whatever ``fn`` raises for a not-applied failure.
+                :mod:`sagaguard.idempotency.errors`; and whatever ``fn`` raises for a not-applied
+                failure.
         """
         return cast(T, self._operation(name, result_type, options).run(fn, arguments=arguments, key=key))
 

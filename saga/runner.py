@@ -231,9 +231,7 @@ class SagaRunner:
     def resume(self, saga: Saga[Any], snapshot: SagaSnapshot) -> SagaOutcome:
         """Drive a saga this process has just taken over with ``journal.claim`` (``snapshot`` is
         the claim's answer) until it ends or waits. Used by :func:`sagaguard.saga.recovery.recover`.
-
-        Raises:
-            as :meth:`run`.
+        It raises what :meth:`run` raises.
         """
         _refuse_async(saga)
         flow = self._claimed_flow(saga, snapshot)

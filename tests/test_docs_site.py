@@ -40,3 +40,37 @@ def test_the_site_is_self_contained_and_highlighted_at_build_time() -> None:
     assert "mkdocstrings" in plugins
     for page in ("sagaguard", "idempotency", "stores", "outbox", "saga", "connectors"):
         assert (ROOT / "docs" / "api" / f"{page}.md").is_file()
+
+
+def test_sphinx_roles_in_docstrings_become_cross_references() -> None:
+    """The API pages' Griffe extension (docs/_griffe_roles.py): each role is resolved as Python would
+    read the name, through re-exports, into an optional cross-reference; what is not loaded stays
+    code."""
+    import sys
+
+    import griffe
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        from _griffe_roles import SphinxRoles
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    modules = {
+        "__init__.py": "from pkg.a import Guard\n",
+        "a.py": (
+            "class Guard:\n"
+            '    """:meth:`run`, :class:`~pkg.a.Guard`, :func:`len`, :meth:`the run <pkg.Guard.run>`."""\n'
+            "    def run(self) -> None:\n"
+            '        """Back to :class:`Guard`."""\n'
+        ),
+    }
+    with griffe.temporary_pypackage("pkg", modules) as tmp:
+        pkg = griffe.load("pkg", search_paths=[tmp.tmpdir], extensions=griffe.load_extensions(SphinxRoles))
+        assert isinstance(pkg, griffe.Module)
+        guard, run = pkg["a.Guard"].docstring, pkg["a.Guard.run"].docstring
+    link = '<autoref identifier="pkg.a.{}" optional><code>{}</code></autoref>'
+    assert guard is not None and guard.value == (
+        f"{link.format('Guard.run', 'run')}, {link.format('Guard', 'Guard')}, <code>len</code>, "
+        f"{link.format('Guard.run', 'the run')}."
+    )
+    assert run is not None and run.value == f"Back to {link.format('Guard', 'Guard')}."

@@ -119,9 +119,7 @@ class SagaTools:
     async def awrap_tool_call(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
         """The async handler (``ToolNode(awrap_tool_call=...)``, an agent run with ``ainvoke``):
         the same steps, through :meth:`sagaguard.saga.agent.AgentRun.acall` (``async with`` the run).
-
-        Raises:
-            as :meth:`wrap_tool_call`.
+        It raises what :meth:`wrap_tool_call` raises.
         """
         step = self._step(request)
         if step is None:

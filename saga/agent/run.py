@@ -322,8 +322,9 @@ class AgentRun:
         Raises:
             AgentRunCancelled: the run was cancelled; nothing ran.
             AgentRunEnded: the run's saga no longer takes calls.
-            UnknownUndo: ``undo`` is not registered. ConfigurationError: both ``undo`` and ``pivot``.
-            and whatever the guard raises (see :meth:`sagaguard.idempotency.guard.Guard.run`).
+            UnknownUndo: ``undo`` is not registered.
+            ConfigurationError: both ``undo`` and ``pivot``; and whatever the guard raises (see
+                :meth:`sagaguard.idempotency.guard.Guard.run`).
         """
         step = self._step(tool, arguments, undo, pivot, call_id)
         if step is None:
@@ -351,9 +352,7 @@ class AgentRun:
         """The async twin of :meth:`call`, line for line: ``fn`` is awaited under
         :meth:`~sagaguard.idempotency.guard.Guard.arun` (``options`` are its options), and the journal
         commits (the registration before the call, the result after) run in a worker thread.
-
-        Raises:
-            the same as :meth:`call`.
+        It raises what :meth:`call` raises.
         """
         step = self._step(tool, arguments, undo, pivot, call_id)
         if step is None:
