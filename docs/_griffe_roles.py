@@ -39,7 +39,7 @@ class SphinxRoles(Extension):
             seen.add(id(obj))
             if obj.docstring is not None:
                 obj.docstring.value = ROLE.sub(lambda m, o=obj: _reference(o, m), obj.docstring.value)
-            stack.extend(m for m in obj.members.values() if not m.is_alias)  # type: ignore[misc]
+            stack.extend(m for m in obj.members.values() if not m.is_alias)
 
 
 def _reference(obj: Object, match: re.Match[str]) -> str:
