@@ -40,8 +40,10 @@ from typing import Any, Literal, Protocol, TypeVar, overload
 
 import stripe
 
+from sagaguard.connectors.stripe import _attempts as attempts
 from sagaguard.connectors.stripe import _flows as flows
 from sagaguard.connectors.stripe._async import AsyncStripeMethods
+from sagaguard.connectors.stripe._errors import MetadataRefused, PaymentActionRequired
 from sagaguard.connectors.stripe._flows import map_error
 from sagaguard.connectors.stripe._objects import (
     CANCEL,
@@ -52,7 +54,7 @@ from sagaguard.connectors.stripe._objects import (
     Refund,
     Resolution,
 )
-from sagaguard.idempotency.effect import ReconcileRequest
+from sagaguard.idempotency.effect import NotAppliedResolution, ReconcileRequest
 from sagaguard.idempotency.effect import current_effect as _current_effect
 from sagaguard.idempotency.keys import EffectIdentity
 
@@ -60,7 +62,9 @@ __all__ = [
     "CHARGE",
     "KEY_WINDOW",
     "METADATA_KEY",
+    "MetadataRefused",
     "Payment",
+    "PaymentActionRequired",
     "Refund",
     "StripeEffects",
     "map_error",
@@ -99,8 +103,9 @@ class StripeEffects(AsyncStripeMethods):
         search_margin: seconds before the record's creation that the reconciler lists from
             (clock skew between the store and Stripe).
         max_list_pages: pages of 100 the reconciler lists before it falls back to search.
-        search_lag: seconds after which search is trusted to be complete (Stripe: up to an hour
-            in outages); a search miss on a younger record is "unknown".
+        search_lag: seconds after which search is trusted to be complete (default two hours:
+            Stripe's index lags up to an hour in outages, and an hour is left as margin); a search
+            miss on a younger record is "unknown".
     """
 
     # -- effects --------------------------------------------------------------------------------
@@ -115,9 +120,14 @@ class StripeEffects(AsyncStripeMethods):
         capture: bool = True,
         description: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        return_url: str | None = None,
         key: str | None = None,
     ) -> Payment:
         """Create and confirm a PaymentIntent (one request, ``confirm=true``): the effect ``stripe.charge``.
+
+        Without ``return_url`` the PaymentIntent excludes redirect-based payment methods
+        (``automatic_payment_methods[allow_redirects]=never``), which Stripe requires of a confirm
+        without one; cards that need 3-D Secure still work, through :class:`PaymentActionRequired`.
 
         Args:
             amount: in the currency's smallest unit.
@@ -126,18 +136,24 @@ class StripeEffects(AsyncStripeMethods):
             customer: the Customer, if any (also narrows the reconciler's listing).
             capture: False authorises only (``capture_method=manual``); :meth:`capture` later.
             description: shown in the dashboard.
-            metadata: your own metadata; ``sagaguard_key`` and ``sagaguard_effect`` are added.
+            metadata: your own metadata (up to 48 keys); ``sagaguard_key`` and ``sagaguard_effect``
+                are added.
+            return_url: where a redirect-based payment method returns the customer.
             key: an explicit effect key instead of scope + ordinal.
 
         Raises:
+            PaymentActionRequired: the PaymentIntent waits for the customer (3-D Secure): not
+                paid; recorded, replayed as this error, cancelled by the charge's compensation.
+            MetadataRefused: ``metadata`` uses the connector's fields or breaks Stripe's limits
+                (nothing sent).
             ProviderRejected: declined or invalid (not applied; recorded and replayed).
             ProviderKeyConflict: the idempotency key was used with other parameters.
             OutcomeUnknown: the charge may have happened and nothing could settle it yet.
         """
         request = flows.ChargeRequest(
-            amount, currency, payment_method, customer, capture, description, metadata
+            amount, currency, payment_method, customer, capture, description, metadata, return_url
         )
-        return self._write(request.write(), key, self.reconcile_charge)
+        return flows.delivered(self._write(request.write(), key, self.reconcile_charge))
 
     def capture(self, payment_intent: str, *, amount: int | None = None, key: str | None = None) -> Payment:
         """Capture an authorised PaymentIntent: the effect ``stripe.capture``."""
@@ -170,13 +186,16 @@ class StripeEffects(AsyncStripeMethods):
 
         The charge is found by its identity: the recorded ``result`` if given, else every
         PaymentIntent whose metadata carries the effect's key (so a charge whose result was never
-        recorded is refunded too). Already refunded or canceled PaymentIntents are skipped.
+        recorded is refunded too). One waiting for its customer (3-D Secure) or not yet confirmed is
+        cancelled. Already refunded or canceled PaymentIntents are skipped.
 
         Returns:
             The refunds and voided payments made (replayed ones included).
 
         Raises:
-            ProviderUnavailable: Stripe cannot be asked, or cannot tell yet: retry later.
+            ProviderUnavailable: Stripe cannot be asked, or cannot tell yet (among others: the
+                charge's key was last seen in progress at Stripe and nothing is listed yet):
+                retry later.
         """
         identity = EffectIdentity.of(self.guard.namespace, scope, effect, ordinal)
         found = None
@@ -185,15 +204,37 @@ class StripeEffects(AsyncStripeMethods):
             if record is None:
                 return []  # never claimed: the charge was not attempted
             found = self.find_payments(identity.key, since=record.created_at - self.search_margin)
+            if found is not None:
+                flows.settled(record, found, self.guard.store.now(), self.key_window)
         intents = flows.drive(flows.charged_intents(result, found), self._do)
         return flows.drive(flows.undo(intents), self._do)
 
     # -- reconcilers ------------------------------------------------------------------------------
 
     def reconcile_charge(self, request: ReconcileRequest) -> Resolution[Payment]:
-        """Did the in-doubt charge make a PaymentIntent? Found by the effect key in its metadata."""
+        """Did the in-doubt charge make a PaymentIntent? Found by the effect key in its metadata.
+
+        When nothing was made and the key's answer is a 5xx Stripe replays, the next attempt key is
+        recorded in the ledger first (:mod:`sagaguard.connectors.stripe._attempts`), so the re-send
+        gets past it.
+        """
         query = flows.charge_query(request, self.search_margin)
-        return flows.charge_resolution(self.find_payments(request.identity.key, **query))
+        found = self.find_payments(request.identity.key, **query)
+        resolution = flows.charge_resolution(found, request.record, self.key_window)
+        if isinstance(resolution, NotAppliedResolution) and flows.replayed_5xx(request.record):
+            self._next_attempt(request.identity)
+        return resolution
+
+    def _next_attempt(self, identity: EffectIdentity) -> None:
+        generation = attempts.current_attempt(self.guard, identity) + 1
+        new_key = attempts.attempt_key(identity.provider_key, generation)
+        self.guard.run(
+            attempts.ATTEMPT,
+            lambda: new_key,
+            key=attempts.marker_key(identity.key, generation),
+            arguments={"generation": generation},
+            result_type=str,
+        )
 
     def reconcile_refund(self, request: ReconcileRequest) -> Resolution[Refund]:
         """Did the in-doubt refund happen? Refunds of the PaymentIntent, matched on metadata."""
@@ -231,10 +272,14 @@ class StripeEffects(AsyncStripeMethods):
             effect = _current_effect()
             method = getattr(getattr(self.client.v1, write.resource), write.method)
             params = write.params(effect.key)
+            provider_key = effect.provider_key
+            if write.effect == CHARGE and effect.token > 1:  # taken over: a new attempt key may exist
+                generation = attempts.current_attempt(self.guard, effect.identity)
+                provider_key = attempts.attempt_key(provider_key, generation)
             try:
-                answer = method(*write.ids, params, self._options(effect.provider_key))
+                answer = method(*write.ids, params, self._options(provider_key))
             except stripe.StripeError as exc:
-                raise map_error(exc, effect.provider_key) from exc
+                raise map_error(exc, provider_key) from exc
             return write.result_type.of(answer)
 
         return self.guard.run(
