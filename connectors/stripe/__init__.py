@@ -35,7 +35,7 @@ methods only drive them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, overload
 
 import stripe
@@ -121,13 +121,15 @@ class StripeEffects(AsyncStripeMethods):
         description: str | None = None,
         metadata: Mapping[str, str] | None = None,
         return_url: str | None = None,
+        payment_method_types: Sequence[str] | None = None,
         key: str | None = None,
     ) -> Payment:
         """Create and confirm a PaymentIntent (one request, ``confirm=true``): the effect ``stripe.charge``.
 
-        Without ``return_url`` the PaymentIntent excludes redirect-based payment methods
-        (``automatic_payment_methods[allow_redirects]=never``), which Stripe requires of a confirm
-        without one; cards that need 3-D Secure still work, through :class:`PaymentActionRequired`.
+        Without ``return_url`` or ``payment_method_types`` the PaymentIntent excludes
+        redirect-based payment methods (``automatic_payment_methods[allow_redirects]=never``), which
+        Stripe requires of a confirm without a return address; cards that need 3-D Secure still
+        work, through :class:`PaymentActionRequired`.
 
         Args:
             amount: in the currency's smallest unit.
@@ -139,6 +141,8 @@ class StripeEffects(AsyncStripeMethods):
             metadata: your own metadata (up to 48 keys); ``sagaguard_key`` and ``sagaguard_effect``
                 are added.
             return_url: where a redirect-based payment method returns the customer.
+            payment_method_types: the method types allowed (``["card"]``) instead of
+                ``automatic_payment_methods`` (servers without it, such as localstripe).
             key: an explicit effect key instead of scope + ordinal.
 
         Raises:
@@ -151,8 +155,9 @@ class StripeEffects(AsyncStripeMethods):
             OutcomeUnknown: the charge may have happened and nothing could settle it yet.
         """
         request = flows.ChargeRequest(
-            amount, currency, payment_method, customer, capture, description, metadata, return_url
-        )
+            amount, currency, payment_method, customer, capture, description, metadata, return_url,
+            None if payment_method_types is None else tuple(payment_method_types),
+        )  # fmt: skip
         return flows.delivered(self._write(request.write(), key, self.reconcile_charge))
 
     def capture(self, payment_intent: str, *, amount: int | None = None, key: str | None = None) -> Payment:
@@ -203,9 +208,11 @@ class StripeEffects(AsyncStripeMethods):
             record = self.guard.store.get(identity.key)
             if record is None:
                 return []  # never claimed: the charge was not attempted
-            found = self.find_payments(identity.key, since=record.created_at - self.search_margin)
-            if found is not None:
-                flows.settled(record, found, self.guard.store.now(), self.key_window)
+            result = flows.recorded_payment(record)
+            if result is None:
+                found = self.find_payments(identity.key, since=record.created_at - self.search_margin)
+                if found is not None:
+                    flows.settled(record, found, self.guard.store.now(), self.key_window)
         intents = flows.drive(flows.charged_intents(result, found), self._do)
         return flows.drive(flows.undo(intents), self._do)
 

@@ -7,7 +7,7 @@ those of :mod:`sagaguard.connectors.stripe._flows`, shared with the sync methods
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import stripe
@@ -38,13 +38,15 @@ class AsyncStripeMethods(StripeBase):
         description: str | None = None,
         metadata: Mapping[str, str] | None = None,
         return_url: str | None = None,
+        payment_method_types: Sequence[str] | None = None,
         key: str | None = None,
     ) -> Payment:
         """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.charge`: the same effect
         (``stripe.charge``, same key, same record), so a charge made by either is replayed by both."""
         request = flows.ChargeRequest(
-            amount, currency, payment_method, customer, capture, description, metadata, return_url
-        )
+            amount, currency, payment_method, customer, capture, description, metadata, return_url,
+            None if payment_method_types is None else tuple(payment_method_types),
+        )  # fmt: skip
         return flows.delivered(await self._write_async(request.write(), key, self.reconcile_charge_async))
 
     async def capture_async(
@@ -83,9 +85,13 @@ class AsyncStripeMethods(StripeBase):
             record = await in_thread(self.guard.store.get, identity.key)
             if record is None:
                 return []  # never claimed: the charge was not attempted
-            found = await self.find_payments_async(identity.key, since=record.created_at - self.search_margin)
-            if found is not None:
-                flows.settled(record, found, await in_thread(self.guard.store.now), self.key_window)
+            result = flows.recorded_payment(record)
+            if result is None:
+                found = await self.find_payments_async(
+                    identity.key, since=record.created_at - self.search_margin
+                )
+                if found is not None:
+                    flows.settled(record, found, await in_thread(self.guard.store.now), self.key_window)
         intents = await flows.adrive(flows.charged_intents(result, found), self._do_async)
         return await flows.adrive(flows.undo(intents), self._do_async)
 

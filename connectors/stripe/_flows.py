@@ -11,6 +11,7 @@ arguments and its request) and the error mapping (:func:`map_error`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Generator, Mapping
@@ -39,7 +40,7 @@ from sagaguard.connectors.stripe._objects import (
     Resolution,
     plain,
 )
-from sagaguard.idempotency.codec import decode_error
+from sagaguard.idempotency.codec import Codec, decode_error
 from sagaguard.idempotency.effect import NOT_APPLIED, Applied, ReconcileRequest, Unknown
 from sagaguard.idempotency.errors import CodecError
 from sagaguard.idempotency.records import Record, State
@@ -250,14 +251,18 @@ class ChargeRequest:
     description: str | None
     metadata: Mapping[str, str] | None
     return_url: str | None = None
+    payment_method_types: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check_metadata(self.metadata)
 
     def arguments(self) -> dict[str, Any]:
         """The fingerprinted arguments (flat; also what the reconciler reads back). ``return_url``
-        only when given, so records made before it existed keep their fingerprint."""
-        extra = {} if self.return_url is None else {"return_url": self.return_url}
+        and ``payment_method_types`` only when given, so records made before they existed keep
+        their fingerprint."""
+        extra: dict[str, Any] = {} if self.return_url is None else {"return_url": self.return_url}
+        if self.payment_method_types is not None:
+            extra["payment_method_types"] = ",".join(self.payment_method_types)
         return {
             **extra,
             "amount": self.amount,
@@ -280,10 +285,12 @@ class ChargeRequest:
             "metadata": stamped(self.metadata, effect_key, CHARGE),
         }
         # Stripe refuses a confirm that could redirect the customer without a place to return to:
-        # either the caller gives one, or redirect-based payment methods are excluded.
+        # the caller gives one, or names the method types, or redirect-based ones are excluded.
         if self.return_url is not None:
             params["return_url"] = self.return_url
-        else:
+        if self.payment_method_types is not None:
+            params["payment_method_types"] = list(self.payment_method_types)
+        elif self.return_url is None:
             params["automatic_payment_methods"] = {"enabled": True, "allow_redirects": "never"}
         if self.customer is not None:
             params["customer"] = self.customer
@@ -536,6 +543,23 @@ def charged_intents(result: Payment | None, found: list[dict[str, Any]] | None) 
 UNCONFIRMED = ("requires_capture", "requires_action", "requires_confirmation")
 """PaymentIntents that may still move money and are undone by cancelling them: an authorisation,
 one waiting for its customer (3-D Secure), one not yet confirmed."""
+
+
+@functools.cache
+def _payment_codec() -> Codec[Payment]:
+    return Codec(Payment)
+
+
+def recorded_payment(record: Record) -> Payment | None:
+    """The Payment a SUCCEEDED charge record holds (a charge that needs customer action is one:
+    its caller got :class:`PaymentActionRequired`, so a saga compensation gets no result), else
+    None."""
+    if record.state is not State.SUCCEEDED or record.result is None:
+        return None
+    try:
+        return _payment_codec().decode(record.result)
+    except CodecError:
+        return None  # not a Payment (another effect's record): found by the listing instead
 
 
 def settled(record: Record, found: list[dict[str, Any]], now: float, key_window: float) -> None:
