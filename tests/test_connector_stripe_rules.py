@@ -9,6 +9,7 @@ are counted at the server, never in the code under test.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,6 +37,7 @@ from sagaguard.idempotency.codec import encode_error
 from sagaguard.idempotency.effect import NOT_APPLIED, Applied, Unknown
 from sagaguard.idempotency.keys import EffectIdentity
 from sagaguard.idempotency.records import Record
+from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext
 
 CARD = "pm_card_visa"
@@ -62,7 +64,7 @@ def memory(clock: FakeClock) -> MemoryStore:
     return MemoryStore(clock=clock)
 
 
-def effects(server: LocalStripe, store: MemoryStore, **options: Any) -> StripeEffects:
+def effects(server: LocalStripe, store: IdempotencyStore, **options: Any) -> StripeEffects:
     guard = options.pop("guard", None) or Guard(store, lease=LEASE, sleep=lambda s: None)
     options.setdefault("retry", FAST)
     options.setdefault("timeout", 2.0)
@@ -225,8 +227,9 @@ def test_an_in_doubt_charge_found_waiting_for_3ds_is_not_charged_again(
 
 
 def test_a_saved_500_moves_to_a_new_attempt_key_recorded_in_the_ledger(
-    server: LocalStripe, memory: MemoryStore, clock: FakeClock
+    server: LocalStripe, store: IdempotencyStore, clock: FakeClock
 ) -> None:
+    memory = store  # every backend: the attempt key is a record of the ledger
     server.fault("error", "/v1/payment_intents", method="POST", status=500)
     payments = effects(server, memory)
     with scope("saved-1"), pytest.raises((OutcomeUnknown, ProviderUnavailable)):
@@ -331,3 +334,47 @@ def test_a_found_payment_is_applied() -> None:
               "next_action": {"type": "use_stripe_sdk"}}  # fmt: skip
     resolution = flows.charge_resolution([intent], _record(60), KEY_WINDOW)
     assert isinstance(resolution, Applied) and resolution.result.next_action == "use_stripe_sdk"
+
+
+# ------------------------------------------------------------------------- the async twins
+
+
+def test_async_3ds_saved_500_and_key_in_progress(
+    server: LocalStripe, memory: MemoryStore, clock: FakeClock
+) -> None:
+    """The ``_async`` methods drive the same decisions: 3-D Secure raised and cancelled, a saved 500
+    moved to an attempt key, a compensation refusing to trust a key still in progress."""
+
+    async def main() -> None:
+        payments = effects(server, memory)
+        try:
+            with scope("async-3ds"), pytest.raises(PaymentActionRequired):
+                await payments.charge_async(4900, "usd", payment_method=THREE_DS)
+            with scope("async-3ds/~compensate"):
+                cancelled = await payments.undo_charges_async("async-3ds")
+            assert [c.status for c in cancelled] == ["canceled"]
+
+            server.fault("error", "/v1/payment_intents", method="POST", status=500)
+            with scope("async-500"), pytest.raises((OutcomeUnknown, ProviderUnavailable)):
+                await payments.charge_async(5000, "usd", payment_method=CARD)
+            after_lease(clock)
+            with scope("async-500"):
+                paid = await payments.charge_async(5000, "usd", payment_method=CARD)
+            assert paid.status == "succeeded"
+
+            server.fault("slow", "/v1/payment_intents", method="POST", seconds=2.0)
+            busy = effects(server, memory, timeout=0.3, retry=TWO)
+            try:
+                with scope("async-busy"), pytest.raises((OutcomeUnknown, ProviderUnavailable)):
+                    await busy.charge_async(5100, "usd", payment_method=CARD)
+                with scope("async-busy/~compensate"), pytest.raises(ProviderUnavailable, match="in progress"):
+                    await payments.undo_charges_async("async-busy")
+            finally:
+                await busy.aclose()
+        finally:
+            await payments.aclose()
+
+    asyncio.run(main())
+    until(lambda: server.counters().get("charges") == 2)  # the slow charge lands; none other
+    counters = server.counters()
+    assert (counters["cancels"], counters["charges"], counters.get("refunds", 0)) == (1, 2, 0)
