@@ -29,6 +29,7 @@ from sagaguard.connectors.stripe import (
     StripeEffects,
     refund_compensation,
 )
+from sagaguard.connectors.stripe import _evidence as evidence
 from sagaguard.connectors.stripe import _flows as flows
 from sagaguard.connectors.stripe._attempts import ATTEMPT, attempt_key, marker_key
 from sagaguard.connectors.testing import LocalStripe
@@ -143,7 +144,7 @@ def test_a_charge_whose_key_is_in_progress_is_not_compensated_as_not_applied(
     with scope("busy-1"), pytest.raises((OutcomeUnknown, ProviderUnavailable)):
         payments.charge(4300, "usd", payment_method=CARD)
     record = memory.get(charge_key("busy-1"))
-    assert record is not None and record.state is State.IN_DOUBT and flows.key_in_use(record)
+    assert record is not None and record.state is State.IN_DOUBT and evidence.key_in_use(record)
     assert server.counters()["in_use"] == 1
 
     with scope("busy-1/~compensate"), pytest.raises(ProviderUnavailable, match="in progress"):
@@ -248,6 +249,27 @@ def test_a_saved_500_moves_to_a_new_attempt_key_recorded_in_the_ledger(
     marker = memory.get(EffectIdentity.explicit("default", marker_key(identity.key, 1), ATTEMPT).key)
     assert marker is not None and marker.state is State.SUCCEEDED
     assert attempt_key(identity.provider_key, 1) in (marker.result or "")
+
+
+def test_a_replay_under_an_older_attempt_key_does_not_move_on_again(
+    server: LocalStripe, memory: MemoryStore, clock: FakeClock
+) -> None:
+    """Attempt key 1 was recorded (and may have been sent: the process died) after key 0's saved
+    500: the next resolution re-sends under key 1, never skips to key 2 while 1 may be in flight."""
+    server.fault("error", "/v1/payment_intents", method="POST", status=500)
+    payments = effects(server, memory)
+    with scope("saved-2"), pytest.raises((OutcomeUnknown, ProviderUnavailable)):
+        payments.charge(5200, "usd", payment_method=CARD)
+    identity = EffectIdentity.of("default", "saved-2", "stripe.charge", 0)
+    first_attempt = attempt_key(identity.provider_key, 1)
+    payments.guard.run(ATTEMPT, lambda: first_attempt, key=marker_key(identity.key, 1), result_type=str)
+    after_lease(clock)
+
+    with scope("saved-2"):
+        assert payments.charge(5200, "usd", payment_method=CARD).status == "succeeded"
+
+    second = EffectIdentity.explicit("default", marker_key(identity.key, 2), ATTEMPT).key
+    assert memory.get(second) is None and server.counters()["charges"] == 1
 
 
 # ------------------------------------------------------------------------------------ lower

@@ -41,10 +41,11 @@ from typing import Any, Literal, Protocol, TypeVar, overload
 import stripe
 
 from sagaguard.connectors.stripe import _attempts as attempts
+from sagaguard.connectors.stripe import _evidence as evidence
 from sagaguard.connectors.stripe import _flows as flows
 from sagaguard.connectors.stripe._async import AsyncStripeMethods
 from sagaguard.connectors.stripe._errors import MetadataRefused, PaymentActionRequired
-from sagaguard.connectors.stripe._flows import map_error
+from sagaguard.connectors.stripe._mapping import map_error
 from sagaguard.connectors.stripe._objects import (
     CANCEL,
     CHARGE,
@@ -208,11 +209,11 @@ class StripeEffects(AsyncStripeMethods):
             record = self.guard.store.get(identity.key)
             if record is None:
                 return []  # never claimed: the charge was not attempted
-            result = flows.recorded_payment(record)
+            result = evidence.recorded_payment(record)
             if result is None:
                 found = self.find_payments(identity.key, since=record.created_at - self.search_margin)
                 if found is not None:
-                    flows.settled(record, found, self.guard.store.now(), self.key_window)
+                    evidence.settled(record, found, self.guard.store.now(), self.key_window)
         intents = flows.drive(flows.charged_intents(result, found), self._do)
         return flows.drive(flows.undo(intents), self._do)
 
@@ -228,20 +229,23 @@ class StripeEffects(AsyncStripeMethods):
         query = flows.charge_query(request, self.search_margin)
         found = self.find_payments(request.identity.key, **query)
         resolution = flows.charge_resolution(found, request.record, self.key_window)
-        if isinstance(resolution, NotAppliedResolution) and flows.replayed_5xx(request.record):
-            self._next_attempt(request.identity)
+        if isinstance(resolution, NotAppliedResolution):
+            self._next_attempt_if_stuck(request)
         return resolution
 
-    def _next_attempt(self, identity: EffectIdentity) -> None:
-        generation = attempts.current_attempt(self.guard, identity) + 1
-        new_key = attempts.attempt_key(identity.provider_key, generation)
-        self.guard.run(
-            attempts.ATTEMPT,
-            lambda: new_key,
-            key=attempts.marker_key(identity.key, generation),
-            arguments={"generation": generation},
-            result_type=str,
-        )
+    def _next_attempt_if_stuck(self, request: ReconcileRequest) -> None:
+        """Record the next attempt key when the newest one is stuck on a replayed 5xx."""
+        identity = request.identity
+        generation = attempts.current_attempt(self.guard, identity)
+        if evidence.replayed_5xx(request.record, attempts.attempt_key(identity.provider_key, generation)):
+            new_key = attempts.attempt_key(identity.provider_key, generation + 1)
+            self.guard.run(
+                attempts.ATTEMPT,
+                lambda: new_key,
+                key=attempts.marker_key(identity.key, generation + 1),
+                arguments={"generation": generation + 1},
+                result_type=str,
+            )
 
     def reconcile_refund(self, request: ReconcileRequest) -> Resolution[Refund]:
         """Did the in-doubt refund happen? Refunds of the PaymentIntent, matched on metadata."""

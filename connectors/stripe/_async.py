@@ -13,8 +13,10 @@ from typing import Any, TypeVar
 import stripe
 
 from sagaguard.connectors.stripe import _attempts as attempts
+from sagaguard.connectors.stripe import _evidence as evidence
 from sagaguard.connectors.stripe import _flows as flows
 from sagaguard.connectors.stripe._base import StripeBase
+from sagaguard.connectors.stripe._mapping import map_error
 from sagaguard.connectors.stripe._objects import CANCEL, CHARGE, Payment, Refund, Resolution
 from sagaguard.idempotency.backends.offload import in_thread
 from sagaguard.idempotency.effect import NotAppliedResolution, ReconcileRequest
@@ -85,13 +87,13 @@ class AsyncStripeMethods(StripeBase):
             record = await in_thread(self.guard.store.get, identity.key)
             if record is None:
                 return []  # never claimed: the charge was not attempted
-            result = flows.recorded_payment(record)
+            result = evidence.recorded_payment(record)
             if result is None:
                 found = await self.find_payments_async(
                     identity.key, since=record.created_at - self.search_margin
                 )
                 if found is not None:
-                    flows.settled(record, found, await in_thread(self.guard.store.now), self.key_window)
+                    evidence.settled(record, found, await in_thread(self.guard.store.now), self.key_window)
         intents = await flows.adrive(flows.charged_intents(result, found), self._do_async)
         return await flows.adrive(flows.undo(intents), self._do_async)
 
@@ -100,13 +102,16 @@ class AsyncStripeMethods(StripeBase):
         query = flows.charge_query(request, self.search_margin)
         found = await self.find_payments_async(request.identity.key, **query)
         resolution = flows.charge_resolution(found, request.record, self.key_window)
-        if isinstance(resolution, NotAppliedResolution) and flows.replayed_5xx(request.record):
-            await self._next_attempt_async(request.identity)
+        if isinstance(resolution, NotAppliedResolution):
+            await self._next_attempt_if_stuck_async(request)
         return resolution
 
-    async def _next_attempt_async(self, identity: EffectIdentity) -> None:
-        generation = await in_thread(attempts.current_attempt, self.guard, identity) + 1
-        new_key = attempts.attempt_key(identity.provider_key, generation)
+    async def _next_attempt_if_stuck_async(self, request: ReconcileRequest) -> None:
+        identity = request.identity
+        generation = await in_thread(attempts.current_attempt, self.guard, identity)
+        if not evidence.replayed_5xx(request.record, attempts.attempt_key(identity.provider_key, generation)):
+            return
+        new_key = attempts.attempt_key(identity.provider_key, generation + 1)
 
         async def record() -> str:
             return new_key
@@ -114,8 +119,8 @@ class AsyncStripeMethods(StripeBase):
         await self.guard.arun(
             attempts.ATTEMPT,
             record,
-            key=attempts.marker_key(identity.key, generation),
-            arguments={"generation": generation},
+            key=attempts.marker_key(identity.key, generation + 1),
+            arguments={"generation": generation + 1},
             result_type=str,
         )
 
@@ -160,7 +165,7 @@ class AsyncStripeMethods(StripeBase):
             try:
                 answer = await method(*write.ids, params, self._options(provider_key))
             except stripe.StripeError as exc:
-                raise flows.map_error(exc, provider_key) from exc
+                raise map_error(exc, provider_key) from exc
             return write.result_type.of(answer)
 
         return await self.guard.arun(
@@ -184,4 +189,4 @@ class AsyncStripeMethods(StripeBase):
         try:
             return await self._async_method(op.resource, op.method)(*op.args, options=self._options())
         except stripe.StripeError as exc:
-            raise flows.map_error(exc) from exc
+            raise map_error(exc) from exc

@@ -6,27 +6,21 @@ reads and undo effects it needs (:class:`Read`, :class:`Undo`) and is sent their
 their exceptions thrown in); :func:`drive` runs one with sync calls, :func:`adrive` with awaited
 ones. Listing, matching on metadata, the search fallback and the choice between refund and void
 are written once, here, and so are the writes (:class:`Write`: the effect, its fingerprinted
-arguments and its request) and the error mapping (:func:`map_error`).
+arguments and its request). The error mapping is :mod:`._mapping`; what a charge's record says
+about its last attempt, :mod:`._evidence`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import stripe
-
-from sagaguard.connectors.errors import (
-    ProviderKeyConflict,
-    ProviderRejected,
-    ProviderUnavailable,
-    ProviderUnreachable,
-)
+from sagaguard.connectors.errors import ProviderRejected, ProviderUnavailable
 from sagaguard.connectors.stripe._errors import MetadataRefused, PaymentActionRequired
+from sagaguard.connectors.stripe._evidence import key_in_use
 from sagaguard.connectors.stripe._objects import (
     CANCEL,
     CAPTURE,
@@ -40,10 +34,8 @@ from sagaguard.connectors.stripe._objects import (
     Resolution,
     plain,
 )
-from sagaguard.idempotency.codec import Codec, decode_error
 from sagaguard.idempotency.effect import NOT_APPLIED, Applied, ReconcileRequest, Unknown
-from sagaguard.idempotency.errors import CodecError
-from sagaguard.idempotency.records import Record, State
+from sagaguard.idempotency.records import Record
 
 log = logging.getLogger("sagaguard.connectors.stripe")
 
@@ -107,71 +99,6 @@ async def adrive(flow: Flow[T], do: Callable[[Op], Awaitable[Any]]) -> T:
             answer = await do(op)
         except Exception as exc:
             error = exc
-
-
-# -- errors ---------------------------------------------------------------------------------------
-
-
-def map_error(exc: stripe.StripeError, provider_key: str = "") -> Exception:
-    """The connector error for an exception of the Stripe SDK.
-
-    =================================================  ===========================  =================
-    SDK exception                                      raised as                    disposition
-    =================================================  ===========================  =================
-    ``CardError`` (402)                                ``ProviderRejected``         not applied
-    ``InvalidRequestError`` (400, 404)                 ``ProviderRejected``         not applied
-    ``RateLimitError`` (429)                           ``ProviderRejected(retry)``  not applied, retry
-    ``AuthenticationError``, ``PermissionError``       ``ProviderRejected(retry)``  not applied, retry
-    ``IdempotencyError`` (400 ``idempotency_error``)   ``ProviderKeyConflict``      not applied
-    ``APIError`` 409 ``idempotency_key_in_use``        ``ProviderUnavailable``      ambiguous
-    ``APIError`` (5xx, other), ``APIConnectionError``  ``ProviderUnavailable``      ambiguous
-    ``APIConnectionError`` from a refused connection   ``ProviderUnreachable``      not applied, retry
-    =================================================  ===========================  =================
-
-    A refused key or permission is retried, never recorded as FAILED: once the configuration is
-    fixed, the same effect must be able to run. A 5xx that Stripe replays under the key
-    (``Idempotent-Replayed: true``) has the code :data:`REPLAYED_5XX`: the first request under that
-    key finished with it, which is what lets the reconciler move to a new attempt key.
-    """
-    status = exc.http_status
-    message = exc.user_message or str(exc) or type(exc).__name__
-    # The SDK leaves ``code`` unset on an APIError (409 and 5xx): Stripe's body still has it.
-    code = exc.code or (exc.error.code if exc.error is not None else None)
-    if isinstance(exc, stripe.CardError):
-        decline = exc.error.decline_code if exc.error is not None else None
-        return ProviderRejected(message, "stripe", status, decline or code)
-    if isinstance(exc, stripe.IdempotencyError):
-        return ProviderKeyConflict(message, "stripe", status, "idempotency_error", provider_key)
-    if isinstance(exc, stripe.RateLimitError | stripe.AuthenticationError | stripe.PermissionError):
-        return ProviderRejected(message, "stripe", status, code, True)
-    if isinstance(exc, stripe.InvalidRequestError):
-        return ProviderRejected(message, "stripe", status, code)
-    if isinstance(exc, stripe.APIConnectionError) and _refused(exc):
-        return ProviderUnreachable(message, "stripe", None, "connection_refused")
-    if status is not None and status >= 500 and _replayed(exc):
-        return ProviderUnavailable(message, "stripe", status, REPLAYED_5XX)
-    return ProviderUnavailable(message, "stripe", status, code)
-
-
-REPLAYED_5XX = "idempotent_replayed"
-"""The code of a 5xx Stripe replayed under its idempotency key (see :func:`map_error`)."""
-
-
-def _refused(exc: BaseException) -> bool:
-    """Whether a connection error was a refused connection (nothing was sent), by its causes."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, ConnectionRefusedError):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
-
-
-def _replayed(exc: stripe.StripeError) -> bool:
-    headers = exc.headers or {}
-    return any(k.lower() == "idempotent-replayed" and str(v).lower() == "true" for k, v in headers.items())
 
 
 # -- requests -------------------------------------------------------------------------------------
@@ -474,42 +401,6 @@ def charge_resolution(
     return NOT_APPLIED
 
 
-def _last_error(record: Record) -> tuple[str, list[Any]] | None:
-    """The type name and arguments of the record's last recorded error, if readable."""
-    if not record.error:
-        return None
-    try:
-        info = decode_error(record.error)
-    except CodecError:
-        return None
-    return info.type_name, info.args
-
-
-def _last_code(record: Record, status_at_least: int = 0) -> str | None:
-    """The code of the record's last :class:`ProviderUnavailable` (a status below
-    ``status_at_least`` counts as none)."""
-    last = _last_error(record)
-    if last is None or not last[0].endswith("ProviderUnavailable") or len(last[1]) < 4:
-        return None
-    status = last[1][2]
-    if status_at_least and not (isinstance(status, int) and status >= status_at_least):
-        return None
-    code = last[1][3]
-    return code if isinstance(code, str) else None
-
-
-def key_in_use(record: Record) -> bool:
-    """Whether the record's last attempt was answered 409 ``idempotency_key_in_use``: a request
-    under its key was still executing at Stripe, so an empty listing proves nothing yet."""
-    return _last_code(record) == "idempotency_key_in_use"
-
-
-def replayed_5xx(record: Record) -> bool:
-    """Whether the record's last attempt got a 5xx that Stripe replayed under its key: the first
-    request under that key has finished, and every re-send under it gets the same answer."""
-    return _last_code(record, 500) == REPLAYED_5XX
-
-
 def reconcile_refund(request: ReconcileRequest, max_pages: int) -> Flow[Resolution[Refund]]:
     """Did the in-doubt refund happen? Refunds of the PaymentIntent, matched on metadata."""
     params = {"payment_intent": request.arguments["payment_intent"], "limit": 100}
@@ -543,42 +434,6 @@ def charged_intents(result: Payment | None, found: list[dict[str, Any]] | None) 
 UNCONFIRMED = ("requires_capture", "requires_action", "requires_confirmation")
 """PaymentIntents that may still move money and are undone by cancelling them: an authorisation,
 one waiting for its customer (3-D Secure), one not yet confirmed."""
-
-
-@functools.cache
-def _payment_codec() -> Codec[Payment]:
-    return Codec(Payment)
-
-
-def recorded_payment(record: Record) -> Payment | None:
-    """The Payment a SUCCEEDED charge record holds (a charge that needs customer action is one:
-    its caller got :class:`PaymentActionRequired`, so a saga compensation gets no result), else
-    None."""
-    if record.state is not State.SUCCEEDED or record.result is None:
-        return None
-    try:
-        return _payment_codec().decode(record.result)
-    except CodecError:
-        return None  # not a Payment (another effect's record): found by the listing instead
-
-
-def settled(record: Record, found: list[dict[str, Any]], now: float, key_window: float) -> None:
-    """Refuse to trust an empty listing for a charge whose key was last seen in progress at Stripe
-    (409) less than ``key_window`` ago: that request may still make a PaymentIntent, so the
-    compensation must be retried later, never end as "nothing to undo".
-
-    Raises:
-        ProviderUnavailable: the charge may still be in progress at Stripe.
-    """
-    young = now - record.created_at < key_window
-    if not found and record.state is not State.SUCCEEDED and key_in_use(record) and young:
-        raise ProviderUnavailable(
-            "the charge's idempotency key was still in progress at Stripe (409): what it made "
-            "cannot be known yet; retry the compensation later",
-            "stripe",
-            409,
-            "idempotency_key_in_use",
-        )
 
 
 def undo(intents: list[dict[str, Any]]) -> Flow[list[Payment | Refund]]:
