@@ -40,6 +40,7 @@ from sagaguard.idempotency.keys import EffectIdentity
 from sagaguard.idempotency.records import Record
 from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.saga import MemoryJournal, Saga, SagaRunner, SagaState, StepContext
+from sagaguard.saga.recovery import recover
 
 CARD = "pm_card_visa"
 THREE_DS = "pm_card_threeDSecure2Required"
@@ -158,8 +159,10 @@ def test_a_charge_whose_key_is_in_progress_is_not_compensated_as_not_applied(
 
 
 def test_a_saga_whose_charge_key_is_in_progress_does_not_end_compensated(
-    server: LocalStripe, memory: MemoryStore
+    server: LocalStripe, memory: MemoryStore, clock: FakeClock
 ) -> None:
+    """Parked COMPENSATING (retried later by the worker), never COMPENSATED on an empty listing;
+    the worker's retry after Stripe finished refunds the charge, once."""
     server.fault("slow", "/v1/payment_intents", method="POST", seconds=2.0)
     payments = effects(server, memory, timeout=0.3, retry=TWO)
     trip = Saga("trip-busy", input=int)
@@ -168,11 +171,18 @@ def test_a_saga_whose_charge_key_is_in_progress_does_not_end_compensated(
     def charge(ctx: StepContext, amount: int) -> Payment:
         return payments.charge(amount, "usd", payment_method=CARD)
 
-    runner = SagaRunner(MemoryJournal(), payments.guard, sleep=lambda s: None, renewer=False)
+    journal = MemoryJournal(clock=clock)
+    runner = SagaRunner(journal, payments.guard, sleep=lambda s: None, renewer=False)
     outcome = runner.run(trip, "busy-2", 4400)
+    assert outcome.state is SagaState.COMPENSATING, outcome  # the charge may still land
 
-    assert outcome.state is not SagaState.COMPENSATED, "the charge may still land: not compensated yet"
-    until(lambda: server.counters().get("charges") == 1)
+    until(lambda: server.counters().get("charges") == 1)  # Stripe finishes the first request
+    snapshot = journal.load("busy-2")
+    assert snapshot is not None
+    clock.advance(max(snapshot.saga.lease_until - clock.now, 0.0) + 0.001)  # the retry is due
+    report = recover(journal, payments.guard, trip, sleep=lambda s: None)
+    assert report.outcomes["busy-2"].state is SagaState.COMPENSATED
+    assert server.counters()["refunds"] == 1
 
 
 # --------------------------------------------------------------------------------- 3. 3-D Secure
