@@ -16,12 +16,16 @@ Every call is a guarded effect (:class:`~sagaguard.idempotency.guard.Guard`) wit
   ``sagaguard_effect``: its name), so the object can be found again after the window;
 - **the SDK's own network retries set to 0** on every request (``network_retries=``), so the
   guard's retry budget is the only one and attempts are never multiplied;
-- **the error mapping** of :func:`map_error`: card and validation errors are *not applied*;
-  connection errors, timeouts, 5xx and 409 ``idempotency_key_in_use`` are *ambiguous*;
-  ``IdempotencyError`` is a :class:`~sagaguard.connectors.errors.ProviderKeyConflict`;
+- **the error mapping** of :func:`map_error`: card and validation errors and refused connections
+  are *not applied*; other connection errors, timeouts, 5xx and 409 ``idempotency_key_in_use``
+  are *ambiguous*; ``IdempotencyError`` is a :class:`~sagaguard.connectors.errors.ProviderKeyConflict`;
+- **customer action as its own outcome**: a PaymentIntent left ``requires_action`` (3-D Secure)
+  raises :class:`PaymentActionRequired`, and the compensation cancels it;
 - **a reconciler** that settles an in-doubt call by asking Stripe: the list endpoints, filtered by
-  creation time and matched on metadata (read-after-write consistent), with search only as a
-  fallback (it lags);
+  creation time, paged by ``starting_after`` and matched on metadata (read-after-write
+  consistent), with search only as a fallback (it lags); an empty listing proves nothing while the
+  key was last seen in progress (409), and a key stuck on a replayed 5xx moves to a new attempt
+  key recorded in the ledger;
 - **a compensation**: :meth:`StripeEffects.undo_charges` refunds (or voids) whatever a charge
   effect made, found by its identity even when the charge's result was never recorded;
   :func:`refund_compensation` is that as a saga step compensation.
