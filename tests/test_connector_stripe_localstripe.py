@@ -25,6 +25,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,7 +58,7 @@ def _answers(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def localstripe() -> Iterator[str]:
+def localstripe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """localstripe's address, in its own process (ended when the module is done)."""
     if importlib.util.find_spec("localstripe") is None:
         reason = "localstripe is not installed (pip install -e '.[dev]')"
@@ -65,17 +66,19 @@ def localstripe() -> Iterator[str]:
             pytest.fail(reason)
         pytest.skip(reason)
     port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "localstripe", "--port", str(port)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    log = tmp_path_factory.mktemp("localstripe") / "log.txt"
+    with log.open("wb") as out:  # a file, not a pipe: its access log never fills a pipe and stalls
+        process = subprocess.Popen(
+            [sys.executable, "-m", "localstripe", "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         while not _answers(port):  # the module's timeout bounds the wait
             if process.poll() is not None:
-                err = process.stderr.read().decode(errors="replace") if process.stderr else ""
-                pytest.skip(f"localstripe did not start: {err[-500:]}")
+                pytest.skip(f"localstripe did not start: {log.read_text(errors='replace')[-500:]}")
+            time.sleep(0.05)  # a poll interval while it starts
         yield f"http://127.0.0.1:{port}"
     finally:
         process.kill()
