@@ -296,8 +296,8 @@ def test_public_api_is_locked() -> None:
         recorded_output
             tool_options""",
         sagaguard.connectors.in_doubt: "OnDoubt Pending ReturnPending Stop WaitForOperator asettle settle",
-        sagaguard.connectors.stripe: """CHARGE KEY_WINDOW METADATA_KEY Payment Refund StripeEffects map_error
-            refund_compensation""",
+        sagaguard.connectors.stripe: """CHARGE KEY_WINDOW METADATA_KEY MetadataRefused Payment
+            PaymentActionRequired Refund StripeEffects map_error refund_compensation""",
         sagaguard.connectors.email: "SEND Email EmailEffects Sent SmtpSettings map_smtp_error message_id_for",
         sagaguard.connectors.http: """HEADER AsyncIdempotentHttp HttpResult IdempotentHttp header_value
         map_response

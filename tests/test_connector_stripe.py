@@ -116,6 +116,7 @@ def test_the_payment_intent_carries_the_provider_key_and_the_effect_identity(
     params: Any = {
         "amount": 500, "currency": "usd", "payment_method": CARD, "confirm": True,
         "capture_method": "automatic", "metadata": intent.metadata.to_dict(),
+        "automatic_payment_methods": {"enabled": True, "allow_redirects": "never"},
     }  # fmt: skip
     replay = sdk(server).v1.payment_intents.create(params, {"idempotency_key": identity.provider_key})
     assert replay.id == payment.id

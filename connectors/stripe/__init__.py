@@ -16,12 +16,16 @@ Every call is a guarded effect (:class:`~sagaguard.idempotency.guard.Guard`) wit
   ``sagaguard_effect``: its name), so the object can be found again after the window;
 - **the SDK's own network retries set to 0** on every request (``network_retries=``), so the
   guard's retry budget is the only one and attempts are never multiplied;
-- **the error mapping** of :func:`map_error`: card and validation errors are *not applied*;
-  connection errors, timeouts, 5xx and 409 ``idempotency_key_in_use`` are *ambiguous*;
-  ``IdempotencyError`` is a :class:`~sagaguard.connectors.errors.ProviderKeyConflict`;
+- **the error mapping** of :func:`map_error`: card and validation errors and refused connections
+  are *not applied*; other connection errors, timeouts, 5xx and 409 ``idempotency_key_in_use``
+  are *ambiguous*; ``IdempotencyError`` is a :class:`~sagaguard.connectors.errors.ProviderKeyConflict`;
+- **customer action as its own outcome**: a PaymentIntent left ``requires_action`` (3-D Secure)
+  raises :class:`PaymentActionRequired`, and the compensation cancels it;
 - **a reconciler** that settles an in-doubt call by asking Stripe: the list endpoints, filtered by
-  creation time and matched on metadata (read-after-write consistent), with search only as a
-  fallback (it lags);
+  creation time, paged by ``starting_after`` and matched on metadata (read-after-write
+  consistent), with search only as a fallback (it lags); an empty listing proves nothing while the
+  key was last seen in progress (409), and a key stuck on a replayed 5xx moves to a new attempt
+  key recorded in the ledger;
 - **a compensation**: :meth:`StripeEffects.undo_charges` refunds (or voids) whatever a charge
   effect made, found by its identity even when the charge's result was never recorded;
   :func:`refund_compensation` is that as a saga step compensation.
@@ -35,14 +39,17 @@ methods only drive them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, overload
 
 import stripe
 
+from sagaguard.connectors.stripe import _attempts as attempts
+from sagaguard.connectors.stripe import _evidence as evidence
 from sagaguard.connectors.stripe import _flows as flows
 from sagaguard.connectors.stripe._async import AsyncStripeMethods
-from sagaguard.connectors.stripe._flows import map_error
+from sagaguard.connectors.stripe._errors import MetadataRefused, PaymentActionRequired
+from sagaguard.connectors.stripe._mapping import map_error
 from sagaguard.connectors.stripe._objects import (
     CANCEL,
     CHARGE,
@@ -52,7 +59,7 @@ from sagaguard.connectors.stripe._objects import (
     Refund,
     Resolution,
 )
-from sagaguard.idempotency.effect import ReconcileRequest
+from sagaguard.idempotency.effect import NotAppliedResolution, ReconcileRequest
 from sagaguard.idempotency.effect import current_effect as _current_effect
 from sagaguard.idempotency.keys import EffectIdentity
 
@@ -60,7 +67,9 @@ __all__ = [
     "CHARGE",
     "KEY_WINDOW",
     "METADATA_KEY",
+    "MetadataRefused",
     "Payment",
+    "PaymentActionRequired",
     "Refund",
     "StripeEffects",
     "map_error",
@@ -99,8 +108,9 @@ class StripeEffects(AsyncStripeMethods):
         search_margin: seconds before the record's creation that the reconciler lists from
             (clock skew between the store and Stripe).
         max_list_pages: pages of 100 the reconciler lists before it falls back to search.
-        search_lag: seconds after which search is trusted to be complete (Stripe: up to an hour
-            in outages); a search miss on a younger record is "unknown".
+        search_lag: seconds after which search is trusted to be complete (default two hours:
+            Stripe's index lags up to an hour in outages, and an hour is left as margin); a search
+            miss on a younger record is "unknown".
     """
 
     # -- effects --------------------------------------------------------------------------------
@@ -115,9 +125,16 @@ class StripeEffects(AsyncStripeMethods):
         capture: bool = True,
         description: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        return_url: str | None = None,
+        payment_method_types: Sequence[str] | None = None,
         key: str | None = None,
     ) -> Payment:
         """Create and confirm a PaymentIntent (one request, ``confirm=true``): the effect ``stripe.charge``.
+
+        Without ``return_url`` or ``payment_method_types`` the PaymentIntent excludes
+        redirect-based payment methods (``automatic_payment_methods[allow_redirects]=never``), which
+        Stripe requires of a confirm without a return address; cards that need 3-D Secure still
+        work, through :class:`PaymentActionRequired`.
 
         Args:
             amount: in the currency's smallest unit.
@@ -126,18 +143,27 @@ class StripeEffects(AsyncStripeMethods):
             customer: the Customer, if any (also narrows the reconciler's listing).
             capture: False authorises only (``capture_method=manual``); :meth:`capture` later.
             description: shown in the dashboard.
-            metadata: your own metadata; ``sagaguard_key`` and ``sagaguard_effect`` are added.
+            metadata: your own metadata (up to 48 keys); ``sagaguard_key`` and ``sagaguard_effect``
+                are added.
+            return_url: where a redirect-based payment method returns the customer.
+            payment_method_types: the method types allowed (``["card"]``) instead of
+                ``automatic_payment_methods`` (servers without it, such as localstripe).
             key: an explicit effect key instead of scope + ordinal.
 
         Raises:
+            PaymentActionRequired: the PaymentIntent waits for the customer (3-D Secure): not
+                paid; recorded, replayed as this error, cancelled by the charge's compensation.
+            MetadataRefused: ``metadata`` uses the connector's fields or breaks Stripe's limits
+                (nothing sent).
             ProviderRejected: declined or invalid (not applied; recorded and replayed).
             ProviderKeyConflict: the idempotency key was used with other parameters.
             OutcomeUnknown: the charge may have happened and nothing could settle it yet.
         """
         request = flows.ChargeRequest(
-            amount, currency, payment_method, customer, capture, description, metadata
-        )
-        return self._write(request.write(), key, self.reconcile_charge)
+            amount, currency, payment_method, customer, capture, description, metadata, return_url,
+            None if payment_method_types is None else tuple(payment_method_types),
+        )  # fmt: skip
+        return flows.delivered(self._write(request.write(), key, self.reconcile_charge))
 
     def capture(self, payment_intent: str, *, amount: int | None = None, key: str | None = None) -> Payment:
         """Capture an authorised PaymentIntent: the effect ``stripe.capture``."""
@@ -170,13 +196,16 @@ class StripeEffects(AsyncStripeMethods):
 
         The charge is found by its identity: the recorded ``result`` if given, else every
         PaymentIntent whose metadata carries the effect's key (so a charge whose result was never
-        recorded is refunded too). Already refunded or canceled PaymentIntents are skipped.
+        recorded is refunded too). One waiting for its customer (3-D Secure) or not yet confirmed is
+        cancelled. Already refunded or canceled PaymentIntents are skipped.
 
         Returns:
             The refunds and voided payments made (replayed ones included).
 
         Raises:
-            ProviderUnavailable: Stripe cannot be asked, or cannot tell yet: retry later.
+            ProviderUnavailable: Stripe cannot be asked, or cannot tell yet (among others: the
+                charge's key was last seen in progress at Stripe and nothing is listed yet):
+                retry later.
         """
         identity = EffectIdentity.of(self.guard.namespace, scope, effect, ordinal)
         found = None
@@ -184,16 +213,43 @@ class StripeEffects(AsyncStripeMethods):
             record = self.guard.store.get(identity.key)
             if record is None:
                 return []  # never claimed: the charge was not attempted
-            found = self.find_payments(identity.key, since=record.created_at - self.search_margin)
+            result = evidence.recorded_payment(record)
+            if result is None:
+                found = self.find_payments(identity.key, since=record.created_at - self.search_margin)
+                if found is not None:
+                    evidence.settled(record, found, self.guard.store.now(), self.key_window)
         intents = flows.drive(flows.charged_intents(result, found), self._do)
         return flows.drive(flows.undo(intents), self._do)
 
     # -- reconcilers ------------------------------------------------------------------------------
 
     def reconcile_charge(self, request: ReconcileRequest) -> Resolution[Payment]:
-        """Did the in-doubt charge make a PaymentIntent? Found by the effect key in its metadata."""
+        """Did the in-doubt charge make a PaymentIntent? Found by the effect key in its metadata.
+
+        When nothing was made and the key's answer is a 5xx Stripe replays, the next attempt key is
+        recorded in the ledger first (:mod:`sagaguard.connectors.stripe._attempts`), so the re-send
+        gets past it.
+        """
         query = flows.charge_query(request, self.search_margin)
-        return flows.charge_resolution(self.find_payments(request.identity.key, **query))
+        found = self.find_payments(request.identity.key, **query)
+        resolution = flows.charge_resolution(found, request.record, self.key_window)
+        if isinstance(resolution, NotAppliedResolution):
+            self._next_attempt_if_stuck(request)
+        return resolution
+
+    def _next_attempt_if_stuck(self, request: ReconcileRequest) -> None:
+        """Record the next attempt key when the newest one is stuck on a replayed 5xx."""
+        identity = request.identity
+        generation = attempts.current_attempt(self.guard, identity)
+        if evidence.replayed_5xx(request.record, attempts.attempt_key(identity.provider_key, generation)):
+            new_key = attempts.attempt_key(identity.provider_key, generation + 1)
+            self.guard.run(
+                attempts.ATTEMPT,
+                lambda: new_key,
+                key=attempts.marker_key(identity.key, generation + 1),
+                arguments={"generation": generation + 1},
+                result_type=str,
+            )
 
     def reconcile_refund(self, request: ReconcileRequest) -> Resolution[Refund]:
         """Did the in-doubt refund happen? Refunds of the PaymentIntent, matched on metadata."""
@@ -231,10 +287,14 @@ class StripeEffects(AsyncStripeMethods):
             effect = _current_effect()
             method = getattr(getattr(self.client.v1, write.resource), write.method)
             params = write.params(effect.key)
+            provider_key = effect.provider_key
+            if write.effect == CHARGE and effect.token > 1:  # taken over: a new attempt key may exist
+                generation = attempts.current_attempt(self.guard, effect.identity)
+                provider_key = attempts.attempt_key(provider_key, generation)
             try:
-                answer = method(*write.ids, params, self._options(effect.provider_key))
+                answer = method(*write.ids, params, self._options(provider_key))
             except stripe.StripeError as exc:
-                raise map_error(exc, effect.provider_key) from exc
+                raise map_error(exc, provider_key) from exc
             return write.result_type.of(answer)
 
         return self.guard.run(

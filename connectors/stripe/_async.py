@@ -7,16 +7,19 @@ those of :mod:`sagaguard.connectors.stripe._flows`, shared with the sync methods
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import stripe
 
+from sagaguard.connectors.stripe import _attempts as attempts
+from sagaguard.connectors.stripe import _evidence as evidence
 from sagaguard.connectors.stripe import _flows as flows
 from sagaguard.connectors.stripe._base import StripeBase
+from sagaguard.connectors.stripe._mapping import map_error
 from sagaguard.connectors.stripe._objects import CANCEL, CHARGE, Payment, Refund, Resolution
 from sagaguard.idempotency.backends.offload import in_thread
-from sagaguard.idempotency.effect import ReconcileRequest
+from sagaguard.idempotency.effect import NotAppliedResolution, ReconcileRequest
 from sagaguard.idempotency.effect import current_effect as _current_effect
 from sagaguard.idempotency.keys import EffectIdentity
 
@@ -36,14 +39,17 @@ class AsyncStripeMethods(StripeBase):
         capture: bool = True,
         description: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        return_url: str | None = None,
+        payment_method_types: Sequence[str] | None = None,
         key: str | None = None,
     ) -> Payment:
         """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.charge`: the same effect
         (``stripe.charge``, same key, same record), so a charge made by either is replayed by both."""
         request = flows.ChargeRequest(
-            amount, currency, payment_method, customer, capture, description, metadata
-        )
-        return await self._write_async(request.write(), key, self.reconcile_charge_async)
+            amount, currency, payment_method, customer, capture, description, metadata, return_url,
+            None if payment_method_types is None else tuple(payment_method_types),
+        )  # fmt: skip
+        return flows.delivered(await self._write_async(request.write(), key, self.reconcile_charge_async))
 
     async def capture_async(
         self, payment_intent: str, *, amount: int | None = None, key: str | None = None
@@ -81,14 +87,42 @@ class AsyncStripeMethods(StripeBase):
             record = await in_thread(self.guard.store.get, identity.key)
             if record is None:
                 return []  # never claimed: the charge was not attempted
-            found = await self.find_payments_async(identity.key, since=record.created_at - self.search_margin)
+            result = evidence.recorded_payment(record)
+            if result is None:
+                found = await self.find_payments_async(
+                    identity.key, since=record.created_at - self.search_margin
+                )
+                if found is not None:
+                    evidence.settled(record, found, await in_thread(self.guard.store.now), self.key_window)
         intents = await flows.adrive(flows.charged_intents(result, found), self._do_async)
         return await flows.adrive(flows.undo(intents), self._do_async)
 
     async def reconcile_charge_async(self, request: ReconcileRequest) -> Resolution[Payment]:
         """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.reconcile_charge`."""
         query = flows.charge_query(request, self.search_margin)
-        return flows.charge_resolution(await self.find_payments_async(request.identity.key, **query))
+        found = await self.find_payments_async(request.identity.key, **query)
+        resolution = flows.charge_resolution(found, request.record, self.key_window)
+        if isinstance(resolution, NotAppliedResolution):
+            await self._next_attempt_if_stuck_async(request)
+        return resolution
+
+    async def _next_attempt_if_stuck_async(self, request: ReconcileRequest) -> None:
+        identity = request.identity
+        generation = await in_thread(attempts.current_attempt, self.guard, identity)
+        if not evidence.replayed_5xx(request.record, attempts.attempt_key(identity.provider_key, generation)):
+            return
+        new_key = attempts.attempt_key(identity.provider_key, generation + 1)
+
+        async def record() -> str:
+            return new_key
+
+        await self.guard.arun(
+            attempts.ATTEMPT,
+            record,
+            key=attempts.marker_key(identity.key, generation + 1),
+            arguments={"generation": generation + 1},
+            result_type=str,
+        )
 
     async def reconcile_refund_async(self, request: ReconcileRequest) -> Resolution[Refund]:
         """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.reconcile_refund`."""
@@ -124,10 +158,14 @@ class AsyncStripeMethods(StripeBase):
             effect = _current_effect()
             method = self._async_method(write.resource, write.method)
             params = write.params(effect.key)
+            provider_key = effect.provider_key
+            if write.effect == CHARGE and effect.token > 1:  # taken over: a new attempt key may exist
+                generation = await in_thread(attempts.current_attempt, self.guard, effect.identity)
+                provider_key = attempts.attempt_key(provider_key, generation)
             try:
-                answer = await method(*write.ids, params, self._options(effect.provider_key))
+                answer = await method(*write.ids, params, self._options(provider_key))
             except stripe.StripeError as exc:
-                raise flows.map_error(exc, effect.provider_key) from exc
+                raise map_error(exc, provider_key) from exc
             return write.result_type.of(answer)
 
         return await self.guard.arun(
@@ -151,4 +189,4 @@ class AsyncStripeMethods(StripeBase):
         try:
             return await self._async_method(op.resource, op.method)(*op.args, options=self._options())
         except stripe.StripeError as exc:
-            raise flows.map_error(exc) from exc
+            raise map_error(exc) from exc

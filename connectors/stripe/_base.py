@@ -33,7 +33,7 @@ class StripeBase:
         key_window: float = KEY_WINDOW,
         search_margin: float = 600.0,
         max_list_pages: int = 10,
-        search_lag: float = 3600.0,
+        search_lag: float = 7200.0,
     ) -> None:
         if client is None:
             if not api_key:

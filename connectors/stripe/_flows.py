@@ -6,19 +6,21 @@ reads and undo effects it needs (:class:`Read`, :class:`Undo`) and is sent their
 their exceptions thrown in); :func:`drive` runs one with sync calls, :func:`adrive` with awaited
 ones. Listing, matching on metadata, the search fallback and the choice between refund and void
 are written once, here, and so are the writes (:class:`Write`: the effect, its fingerprinted
-arguments and its request) and the error mapping (:func:`map_error`).
+arguments and its request). The error mapping is :mod:`._mapping`; what a charge's record says
+about its last attempt, :mod:`._evidence`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import stripe
-
-from sagaguard.connectors.errors import ProviderKeyConflict, ProviderRejected, ProviderUnavailable
+from sagaguard.connectors.errors import ProviderRejected, ProviderUnavailable
+from sagaguard.connectors.stripe._errors import MetadataRefused, PaymentActionRequired
+from sagaguard.connectors.stripe._evidence import key_in_use
 from sagaguard.connectors.stripe._objects import (
     CANCEL,
     CAPTURE,
@@ -33,6 +35,9 @@ from sagaguard.connectors.stripe._objects import (
     plain,
 )
 from sagaguard.idempotency.effect import NOT_APPLIED, Applied, ReconcileRequest, Unknown
+from sagaguard.idempotency.records import Record
+
+log = logging.getLogger("sagaguard.connectors.stripe")
 
 T = TypeVar("T")
 R = TypeVar("R", Payment, Refund)
@@ -96,42 +101,6 @@ async def adrive(flow: Flow[T], do: Callable[[Op], Awaitable[Any]]) -> T:
             error = exc
 
 
-# -- errors ---------------------------------------------------------------------------------------
-
-
-def map_error(exc: stripe.StripeError, provider_key: str = "") -> Exception:
-    """The connector error for an exception of the Stripe SDK.
-
-    =================================================  ===========================  =================
-    SDK exception                                      raised as                    disposition
-    =================================================  ===========================  =================
-    ``CardError`` (402)                                ``ProviderRejected``         not applied
-    ``InvalidRequestError`` (400, 404)                 ``ProviderRejected``         not applied
-    ``RateLimitError`` (429)                           ``ProviderRejected(retry)``  not applied, retry
-    ``AuthenticationError``, ``PermissionError``       ``ProviderRejected(retry)``  not applied, retry
-    ``IdempotencyError`` (400 ``idempotency_error``)   ``ProviderKeyConflict``      not applied
-    ``APIError`` 409 ``idempotency_key_in_use``        ``ProviderUnavailable``      ambiguous
-    ``APIError`` (5xx, other), ``APIConnectionError``  ``ProviderUnavailable``      ambiguous
-    =================================================  ===========================  =================
-
-    A refused key or permission is retried, never recorded as FAILED: once the configuration is
-    fixed, the same effect must be able to run.
-    """
-    status = exc.http_status
-    message = exc.user_message or str(exc) or type(exc).__name__
-    code = exc.code
-    if isinstance(exc, stripe.CardError):
-        decline = exc.error.decline_code if exc.error is not None else None
-        return ProviderRejected(message, "stripe", status, decline or code)
-    if isinstance(exc, stripe.IdempotencyError):
-        return ProviderKeyConflict(message, "stripe", status, "idempotency_error", provider_key)
-    if isinstance(exc, stripe.RateLimitError | stripe.AuthenticationError | stripe.PermissionError):
-        return ProviderRejected(message, "stripe", status, code, True)
-    if isinstance(exc, stripe.InvalidRequestError):
-        return ProviderRejected(message, "stripe", status, code)
-    return ProviderUnavailable(message, "stripe", status, code)
-
-
 # -- requests -------------------------------------------------------------------------------------
 
 
@@ -167,6 +136,36 @@ def stamped(metadata: Mapping[str, str] | None, effect_key: str, effect: str) ->
     return {**(metadata or {}), METADATA_KEY: effect_key, METADATA_EFFECT: effect}
 
 
+METADATA_LIMITS = (50, 40, 500)
+"""Stripe's metadata limits: keys per object, characters per key, characters per value."""
+
+
+def check_metadata(metadata: Mapping[str, str] | None) -> None:
+    """Refuse metadata that Stripe would refuse or that would hide the effect's identity.
+
+    Raises:
+        MetadataRefused: a field the connector writes is given, or Stripe's limits are broken.
+    """
+    if not metadata:
+        return
+    ours = sorted({METADATA_KEY, METADATA_EFFECT} & set(metadata))
+    if ours:
+        raise MetadataRefused(f"metadata field(s) {ours} are written by sagaguard: use other names")
+    keys, key_chars, value_chars = METADATA_LIMITS
+    if len(metadata) > keys - 2:
+        raise MetadataRefused(
+            f"{len(metadata)} metadata keys: Stripe allows {keys}, and sagaguard adds 2 of them"
+        )
+    for name, value in metadata.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise MetadataRefused(f"metadata {name!r}: keys and values must be strings")
+        if len(name) > key_chars or len(value) > value_chars:
+            raise MetadataRefused(
+                f"metadata {name[:40]!r}: Stripe allows keys up to {key_chars} characters and values"
+                f" up to {value_chars}"
+            )
+
+
 @dataclass(frozen=True, slots=True)
 class ChargeRequest:
     """A charge's arguments: what is fingerprinted, and the PaymentIntent create parameters."""
@@ -178,10 +177,21 @@ class ChargeRequest:
     capture: bool
     description: str | None
     metadata: Mapping[str, str] | None
+    return_url: str | None = None
+    payment_method_types: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        check_metadata(self.metadata)
 
     def arguments(self) -> dict[str, Any]:
-        """The fingerprinted arguments (flat; also what the reconciler reads back)."""
+        """The fingerprinted arguments (flat; also what the reconciler reads back). ``return_url``
+        and ``payment_method_types`` only when given, so records made before they existed keep
+        their fingerprint."""
+        extra: dict[str, Any] = {} if self.return_url is None else {"return_url": self.return_url}
+        if self.payment_method_types is not None:
+            extra["payment_method_types"] = ",".join(self.payment_method_types)
         return {
+            **extra,
             "amount": self.amount,
             "currency": self.currency,
             "payment_method": self.payment_method,
@@ -201,6 +211,14 @@ class ChargeRequest:
             "capture_method": "automatic" if self.capture else "manual",
             "metadata": stamped(self.metadata, effect_key, CHARGE),
         }
+        # Stripe refuses a confirm that could redirect the customer without a place to return to:
+        # the caller gives one, or names the method types, or redirect-based ones are excluded.
+        if self.return_url is not None:
+            params["return_url"] = self.return_url
+        if self.payment_method_types is not None:
+            params["payment_method_types"] = list(self.payment_method_types)
+        elif self.return_url is None:
+            params["automatic_payment_methods"] = {"enabled": True, "allow_redirects": "never"}
         if self.customer is not None:
             params["customer"] = self.customer
         if self.description is not None:
@@ -220,6 +238,9 @@ class RefundRequest:
     amount: int | None
     reason: str | None
     metadata: Mapping[str, str] | None
+
+    def __post_init__(self) -> None:
+        check_metadata(self.metadata)
 
     def arguments(self) -> dict[str, Any]:
         """The fingerprinted arguments (flat; the reconciler reads ``payment_intent`` back)."""
@@ -245,6 +266,22 @@ class RefundRequest:
     def write(self) -> Write[Refund]:
         """The refund as a :class:`Write`: the effect :data:`REFUND`."""
         return Write(REFUND, self.arguments(), Refund, "refunds", "create", (), self.params)
+
+
+def delivered(payment: Payment) -> Payment:
+    """The charge's outcome for its caller: the payment, unless it waits for the customer.
+
+    Raises:
+        PaymentActionRequired: the PaymentIntent is ``requires_action`` (3-D Secure): not paid.
+    """
+    if payment.status == "requires_action":
+        raise PaymentActionRequired(
+            f"PaymentIntent {payment.id} needs the customer to act (3-D Secure) before it is paid",
+            "stripe",
+            payment.id,
+            payment.next_action,
+        )
+    return payment
 
 
 def capture(payment_intent: str, amount: int | None) -> Write[Payment]:
@@ -278,10 +315,13 @@ def collect(
         found.extend(obj for obj in map(plain, page.data) if match(obj))
         if not page.has_more or not page.data:
             return found, True
-        if getattr(page, "next_page", None):
-            params["page"] = page.next_page  # search
+        # Stripe's two cursors (docs.stripe.com/api/pagination): a search result carries the next
+        # page's token in its ``next_page`` field; a list pages on the last object's id (on a list
+        # object, ``next_page`` is the SDK's method, never a cursor).
+        if method == "search":
+            params["page"] = page["next_page"]
         else:
-            params["starting_after"] = page.data[-1]["id"]  # list
+            params["starting_after"] = page.data[-1]["id"]
     return found, False
 
 
@@ -328,13 +368,34 @@ def charge_query(request: ReconcileRequest, search_margin: float) -> dict[str, A
     }
 
 
-def charge_resolution(found: list[dict[str, Any]] | None) -> Resolution[Payment]:
-    """Applied when a PaymentIntent made under the key moved money; Unknown when Stripe cannot tell."""
+def charge_resolution(
+    found: list[dict[str, Any]] | None, record: Record | None = None, key_window: float | None = None
+) -> Resolution[Payment]:
+    """What the PaymentIntents ``found`` under the key say about an in-doubt charge.
+
+    Applied when one moved money or waits for its customer (``requires_action``); Unknown when
+    Stripe cannot tell, or when nothing was found while the key was last seen in progress at
+    Stripe (409) within ``key_window`` of the first attempt: that request may still make one.
+    Otherwise not applied (a decline found past the key window is logged: it is charged afresh).
+    """
     if found is None:
         return Unknown()
-    moved = [i for i in found if i["status"] in MONEY_MOVED]
-    if moved:
-        return Applied(Payment.of(moved[0]))
+    made = [i for i in found if i["status"] in (*MONEY_MOVED, "requires_action")]
+    if made:
+        return Applied(Payment.of(made[0]))
+    if record is None:
+        return NOT_APPLIED
+    age = record.updated_at - record.created_at
+    young = key_window is None or age < key_window
+    if not found and key_in_use(record) and young:
+        return Unknown()
+    if found and not young:
+        log.warning(
+            "stripe.charge %s: past the key window only %s PaymentIntent(s) %s were found; "
+            "charging afresh under the same key",
+            record.key[:12], "/".join(sorted({i["status"] for i in found})),
+            ", ".join(i["id"] for i in found),
+        )  # fmt: skip
     # Nothing, or only declined/canceled attempts: run it (within the key window the decline is
     # replayed by Stripe and recorded as such).
     return NOT_APPLIED
@@ -370,12 +431,17 @@ def charged_intents(result: Payment | None, found: list[dict[str, Any]] | None) 
     return found
 
 
+UNCONFIRMED = ("requires_capture", "requires_action", "requires_confirmation")
+"""PaymentIntents that may still move money and are undone by cancelling them: an authorisation,
+one waiting for its customer (3-D Secure), one not yet confirmed."""
+
+
 def undo(intents: list[dict[str, Any]]) -> Flow[list[Payment | Refund]]:
-    """Void what is only authorised, refund what moved money, oldest first; skip the rest (already
-    refunded or canceled)."""
+    """Void what is only authorised or waits for the customer, refund what moved money, oldest
+    first; skip the rest (already refunded, canceled or declined)."""
     done: list[Payment | Refund] = []
     for intent in sorted(intents, key=lambda i: (i["created"], i["id"])):
-        if intent["status"] == "requires_capture":
+        if intent["status"] in UNCONFIRMED:
             done.append((yield Undo(CANCEL, intent["id"])))
         elif intent["status"] in ("succeeded", "processing"):
             try:

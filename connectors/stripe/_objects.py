@@ -41,6 +41,8 @@ class Payment:
     latest_charge: str | None
     effect_key: str | None
     """The ``sagaguard_key`` metadata: the effect key the PaymentIntent was made under."""
+    next_action: str | None = None
+    """``next_action.type`` when the status is ``requires_action`` (3-D Secure), else None."""
 
     @classmethod
     def of(cls, intent: Any) -> Payment:
@@ -55,6 +57,7 @@ class Payment:
             customer=_id_of(_field(intent, "customer")),
             latest_charge=_id_of(_field(intent, "latest_charge")),
             effect_key=_field(_field(intent, "metadata"), METADATA_KEY),
+            next_action=_field(_field(intent, "next_action"), "type"),
         )
 
 

@@ -55,7 +55,10 @@ class FaultRule:
     Attributes:
         mode: ``"fail"``: answer ``status`` without applying anything; ``"timeout"``: apply the
             request, then stall ``seconds`` and close the connection without an answer (the
-            crash every connector exists for); ``"slow"``: wait ``seconds``, then handle normally.
+            crash every connector exists for); ``"slow"``: wait ``seconds``, then handle normally;
+            ``"error"``: the app starts executing the request and fails with ``status`` without
+            applying anything, so an app that stores answers under idempotency keys stores and
+            replays this one (Stripe saves a 500 that way); elsewhere it is ``"fail"``.
         path: applies to request paths starting with this.
         method: applies to this method only (``"POST"``), or to any when empty.
         times: how many requests it hits before it is used up.
@@ -71,8 +74,8 @@ class FaultRule:
     status: int = 500
 
     def __post_init__(self) -> None:
-        if self.mode not in ("fail", "timeout", "slow"):
-            raise ValueError(f"unknown fault mode {self.mode!r}: fail, timeout or slow")
+        if self.mode not in ("fail", "timeout", "slow", "error"):
+            raise ValueError(f"unknown fault mode {self.mode!r}: fail, timeout, slow or error")
 
 
 class Faults:
@@ -132,6 +135,8 @@ class Request:
     """Lower-cased names."""
     body: bytes
     delay: float = 0.0
+    error: int = 0
+    """The status an ``error`` fault makes the app fail with once it started executing (0: none)."""
 
     def pause(self) -> None:
         """Spend the ``slow`` fault's delay, if any."""
@@ -149,6 +154,9 @@ class App:
         clock: the server's clock.
         lock: guards the app's state (the admin endpoints take it too).
     """
+
+    saves_errors = False
+    """Whether the app honours ``error`` faults (an app without stored answers gets ``fail``)."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = dict(config)
@@ -213,12 +221,13 @@ class Handler(BaseHTTPRequestHandler):
             return
         app = self.app
         rule = app.faults.take(self.command, url.path)
-        if rule is not None and rule.mode == "fail":
+        if rule is not None and (rule.mode == "fail" or (rule.mode == "error" and not app.saves_errors)):
             self._send(Reply(rule.status, {"error": {"type": "api_error", "message": "injected fault"}}))
             return
         delay = rule.seconds if rule is not None and rule.mode == "slow" else 0.0
         headers = {k.lower(): v for k, v in self.headers.items()}
-        reply = app.handle(Request(self.command, url.path, url.query, headers, body, delay))
+        error = rule.status if rule is not None and rule.mode == "error" else 0
+        reply = app.handle(Request(self.command, url.path, url.query, headers, body, delay, error))
         if rule is not None and rule.mode == "timeout":
             # Applied, answer lost: wait past the client's timeout, then hang up.
             time.sleep(rule.seconds)

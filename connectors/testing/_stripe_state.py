@@ -15,12 +15,18 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["DECLINING_METHODS", "StripeFailure", "StripeState"]
+__all__ = ["ACTION_METHODS", "DECLINING_METHODS", "StripeFailure", "StripeState"]
 
 DECLINING_METHODS = frozenset(
     {"pm_card_chargeDeclined", "pm_card_visa_chargeDeclined", "pm_card_chargeDeclinedInsufficientFunds"}
 )
 """Test payment methods that are declined (Stripe's own test method names)."""
+
+ACTION_METHODS = frozenset(
+    {"pm_card_threeDSecure2Required", "pm_card_threeDSecureRequired", "pm_card_authenticationRequired"}
+)
+"""Test payment methods that need 3-D Secure: confirming leaves the PaymentIntent ``requires_action``
+(no charge yet), as Stripe's own test cards of these names do."""
 
 _CANCELABLE = {"requires_payment_method", "requires_confirmation", "requires_action", "requires_capture"}
 _CLAUSE = re.compile(
@@ -72,6 +78,15 @@ def _metadata(params: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in raw.items() if v != ""}
 
 
+def _may_redirect(params: Mapping[str, Any]) -> bool:
+    """Whether a confirmed PaymentIntent could use a redirect-based method and has no ``return_url``
+    (an account with such methods enabled: Stripe refuses it)."""
+    if params.get("return_url") or params.get("payment_method_types"):
+        return False
+    automatic = params.get("automatic_payment_methods")
+    return not (isinstance(automatic, dict) and automatic.get("allow_redirects") == "never")
+
+
 def _clause_test(mkey: str | None, fld: str | None, value: str) -> Callable[[Mapping[str, Any]], bool]:
     if mkey is not None:
         return lambda obj: bool(obj["metadata"].get(mkey) == value)
@@ -82,9 +97,12 @@ class StripeState:
     """Every PaymentIntent and Refund of the server, and the counters. Not thread-safe: the server
     calls it under its lock."""
 
-    def __init__(self, clock: Callable[[], float], *, search_lag: float = 0.0) -> None:
+    def __init__(
+        self, clock: Callable[[], float], *, search_lag: float = 0.0, redirect_methods: bool = False
+    ) -> None:
         self.clock = clock
         self.search_lag = search_lag
+        self.redirect_methods = redirect_methods
         self.intents: dict[str, dict[str, Any]] = {}
         self.refunds: dict[str, dict[str, Any]] = {}
         self.refunded: dict[str, int] = {}
@@ -124,6 +142,15 @@ class StripeState:
                 "You cannot confirm this PaymentIntent because it's missing a payment method.",
                 param="payment_method",
                 code="payment_intent_unexpected_state",
+            )
+        if confirm and self.redirect_methods and _may_redirect(params):
+            raise invalid(
+                "This PaymentIntent is configured to accept payment methods enabled in your Dashboard. "
+                "Because some of these payment methods might redirect your customer off of your page, "
+                "you must provide a `return_url`. If you don't want to accept redirect-based payment "
+                "methods, set `automatic_payment_methods[enabled]` to `true` and "
+                "`automatic_payment_methods[allow_redirects]` to `never`.",
+                param="return_url",
             )
         intent = self._stamp(
             {
@@ -180,6 +207,12 @@ class StripeState:
         return intent
 
     def _confirm(self, intent: dict[str, Any]) -> None:
+        if intent["payment_method"] in ACTION_METHODS:
+            # 3-D Secure: nothing is charged until the customer authenticates.
+            self.count("actions")
+            intent["status"] = "requires_action"
+            intent["next_action"] = {"type": "use_stripe_sdk", "use_stripe_sdk": {}}
+            return
         if intent["payment_method"] in DECLINING_METHODS:
             self.count("declines")
             error = {

@@ -29,8 +29,16 @@ Counters (:meth:`LocalService.counters`): ``requests``, ``payment_intents`` (cre
 ``declines``, ``replays``, ``idempotency_errors``, ``in_use``, ``validation_errors``, ``lists``,
 ``searches``, ``faults_fired``.
 
-Options (``LocalStripe(search_lag=..., key_ttl=...)``): ``search_lag`` seconds before a new object
-shows up in search (Stripe's index lags; the list endpoints do not), ``key_ttl``.
+Test payment methods ``pm_card_threeDSecure2Required``, ``pm_card_threeDSecureRequired`` and
+``pm_card_authenticationRequired`` need 3-D Secure: the PaymentIntent is left ``requires_action``.
+An ``error`` fault (:class:`~sagaguard.connectors.testing._service.FaultRule`) is a 5xx the endpoint
+answers once it started executing: stored under the key and replayed, as Stripe does.
+
+Options (``LocalStripe(search_lag=..., key_ttl=..., redirect_methods=...)``): ``search_lag`` seconds
+before a new object shows up in search (Stripe's index lags; the list endpoints do not), ``key_ttl``,
+``redirect_methods`` (the account has redirect-based payment methods enabled: a confirmed
+PaymentIntent without ``return_url`` or ``automatic_payment_methods[allow_redirects]=never`` is
+refused with a 400, as Stripe does).
 """
 
 from __future__ import annotations
@@ -97,17 +105,25 @@ class _Entry:
 class StripeApp(App):
     """The local Stripe server's request handling (run it with :class:`LocalStripe`)."""
 
+    saves_errors = True
+
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
         self.key_ttl = float(config.get("key_ttl", DAY))
-        self.state = StripeState(self.clock, search_lag=float(config.get("search_lag", 0.0)))
+        self.state = StripeState(
+            self.clock,
+            search_lag=float(config.get("search_lag", 0.0)),
+            redirect_methods=bool(config.get("redirect_methods", False)),
+        )
         self.keys: dict[tuple[str, str], _Entry] = {}
 
     def counters(self) -> dict[str, int]:
         return dict(self.state.counters)
 
     def reset(self) -> None:
-        self.state = StripeState(self.clock, search_lag=self.state.search_lag)
+        self.state = StripeState(
+            self.clock, search_lag=self.state.search_lag, redirect_methods=self.state.redirect_methods
+        )
         self.keys.clear()
 
     def handle(self, request: Request) -> Reply:
@@ -127,7 +143,7 @@ class StripeApp(App):
         if not key:
             request.pause()
             with self.lock:
-                return self._write(request.path, params)[0]
+                return self._write(request.path, params, request.error)[0]
         return self._idempotent(request, (account, key), params)
 
     def _idempotent(self, request: Request, slot: tuple[str, str], params: Mapping[str, Any]) -> Reply:
@@ -172,7 +188,7 @@ class StripeApp(App):
         try:
             request.pause()  # a ``slow`` fault: the key stays in progress meanwhile
             with self.lock:
-                reply, executed = self._write(request.path, params)
+                reply, executed = self._write(request.path, params, request.error)
         except BaseException:
             with self.lock:
                 self.keys.pop(slot, None)
@@ -184,9 +200,15 @@ class StripeApp(App):
                 self.keys.pop(slot, None)  # refused before executing: nothing is stored
         return reply
 
-    def _write(self, path: str, params: Mapping[str, Any]) -> tuple[Reply, bool]:
-        """The reply, and whether the endpoint started executing (then the reply is stored)."""
+    def _write(self, path: str, params: Mapping[str, Any], error: int = 0) -> tuple[Reply, bool]:
+        """The reply, and whether the endpoint started executing (then the reply is stored).
+
+        ``error``: an ``error`` fault's status: the endpoint started and failed, nothing applied.
+        """
         state = self.state
+        if error:
+            state.count("saved_errors")
+            return _error(error, {"type": "api_error", "message": "An unknown error occurred"}), True
         try:
             if path == "/v1/payment_intents":
                 return Reply(HTTPStatus.OK, _copy(state.create_intent(params))), True
@@ -252,11 +274,21 @@ class LocalStripe(LocalService):
         search_lag: seconds before a new PaymentIntent shows up in search (the list endpoints
             see it at once, as on Stripe).
         key_ttl: seconds an idempotency key is kept (Stripe: at least 24 hours).
+        redirect_methods: the account has redirect-based payment methods enabled (a confirm
+            without ``return_url`` or ``allow_redirects=never`` is refused).
         in_process: run in a thread of this process instead of its own process.
     """
 
-    def __init__(self, *, search_lag: float = 0.0, key_ttl: float = DAY, in_process: bool = False) -> None:
-        super().__init__("stripe", {"search_lag": search_lag, "key_ttl": key_ttl}, in_process=in_process)
+    def __init__(
+        self,
+        *,
+        search_lag: float = 0.0,
+        key_ttl: float = DAY,
+        redirect_methods: bool = False,
+        in_process: bool = False,
+    ) -> None:
+        config = {"search_lag": search_lag, "key_ttl": key_ttl, "redirect_methods": redirect_methods}
+        super().__init__("stripe", config, in_process=in_process)
 
     @property
     def api_base(self) -> str:
