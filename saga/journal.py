@@ -79,6 +79,10 @@ class SagaJournal(Protocol):
 
         Never check-then-act: of two concurrent starts, exactly one creates or takes over.
         The result carries the saga with all its step rows and signals as they stand after the start.
+
+        Raises:
+            ConfigurationError: ``saga_id`` is not storable text on every backend
+                (:func:`~sagaguard.saga.checks.check_saga_id`), before anything is written.
         """
         ...
 

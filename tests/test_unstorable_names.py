@@ -79,3 +79,10 @@ def test_text_with_no_utf8_form_is_refused(store: IdempotencyStore, where: str) 
             guard.effect(SURROGATE if where == "name" else "pay.charge")(_body(ran))(5)
     assert ran == []
     assert store.list() == []
+
+
+def test_a_guard_refuses_an_unstorable_namespace_when_it_is_made(store: IdempotencyStore) -> None:
+    with pytest.raises(ConfigurationError, match="namespace"):
+        Guard(store, namespace=f"tenant{NUL_NAME}")
+    with pytest.raises(CodecError, match="namespace"):
+        Guard(store, namespace=SURROGATE)

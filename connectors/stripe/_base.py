@@ -13,6 +13,7 @@ import stripe
 
 from sagaguard.connectors.errors import classify, replayable
 from sagaguard.connectors.stripe._objects import KEY_WINDOW
+from sagaguard.idempotency.checks import count, seconds
 from sagaguard.idempotency.effect import ReconcileRequest, Retry
 from sagaguard.idempotency.guard import Guard
 
@@ -35,6 +36,15 @@ class StripeBase:
         max_list_pages: int = 10,
         search_lag: float = 3600.0,
     ) -> None:
+        for label, value in (
+            ("key_window", key_window),
+            ("search_margin", search_margin),
+            ("timeout", timeout),
+        ):
+            seconds(label, value)
+        seconds("search_lag", search_lag, zero_ok=True)
+        count("network_retries", network_retries, minimum=0)
+        count("max_list_pages", max_list_pages)
         if client is None:
             if not api_key:
                 raise ValueError("StripeEffects needs a client or an api_key")
