@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from _outboxkit import BACKENDS, World, open_world
 from conftest import FakeClock
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy.orm import Session
 
 from sagaguard.idempotency import CodecError, ConfigurationError
@@ -48,3 +50,28 @@ def test_a_message_type_that_cannot_be_stored_has_no_handler() -> None:
         with pytest.raises(ConfigurationError, match="message type"):
             outbox.register(bad, lambda _m: None)
     assert outbox.handlers == {}
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["type", "aggregate_id", "dedup_key"]), st.text(min_size=1, max_size=10))
+def test_any_outbox_name_is_refused_typed_or_stored_as_given(world: World, field: str, text: str) -> None:
+    storable = "\x00" not in text and text.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") == text
+    before = world.rows()
+    with Session(world.engine) as session:
+        try:
+            if field == "type":
+                world.outbox.enqueue(session, text, {})
+            else:
+                # A dedup key seen before finds its first message: make each example's new.
+                world.outbox.enqueue(
+                    session, "t", {}, **{field: text if field != "dedup_key" else text + str(len(before))}
+                )
+        except ConfigurationError:
+            assert not storable
+            assert world.rows() == before
+            return
+        session.commit()
+    assert storable
+    column = {"type": "type", "aggregate_id": "aggregateid", "dedup_key": "dedup_key"}[field]
+    stored = [row[column] for row in world.rows() if row not in before]
+    assert len(stored) == 1 and stored[0].startswith(text)
