@@ -12,13 +12,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sagaguard.connectors.email import SmtpSettings
+from sagaguard.connectors.http import IdempotentHttp
 from sagaguard.connectors.in_doubt import WaitForOperator
+from sagaguard.connectors.llm import ChatJournal
 from sagaguard.connectors.stripe import StripeEffects
 from sagaguard.idempotency import ConfigurationError, Guard, MemoryStore, scope
 from sagaguard.idempotency.outbox import Outbox
@@ -127,6 +130,9 @@ def _recover(**options: Any) -> Any:
     return recover(MemoryJournal(), Guard(MemoryStore()), _saga(), **options)
 
 
+_OPENAI = openai.OpenAI(api_key="sk-unused", base_url="http://127.0.0.1:9")
+
+
 def _stripe(**options: Any) -> StripeEffects:
     return StripeEffects(Guard(MemoryStore()), api_key="sk_test_unused", **options)
 
@@ -159,6 +165,7 @@ DURATIONS: list[tuple[str, str, Any, bool]] = [
     ("StripeEffects", "key_window", lambda v: _stripe(key_window=v), False),
     ("StripeEffects", "search_lag", lambda v: _stripe(search_lag=v), True),
     ("SmtpSettings", "timeout", lambda v: SmtpSettings("mail.example", timeout=v), False),
+    ("IdempotentHttp", "key_window", lambda v: IdempotentHttp(Guard(MemoryStore()), key_window=v), False),
 ]
 COUNTS: list[tuple[str, str, Any, int]] = [
     ("SagaRunner", "max_recoveries", lambda v: _runner(max_recoveries=v), 0),
@@ -169,6 +176,7 @@ COUNTS: list[tuple[str, str, Any, int]] = [
     ("RelaySettings", "batch_size", lambda v: RelaySettings(batch_size=v), 1),
     ("RelaySettings", "concurrency", lambda v: RelaySettings(concurrency=v), 1),
     ("StripeEffects", "max_list_pages", lambda v: _stripe(max_list_pages=v), 1),
+    ("ChatJournal", "max_retries", lambda v: ChatJournal(Guard(MemoryStore()), _OPENAI, max_retries=v), 0),
 ]
 DURATION_IDS = [f"{what}({option}=)" for what, option, _, _ in DURATIONS]
 COUNT_IDS = [f"{what}({option}=)" for what, option, _, _ in COUNTS]
