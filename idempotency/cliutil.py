@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from sagaguard.idempotency.backends.urls import check_url, masked
+from sagaguard.idempotency.backends.urls import check_url, driver_hint, masked
 from sagaguard.idempotency.errors import IdempotencyError, StoreUnavailable
 from sagaguard.idempotency.store import IdempotencyStore
 
@@ -38,10 +38,10 @@ def duration(seconds: float) -> str:
     return f"{s // 86_400}d{s % 86_400 // 3600:02d}h"
 
 
-def install_hint(exc: ModuleNotFoundError) -> str:
+def install_hint(exc: ImportError) -> str:
     """``: pip install 'sagaguard[redis]'`` for a backend driver that is missing, else ``""``."""
-    extra = {"redis": "redis", "psycopg": "postgres"}.get((exc.name or "").split(".")[0])
-    return f": pip install 'sagaguard[{extra}]'" if extra else ""
+    hint = driver_hint(exc)
+    return f": {hint}" if hint else ""
 
 
 def piped(command: Callable[[], int], *, gone: int = 1) -> int:

@@ -25,7 +25,7 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import QueuePool, StaticPool
 
-from sagaguard.idempotency.backends.urls import check_url, masked
+from sagaguard.idempotency.backends.urls import check_url, driver_hint, masked
 from sagaguard.idempotency.errors import ConfigurationError
 
 __all__ = ["BUSY_TIMEOUT_MS", "make_engine", "retry_locked"]
@@ -108,8 +108,8 @@ def make_engine(url: str | sa.URL) -> sa.Engine:
             hide_parameters=True,
         )
     except ImportError as exc:  # the driver is not installed
-        hint = " (pip install 'sagaguard[postgres]')" if (exc.name or "").startswith("psycopg") else ""
-        raise ConfigurationError(f"cannot use store URL: {exc}{hint}") from exc
+        hint = driver_hint(exc)
+        raise ConfigurationError(f"cannot use store URL: {exc}{f' ({hint})' if hint else ''}") from exc
     except sa_exc.ArgumentError as exc:  # malformed: SQLAlchemy's message may quote the whole URL
         text = str(exc) if not isinstance(url, str) else str(exc).replace(url, masked(url))
         raise ConfigurationError(f"cannot use store URL: {text}") from exc

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from sagaguard.idempotency.errors import ConfigurationError
 
-__all__ = ["check_url", "masked"]
+__all__ = ["check_url", "driver_hint", "masked"]
 
 _EXAMPLES = "memory://, sqlite:///file.db, postgresql://user@host/db or redis://host:6379/0"
 # A password in the query (libpq takes ?password=...).
@@ -46,6 +46,17 @@ def masked(url: str) -> str:
     if colon < 0:
         return url
     return head[: start + colon] + ":***" + head[at:] + sep + query
+
+
+_EXTRAS = {"redis": "redis", "psycopg": "postgres"}
+"""The extra that installs each backend driver."""
+
+
+def driver_hint(exc: ImportError) -> str:
+    """``pip install 'sagaguard[postgres]'`` when ``exc`` is a backend driver that is not installed
+    (psycopg, redis), else ``""``."""
+    extra = _EXTRAS.get((exc.name or "").split(".")[0])
+    return f"pip install 'sagaguard[{extra}]'" if extra else ""
 
 
 def check_url(url: object, *, what: str = "store") -> str:
