@@ -128,7 +128,13 @@ class SagaJournal(Protocol):
         ...
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
-        """The saga and its step rows (ordered by index), or None."""
+        """The saga and its step rows (ordered by index), or None.
+
+        Raises:
+            ConfigurationError: ``saga_id`` is not storable text
+                (:func:`~sagaguard.saga.checks.check_saga_id`), on every journal alike: on Postgres
+                ``"X\x00a"`` would find ``"X"``.
+        """
         ...
 
     def commit(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:

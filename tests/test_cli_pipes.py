@@ -1,5 +1,6 @@
-"""The operator's commands piped to a reader that goes away (``| head``) end quietly, and
-``sagas worker --once`` on a database without the schema creates nothing.
+"""The operator's commands piped to a reader that goes away (``| head``) end quietly,
+``sagas worker --once`` on a database without the schema creates nothing, and an argument that is
+not UTF-8 is a one-line error.
 
 Before: ``sagas``, ``llm`` and ``outbox`` commands ended in a ``BrokenPipeError`` traceback (only
 ``effects`` stopped quietly), and ``sagas worker --once`` created the journal's tables. The pipe is
@@ -92,3 +93,14 @@ def test_worker_once_on_a_database_without_the_schema_creates_nothing(
     )
     assert "does not exist" in capsys.readouterr().err
     assert not missing.exists()
+
+
+@pytest.mark.parametrize("command", [["sagas", "show"], ["effects", "show"]], ids=" ".join)
+def test_an_argument_that_is_not_utf8_is_a_one_line_error(
+    command: list[str], url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A byte that is not UTF-8 reaches Python as a lone surrogate (``$'\\xff'`` in a shell):
+    before, ``sagas show`` and ``effects show`` ended in a UnicodeEncodeError traceback."""
+    assert main([*command, "\udcff", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sagaguard: ") and "not valid unicode" in err and "Traceback" not in err

@@ -98,6 +98,15 @@ def test_the_journal_itself_refuses_an_unstorable_saga_id(journal: SagaJournal, 
 
 
 @pytest.mark.parametrize("bad", [NUL_ID, SURROGATE_ID], ids=repr)
+def test_loading_an_unstorable_saga_id_is_refused_not_another_saga_found(
+    journal: SagaJournal, runner: SagaRunner, bad: str
+) -> None:
+    runner.run(Failing().saga, "X", "ok")
+    with pytest.raises(ConfigurationError, match="saga id"):
+        journal.load(bad)
+
+
+@pytest.mark.parametrize("bad", [NUL_ID, SURROGATE_ID], ids=repr)
 def test_operator_actions_refuse_an_unstorable_saga_id(
     journal: SagaJournal, runner: SagaRunner, bad: str
 ) -> None:

@@ -91,6 +91,16 @@ def test_a_guard_refuses_an_unstorable_namespace_when_it_is_made(store: Idempote
         Guard(store, namespace=SURROGATE)
 
 
+@pytest.mark.parametrize(
+    ("bad", "error"), [(NUL_NAME, ConfigurationError), (SURROGATE, CodecError)], ids=repr
+)
+def test_getting_an_unstorable_key_is_refused_on_every_store(
+    store: IdempotencyStore, bad: str, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="key"):
+        store.get(bad)
+
+
 def _storable(text: str) -> bool:
     if "\x00" in text:
         return False

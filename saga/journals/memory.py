@@ -157,6 +157,7 @@ class MemoryJournal:
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`."""
+        check_saga_id(saga_id)
         with self._lock:
             return self._snapshot(saga_id) if saga_id in self._sagas else None
 

@@ -308,6 +308,7 @@ class RedisJournal:
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`: one read-only script, a consistent view of the saga."""
+        check_saga_id(saga_id)
         reply = self._run(self._load, self._keys(saga_id), (self._now_arg(),))
         return None if reply[0] == "unknown" else self._snapshot(saga_id, reply)
 

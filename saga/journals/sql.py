@@ -331,6 +331,7 @@ class SqlJournal:
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`."""
+        check_saga_id(saga_id)  # on Postgres "X\x00a" would find "X"
         with self._connect() as conn:
             row = conn.execute(self._sql.get_saga, {"saga_id": saga_id}).first()
             return None if row is None else self._snapshot(conn, _saga(row))
