@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from sagaguard.idempotency.backends.urls import check_url, masked
-from sagaguard.idempotency.cliutil import duration, install_hint, positive, require_schema
+from sagaguard.idempotency.cliutil import duration, install_hint, piped, positive, require_schema
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.stores import open_store
@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return run(args)
+    return piped(lambda: run(args), gone=EXIT_FAILED)
 
 
 if __name__ == "__main__":

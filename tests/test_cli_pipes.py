@@ -39,13 +39,25 @@ def url(tmp_path: Path) -> str:
     return url
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c[:2]) for c in COMMANDS])
+# Each subcommand module also runs on its own (python -m MODULE ...).
+ON_THEIR_OWN = [
+    ["sagaguard.saga.cli", "sagas", "list", "--store"],
+    ["sagaguard.connectors.cli", "llm", "savings", "--store"],
+    ["sagaguard.idempotency.outbox.cli", "outbox", "status", "--db"],
+]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["sagaguard.idempotency", *c] for c in COMMANDS] + ON_THEIR_OWN,
+    ids=[" ".join(c[:2]) for c in COMMANDS] + [c[0] for c in ON_THEIR_OWN],
+)
 def test_a_command_whose_reader_went_away_ends_quietly(command: list[str], url: str) -> None:
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first line is written
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "sagaguard.idempotency", *command, url],
+            [sys.executable, "-m", *command, url],
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,
