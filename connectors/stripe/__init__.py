@@ -101,10 +101,6 @@ class StripeEffects(AsyncStripeMethods):
         max_list_pages: pages of 100 the reconciler lists before it falls back to search.
         search_lag: seconds after which search is trusted to be complete (Stripe: up to an hour
             in outages); a search miss on a younger record is "unknown".
-
-    Raises:
-        ConfigurationError: a duration that is not a finite number of seconds (> 0; ``search_lag``
-            >= 0) or a count that is not an int, naming the option.
     """
 
     # -- effects --------------------------------------------------------------------------------

@@ -19,7 +19,12 @@ from sagaguard.idempotency.guard import Guard
 
 
 class StripeBase:
-    """The settings and clients of :class:`sagaguard.connectors.stripe.StripeEffects` (see there)."""
+    """The settings and clients of :class:`sagaguard.connectors.stripe.StripeEffects` (see there).
+
+    Raises:
+        ConfigurationError: a duration that is not a finite number of seconds (> 0; ``search_lag``
+            >= 0) or a count that is not an int, naming the option.
+    """
 
     def __init__(
         self,
