@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from sagaguard.connectors.telemetry import usage_of
-from sagaguard.idempotency.cliutil import open_existing_store
+from sagaguard.idempotency.cliutil import open_existing_store, piped
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.records import Record, State
 from sagaguard.idempotency.store import IdempotencyStore
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return run(args)
+    return piped(lambda: run(args), gone=EXIT_FAILED)
 
 
 if __name__ == "__main__":

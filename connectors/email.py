@@ -61,6 +61,7 @@ from sagaguard.connectors.errors import (
     classify,
     replayable,
 )
+from sagaguard.idempotency.checks import count, seconds
 from sagaguard.idempotency.codec import Codec
 from sagaguard.idempotency.effect import Policy, current_effect
 from sagaguard.idempotency.errors import ConfigurationError
@@ -119,6 +120,10 @@ class SmtpSettings:
     """Implicit TLS (port 465)."""
     timeout: float = 30.0
     local_hostname: str | None = None
+
+    def __post_init__(self) -> None:
+        seconds("timeout", self.timeout)
+        count("port", self.port)
 
 
 def message_id_for(provider_key: str, domain: str) -> str:

@@ -48,6 +48,7 @@ from sagaguard.connectors.errors import (
     classify,
     replayable,
 )
+from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.effect import Policy, ReconcileRequest, Retry, current_effect
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.guard import Guard, Operation
@@ -160,7 +161,7 @@ class _Http:
         self.guard = guard
         self.header = header
         self.server_dedups = server_dedups
-        self.key_window = key_window
+        self.key_window = None if key_window is None else seconds("key_window", key_window)
         self.reconciler = reconciler
         self.policy = policy
         self.retry = retry if retry is not None else Retry()  # built once, not per call
@@ -242,6 +243,9 @@ class IdempotentHttp(_Http):
         policy: what settles an in-doubt call nothing else can.
         retry: the guard's retry budget (409, 401/403/408/429, connect errors, and ambiguous errors
             when ``server_dedups``).
+
+    Raises:
+        ConfigurationError: ``key_window`` is not None or a finite number of seconds > 0.
     """
 
     def __init__(self, guard: Guard, client: httpx.Client | None = None, **options: Any) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.errors import OutcomeUnknown
 from sagaguard.idempotency.records import State
 from sagaguard.idempotency.store import IdempotencyStore
@@ -82,7 +83,11 @@ class ReturnPending:
 
 @dataclass(frozen=True, slots=True)
 class WaitForOperator:
-    """Poll the effect's record until an operator resolved it, then run the tool call again."""
+    """Poll the effect's record until an operator resolved it, then run the tool call again.
+
+    Raises:
+        ConfigurationError: ``timeout`` is not a finite number of seconds >= 0 or ``interval`` not
+            one > 0, naming the option."""
 
     timeout: float = 300.0
     """Seconds to wait in total (per tool call) before doing what :attr:`then` says."""
@@ -96,6 +101,11 @@ class WaitForOperator:
     """The sleep of async tool calls."""
     clock: Callable[[], float] = time.monotonic
     """The clock the timeout is measured on."""
+
+    def __post_init__(self) -> None:
+        # A NaN or negative interval would make a waiting tool call poll without pausing.
+        seconds("timeout", self.timeout, zero_ok=True)
+        seconds("interval", self.interval)
 
 
 OnDoubt = Stop | ReturnPending | WaitForOperator

@@ -40,6 +40,7 @@ from openai.types.chat import ChatCompletion
 
 from sagaguard.connectors.errors import ProviderRejected, ProviderUnavailable, classify, replayable
 from sagaguard.connectors.telemetry import record_llm_call, usage_of
+from sagaguard.idempotency.checks import count
 from sagaguard.idempotency.effect import (
     NOT_APPLIED,
     Applied,
@@ -230,7 +231,7 @@ class ChatJournal(_ChatBase):
         super().__init__(
             guard, name=name, store_at_provider=store_at_provider, policy=policy, retry=retry, usage=usage
         )
-        self.client = client.with_options(max_retries=max_retries)
+        self.client = client.with_options(max_retries=count("max_retries", max_retries, minimum=0))
         self.chat = _Chat(self.create)
         self.completions = self.chat.completions
 
@@ -285,7 +286,7 @@ class AsyncChatJournal(_ChatBase):
         super().__init__(
             guard, name=name, store_at_provider=store_at_provider, policy=policy, retry=retry, usage=usage
         )
-        self.client = client.with_options(max_retries=max_retries)
+        self.client = client.with_options(max_retries=count("max_retries", max_retries, minimum=0))
         self.chat = _Chat(self.create)
         self.completions = self.chat.completions
 

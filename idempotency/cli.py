@@ -29,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, TextIO
 
 from sagaguard.idempotency.backends.urls import masked
-from sagaguard.idempotency.cliutil import duration, open_existing_store, positive
+from sagaguard.idempotency.cliutil import duration, install_hint, open_existing_store, piped, positive
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
 from sagaguard.idempotency.records import Disposition, Record, State
 from sagaguard.idempotency.store import IdempotencyStore
@@ -323,8 +323,7 @@ def _open(url: str) -> IdempotencyStore:
     try:
         return open_existing_store(url)
     except ModuleNotFoundError as exc:
-        extra = {"redis": "redis", "psycopg": "postgres"}.get((exc.name or "").split(".")[0])
-        hint = f": pip install 'sagaguard[{extra}]'" if extra else ""
+        hint = install_hint(exc)
         raise CliError(f"the store {masked(url)!r} needs the {exc.name!r} package{hint}", EXIT_USAGE) from exc
 
 
@@ -528,11 +527,17 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command in owners:
-        return int(owners[args.command].run(args))
+        owner = owners[args.command]
+        return piped(lambda: int(owner.run(args)), gone=EXIT_FAILED)
     if args.command != "effects" or args.action is None:
         (parser if args.command is None else effects).print_help(sys.stderr)
         return EXIT_USAGE
 
+    return piped(lambda: _effects(args), gone=EXIT_FAILED)
+
+
+def _effects(args: argparse.Namespace) -> int:
+    """Run the ``effects`` command ``args`` names."""
     url = getattr(args, "store", None) or os.environ.get(ENV_STORE) or DEFAULT_URL
     out = sys.stdout
     store: IdempotencyStore | None = None
@@ -551,11 +556,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # The reader went away (``| head``): stop quietly, and keep Python from complaining at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_FAILED
     finally:
         if store is not None:
             with contextlib.suppress(IdempotencyError):

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from sagaguard.idempotency.backends.urls import check_url, masked
+from sagaguard.idempotency.backends.urls import check_url, driver_hint, masked
 from sagaguard.idempotency.errors import IdempotencyError, StoreUnavailable
 from sagaguard.idempotency.store import IdempotencyStore
 
 __all__ = [
     "SchemaMissing",
     "duration",
+    "install_hint",
     "open_existing_store",
+    "piped",
     "positive",
     "require_schema",
     "sqlite_file",
@@ -32,6 +36,31 @@ def duration(seconds: float) -> str:
     if s < 86_400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86_400}d{s % 86_400 // 3600:02d}h"
+
+
+def install_hint(exc: ImportError) -> str:
+    """``: pip install 'sagaguard[redis]'`` for a backend driver that is missing, else ``""``."""
+    hint = driver_hint(exc)
+    return f": {hint}" if hint else ""
+
+
+def piped(command: Callable[[], int], *, gone: int = 1) -> int:
+    """Run a command whose output may be piped (``sagaguard sagas list | head``), and flush it.
+
+    A reader that goes away (``head`` has its lines) ends the command quietly with ``gone``
+    instead of a ``BrokenPipeError`` traceback, here or when Python flushes stdout at exit. The
+    output is flushed inside, so a broken pipe is met here and not at exit.
+    """
+    try:
+        code = command()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Point stdout at /dev/null, so the flush at exit does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return gone
 
 
 def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:

@@ -26,6 +26,7 @@ import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
+from sagaguard.idempotency.checks import seconds, storable_text
 from sagaguard.idempotency.driving import AsyncDriver, SyncDriver
 from sagaguard.idempotency.effect import Classifier, Policy, ReconcileRequest, Retry
 from sagaguard.idempotency.errors import ConfigurationError
@@ -39,7 +40,6 @@ from sagaguard.idempotency.options import (
     check_run_options,
     check_sync_reconciler,
     fingerprint_selector,
-    seconds,
 )
 from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.idempotency.telemetry import EffectNaming, Outcome, counter_attributes, effect_naming
@@ -159,7 +159,8 @@ class Guard:
 
     Raises:
         ConfigurationError: ``lease``, ``retention`` or ``wait`` is not a finite number of seconds
-            (> 0; ``wait`` may be 0), naming the option.
+            (> 0; ``wait`` may be 0), naming the option; ``namespace`` is not storable text (a NUL
+            character; a lone surrogate raises CodecError).
     """
 
     def __init__(
@@ -175,7 +176,7 @@ class Guard:
         offload: bool | None = None,
     ) -> None:
         self.store = store
-        self.namespace = namespace
+        self.namespace = storable_text("namespace", namespace, empty_ok=True)
         self.lease = seconds("lease", lease)
         self.retention = seconds("retention", retention)
         self.wait = seconds("wait", wait, zero_ok=True)

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
+from sagaguard.idempotency.checks import storable_text
 from sagaguard.idempotency.errors import CodecError, ConfigurationError, NoScope
 
 __all__ = [
@@ -37,8 +38,6 @@ __all__ = [
 
 KEY_VERSION = 1
 """Bumped whenever the key encoding changes, so old and new keys never collide."""
-
-_MAX_PART = 4096
 
 
 def _encode_parts(*parts: str | int) -> bytes:
@@ -59,29 +58,10 @@ def _encode_parts(*parts: str | int) -> bytes:
     return b"".join(out)
 
 
-def _check_part(label: str, part: object) -> None:
-    """Refuse a part of an identity that some backend cannot store as the text it is.
-
-    The readable parts are stored beside the key; Postgres text cannot hold a NUL character
-    (psycopg cuts the string there, so the stored name would differ from the caller's and every
-    replay would conflict) and no backend can store a lone surrogate (no UTF-8 form). Checked
-    here, when the identity is made, so every backend refuses the same names before anything is
-    written.
-
-    Raises:
-        ConfigurationError: not a str, too long, or holding a NUL character.
-        CodecError: a lone surrogate (a ConfigurationError too).
-    """
-    if not isinstance(part, str):
-        raise ConfigurationError(f"{label} must be str, got {type(part).__name__}")
-    if len(part) > _MAX_PART:
-        raise ConfigurationError(f"{label} is longer than {_MAX_PART} characters")
-    if "\x00" in part:
-        raise ConfigurationError(f"{label} contains a NUL character, which Postgres cannot store")
-    try:
-        part.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise CodecError(f"{label} is not valid unicode: {exc.reason}") from exc
+def _storable(label: str, part: object) -> None:
+    """Refuse a part of an identity that some backend cannot store as the text it is (the readable
+    parts are stored beside the key); see :func:`~sagaguard.idempotency.checks.storable_text`."""
+    storable_text(label, part, empty_ok=True)
 
 
 def derive_key(namespace: str, scope: str, name: str, ordinal: int) -> str:
@@ -110,8 +90,8 @@ def key_deriver(namespace: str, name: str) -> Callable[[str, int], str]:
         raise ConfigurationError("an effect needs a non-empty name")
     if type(namespace) is not str or type(name) is not str:
         raise ConfigurationError("namespace, scope and name must be str")
-    _check_part("namespace", namespace)
-    _check_part("name", name)
+    _storable("namespace", namespace)
+    _storable("name", name)
     head = _encode_parts("sagaguard.key", KEY_VERSION, namespace)
     tail = _encode_parts(name)
     prefix = f"sg{KEY_VERSION}_"
@@ -123,7 +103,7 @@ def key_deriver(namespace: str, name: str) -> Callable[[str, int], str]:
             raise ConfigurationError(f"ordinal must be >= 0, got {ordinal}")
         if type(scope) is not str:
             raise ConfigurationError("namespace, scope and name must be str")
-        _check_part("scope", scope)
+        _storable("scope", scope)
         digest = hashlib.sha256(head + _encode_parts(scope) + tail + _encode_parts(ordinal))
         return prefix + digest.hexdigest()
 
@@ -141,7 +121,7 @@ def derive_explicit_key(namespace: str, key: str, name: str) -> str:
     if not key or not name:
         raise ConfigurationError("an explicit key and its effect name must not be empty")
     for label, part in (("namespace", namespace), ("key", key), ("name", name)):
-        _check_part(label, part)
+        _storable(label, part)
     digest = hashlib.sha256(_encode_parts("sagaguard.explicit", KEY_VERSION, namespace, key, name))
     return f"sg{KEY_VERSION}_{digest.hexdigest()}"
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.codec import Codec
 from sagaguard.idempotency.effect import Policy, Retry
 from sagaguard.idempotency.errors import ConfigurationError
@@ -213,28 +213,6 @@ def check_sync_reconciler(name: str, options: Mapping[str, Any]) -> None:
     """
     if inspect.iscoroutinefunction(options.get("reconciler")):
         raise ConfigurationError(f"{name}: an async reconciler needs an async effect (or arun)")
-
-
-def seconds(label: str, value: object, *, zero_ok: bool = False) -> float:
-    """A duration option checked: a finite number of seconds, > 0 (or >= 0 with ``zero_ok``).
-
-    NaN and infinity are refused: NaN compares false with everything, so a NaN lease would never
-    run out (a crashed worker's claim would block for ever), and an infinite one never either.
-
-    Raises:
-        ConfigurationError: naming ``label``, when ``value`` is not such a number (a bool neither).
-    """
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-        or (value == 0 and not zero_ok)
-    ):
-        raise ConfigurationError(
-            f"{label}= must be a finite number of seconds {'>= 0' if zero_ok else '> 0'}, got {value!r}"
-        )
-    return float(value)
 
 
 def _seconds(options: Mapping[str, Any], label: str, default: float, *, zero_ok: bool) -> float:

@@ -90,7 +90,12 @@ class IdempotencyStore(Protocol):
         ...
 
     def get(self, key: str) -> Record | None:
-        """The record under ``key``, or None (expired records may still be returned until purged)."""
+        """The record under ``key``, or None (expired records may still be returned until purged).
+
+        Raises:
+            ConfigurationError: ``key`` holds a NUL character (CodecError: a lone surrogate), on
+                every store alike, before the backend is asked.
+        """
         ...
 
     def complete(self, key: str, token: int, result: str, retention: float) -> Record:

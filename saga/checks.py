@@ -1,7 +1,8 @@
 """Definition-time checks of saga steps: signatures, compensation arity, storable result types.
 
 Everything that can be checked when a step is declared is checked here, so a malformed saga fails
-at import time, not after a charge.
+at import time, not after a charge; and the saga id every entry point takes, before anything is
+stored or looked up under it.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import typing
 from collections.abc import Callable
 from typing import Any, Union
 
+from sagaguard.idempotency.checks import storable_text
 from sagaguard.idempotency.codec import Codec
 from sagaguard.idempotency.errors import CodecError
 from sagaguard.saga.errors import SignatureError, UnstorableType
 
-__all__ = ["check_callable", "check_compensation", "result_codec"]
+__all__ = ["check_callable", "check_compensation", "check_saga_id", "result_codec"]
 
 
 def check_callable(step: str, role: str, fn: Callable[..., Any], arity: int) -> inspect.Signature:
@@ -77,3 +79,18 @@ def result_codec(saga: str, step: str, fn: Callable[..., Any]) -> Codec[Any]:
         return Codec(hints.get("return", Any))
     except CodecError as exc:
         raise UnstorableType(f"saga {saga!r} step {step!r}: {exc}") from exc
+
+
+def check_saga_id(saga_id: object, label: str = "saga id") -> str:
+    """A saga (or agent run) id checked the same on every journal, before anything is stored or
+    looked up under it.
+
+    Postgres text cannot hold a NUL character: ``"X\x00a"`` would be stored and found as ``"X"``,
+    so another saga ``"X"`` would be answered with this one's outcome and never run.
+
+    Raises:
+        ConfigurationError: naming ``label``: empty, not a str, longer than 4096 characters, or
+            holding a NUL character.
+        CodecError: a lone surrogate (no UTF-8 form; a ConfigurationError too).
+    """
+    return storable_text(label, saga_id)

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from sagaguard.idempotency.backends.urls import check_url, masked
-from sagaguard.idempotency.cliutil import duration, positive, require_schema
+from sagaguard.idempotency.cliutil import duration, install_hint, piped, positive, require_schema
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.stores import open_store
@@ -170,9 +170,7 @@ def add_commands(subparsers: Any) -> None:
     worker.add_argument(
         "--interval", type=positive(float), default=5.0, metavar="S", help="seconds between sweeps (5)"
     )
-    worker.add_argument(
-        "--limit", type=positive(int), default=100, metavar="N", help="sagas per sweep (100)"
-    )
+    worker.add_argument("--limit", type=positive(int), default=100, metavar="N", help="sagas per sweep (100)")
     worker.add_argument(
         "--lease", type=positive(float), default=60.0, metavar="S", help="seconds a worker holds a saga (60)"
     )
@@ -297,12 +295,14 @@ def store_url(args: argparse.Namespace) -> str:
 
 
 def _journal(args: argparse.Namespace) -> SagaJournal:
-    """The journal on the store URL. Only the worker may create its tables; every other command
-    opens it as it is, so a mistyped URL is an error naming it rather than an empty journal."""
+    """The journal on the store URL. Only the long-running worker may create its tables; every
+    other command (``worker --once`` too: one sweep of an empty database has nothing to do) opens it
+    as it is, so a mistyped URL is an error naming it rather than an empty journal."""
     url = store_url(args)
+    creates = getattr(args, "saga_command", None) is cmd_worker and not getattr(args, "once", False)
     try:
         scheme = check_url(url, what="store")
-        if scheme not in ("sqlite", "postgresql") or getattr(args, "saga_command", None) is cmd_worker:
+        if scheme not in ("sqlite", "postgresql") or creates:
             return open_journal(url)
         from sagaguard.saga.journals.sql import SqlJournal
         from sagaguard.saga.journals.sql_schema import DEFAULT_PREFIX, journal_models
@@ -311,7 +311,8 @@ def _journal(args: argparse.Namespace) -> SagaJournal:
         require_schema(url, tables, what="sagas")
         return SqlJournal(url, create=False)
     except ModuleNotFoundError as exc:
-        raise CliError(f"the store {masked(url)!r} needs the {exc.name!r} package", EXIT_USAGE) from exc
+        hint = install_hint(exc)
+        raise CliError(f"the store {masked(url)!r} needs the {exc.name!r} package{hint}", EXIT_USAGE) from exc
 
 
 def cmd_list(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int:
@@ -501,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return run(args)
+    return piped(lambda: run(args), gone=EXIT_FAILED)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import Any
 
 from sagaguard.idempotency.codec import Codec, encode_error
 from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.saga.checks import check_saga_id
 from sagaguard.saga.decisions import failure_state, pivot_started
 from sagaguard.saga.errors import SagaCancelled, SagaError, SagaNotFound
 from sagaguard.saga.journal import SagaJournal
@@ -60,11 +61,12 @@ def signal(journal: SagaJournal, saga_id: str, name: str, payload: Any = None) -
 
     Raises:
         SagaNotFound: no saga has this id.
-        ConfigurationError: a malformed name; CodecError (a ConfigurationError): an unstorable
-            payload.
+        ConfigurationError: a malformed name or saga id (a NUL character); CodecError (a
+            ConfigurationError): an unstorable payload or a lone surrogate in the saga id.
         JournalError: the journal failed.
     """
-    if not _NAME.fullmatch(name):
+    check_saga_id(saga_id)
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigurationError(f"signal name {name!r} must be a letter or _ then letters, digits, _ . -")
     return journal.signal(saga_id, name, _any().encode(payload))
 
@@ -81,9 +83,10 @@ def cancel(journal: SagaJournal, saga_id: str, *, reason: str = "cancelled") -> 
 
     Raises:
         SagaNotFound: no saga has this id.
+        ConfigurationError: a malformed saga id, as for :func:`signal`.
         JournalError: the journal failed.
     """
-    snapshot = journal.load(saga_id)
+    snapshot = journal.load(check_saga_id(saga_id))
     if snapshot is None:
         raise SagaNotFound(saga_id)
     if snapshot.saga.state not in RESUMABLE_STATES or pivot_started(snapshot):
@@ -106,7 +109,7 @@ class NotParked(SagaError):
 
 
 def _parked(journal: SagaJournal, saga_id: str) -> SagaSnapshot:
-    snapshot = journal.load(saga_id)
+    snapshot = journal.load(check_saga_id(saga_id))
     if snapshot is None:
         raise SagaNotFound(saga_id)
     if snapshot.saga.state is not SagaState.NEEDS_ATTENTION:

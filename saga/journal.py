@@ -79,6 +79,10 @@ class SagaJournal(Protocol):
 
         Never check-then-act: of two concurrent starts, exactly one creates or takes over.
         The result carries the saga with all its step rows and signals as they stand after the start.
+
+        Raises:
+            ConfigurationError: ``saga_id`` is not storable text on every backend
+                (:func:`~sagaguard.saga.checks.check_saga_id`), before anything is written.
         """
         ...
 
@@ -124,7 +128,13 @@ class SagaJournal(Protocol):
         ...
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
-        """The saga and its step rows (ordered by index), or None."""
+        """The saga and its step rows (ordered by index), or None.
+
+        Raises:
+            ConfigurationError: ``saga_id`` is not storable text
+                (:func:`~sagaguard.saga.checks.check_saga_id`), on every journal alike: on Postgres
+                ``"X\x00a"`` would find ``"X"``.
+        """
         ...
 
     def commit(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:

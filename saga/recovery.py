@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sagaguard.idempotency.backends.offload import in_thread
+from sagaguard.idempotency.checks import count, seconds
 from sagaguard.idempotency.codec import decode_error, encode_error
 from sagaguard.idempotency.errors import CodecError
 from sagaguard.idempotency.guard import Guard
@@ -81,6 +82,7 @@ def _runner(
     max_recoveries: int | None,
     sleep: Callable[[float], None],
 ) -> SagaRunner:
+    seconds("lease", lease)  # checked even when a given runner's own lease is used instead
     if runner is not None:
         return runner
     return SagaRunner(
@@ -176,8 +178,13 @@ def recover(
         saga are reported and the sweep goes on. A saga whose journal no longer matches its
         definition (:class:`~sagaguard.saga.errors.StepMismatch`) or whose input no longer reads back is
         parked as NEEDS_ATTENTION with that error.
+
+    Raises:
+        ConfigurationError: ``lease`` is not a finite number of seconds > 0 or ``limit`` not an
+            int >= 1 (naming the option), before anything is claimed.
     """
     reg = as_registry(registry)
+    limit = count("limit", limit)
     drive = _runner(
         journal, guard, registry=reg, runner=runner, lease=lease, max_recoveries=max_recoveries, sleep=sleep
     )
@@ -209,6 +216,7 @@ async def arecover(
 ) -> RecoveryReport:
     """The async twin of :func:`recover`: journal calls and sync steps run in worker threads."""
     reg = as_registry(registry)
+    limit = count("limit", limit)
     drive = _runner(
         journal,
         guard,
@@ -248,9 +256,14 @@ class RecoveryWorker:
 
     Args:
         journal, guard, registry: as for :func:`recover`.
-        interval: seconds between sweeps.
+        interval: seconds between sweeps (0: back to back).
         limit, lease, max_recoveries, sleep: as for :func:`recover`.
         on_report: called with each sweep's report (logging, metrics).
+
+    Raises:
+        ConfigurationError: ``interval`` is not a finite number of seconds >= 0, ``lease`` not one
+            > 0, ``limit`` not an int >= 1 (or as for :class:`~sagaguard.saga.runner.SagaRunner`),
+            naming the option; nothing has run then.
     """
 
     def __init__(
@@ -269,8 +282,10 @@ class RecoveryWorker:
         self.journal = journal
         self.guard = guard
         self.registry = as_registry(registry)
-        self.interval = interval
-        self.limit = limit
+        # A NaN or negative interval would make run() sweep without pausing; 0 (back to back) is
+        # a choice, for tests and drains.
+        self.interval = seconds("interval", interval, zero_ok=True)
+        self.limit = count("limit", limit)
         self.runner = SagaRunner(
             journal, guard, lease=lease, max_recoveries=max_recoveries, registry=self.registry, sleep=sleep
         )

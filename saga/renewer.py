@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.renewal import Renewer
 from sagaguard.saga.errors import LostSagaLease
 from sagaguard.saga.journal import SagaJournal
@@ -45,7 +46,7 @@ class LeaseRenewer:
         thread: bool = True,
     ) -> None:
         self._journal = journal
-        self.lease = lease
+        self.lease = seconds("lease", lease)
         self._renewer = Renewer("sagaguard-saga-lease", monotonic=monotonic, thread=thread)
 
     @contextlib.contextmanager

@@ -28,11 +28,13 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
 from sagaguard.idempotency.backends.offload import in_thread
+from sagaguard.idempotency.checks import count, seconds
 from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import CodecError, ConfigurationError, OutcomeUnknown
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import fingerprint, scope
 from sagaguard.idempotency.records import Disposition
+from sagaguard.saga.checks import check_saga_id
 from sagaguard.saga.coordinator import SagaFlow
 from sagaguard.saga.definition import Saga, StepContext
 from sagaguard.saga.errors import NothingToUndo, SagaSuspended, StepTimeout, UnstorableType
@@ -97,6 +99,11 @@ class SagaRunner:
             A longer pause parks the saga COMPENSATING, its lease ending when the next attempt is
             due, and :meth:`run` returns: the recovery worker (:mod:`sagaguard.saga.recovery`) retries it
             then, with the compensation's retry policy going on from the attempts already made.
+
+    Raises:
+        ConfigurationError: ``lease`` is not a finite number of seconds > 0, ``wait`` or
+            ``compensation_inline`` not one >= 0, or ``max_recoveries`` not an int >= 0 (or None);
+            the message names the option.
     """
 
     def __init__(
@@ -113,19 +120,15 @@ class SagaRunner:
         renewer: LeaseRenewer | bool = True,
         compensation_inline: float = 2.0,
     ) -> None:
-        if lease <= 0 or wait < 0:
-            raise ConfigurationError("lease must be > 0 and wait >= 0")
-        if not 0 <= compensation_inline < float("inf"):
-            raise ConfigurationError("compensation_inline must be a finite number of seconds >= 0")
-        self.compensation_inline = compensation_inline
-        if max_recoveries is not None and max_recoveries < 0:
-            raise ConfigurationError("max_recoveries must be >= 0 or None")
+        self.lease = seconds("lease", lease)
+        self.wait = seconds("wait", wait, zero_ok=True)
+        self.compensation_inline = seconds("compensation_inline", compensation_inline, zero_ok=True)
+        self.max_recoveries = (
+            None if max_recoveries is None else count("max_recoveries", max_recoveries, minimum=0)
+        )
         self.journal = journal
         self.guard = guard
-        self.lease = lease
-        self.wait = wait
         self.registry = registry
-        self.max_recoveries = max_recoveries
         self._sleep = sleep
         self._async_sleep = async_sleep
         if renewer is True:
@@ -139,8 +142,7 @@ class SagaRunner:
             self.renewer.close()
 
     def _flow(self, saga: Saga[I], saga_id: str, value: I) -> SagaFlow:
-        if not saga_id:
-            raise ConfigurationError("a saga id must not be empty")
+        check_saga_id(saga_id)
         saga.freeze()
         try:
             text = saga.input_codec.encode(value)
@@ -222,7 +224,9 @@ class SagaRunner:
             SagaInProgress: another runner still holds it after ``wait`` seconds.
             LostSagaLease: another runner took the saga over while this one ran.
             JournalError: the journal failed (the saga resumes from its last commit).
-            ConfigurationError: the saga has async steps (use :meth:`arun`) or a bad id.
+            ConfigurationError: the saga has async steps (use :meth:`arun`), or the id is empty,
+                not a str or holds a NUL character (a lone surrogate: CodecError); nothing is
+                stored then.
         """
         _refuse_async(saga)
         flow = self._flow(saga, saga_id, input)

@@ -41,6 +41,11 @@ BAD = [
     pytest.param("redis://127.0.0.1:6379/zero", "must be a number", id="redis-bad-db"),
     pytest.param("mysql://u:secret@h/db", "unknown", id="unknown-scheme"),
     pytest.param("shop.db", "unknown", id="no-scheme"),
+    # A mistyped separator or no scheme at all printed the password in full.
+    pytest.param("redis//u:secret@127.0.0.1:6379/0", "unknown", id="redis-no-colon"),
+    pytest.param("postgresql:/u:secret@db.example/shop", "unknown", id="pg-one-slash"),
+    pytest.param("u:secret@db.example/shop", "unknown", id="userinfo-no-scheme"),
+    pytest.param("postgresql://u@db.example?password=secret", "names no database", id="pg-query-password"),
 ]
 
 
@@ -95,3 +100,52 @@ def test_sql_classes_built_from_a_url_check_it_as_open_store_does(cls: Any, url:
         cls(url)
     assert says in str(info.value)
     assert "secret" not in str(info.value)
+
+
+def test_masked_hides_a_password_after_a_mistyped_separator_or_without_a_scheme() -> None:
+    assert masked("redis//u:secret@h:6379/0") == "redis//u:***@h:6379/0"
+    assert masked("postgresql:/u:secret@h/db") == "postgresql:/u:***@h/db"
+    assert masked("u:secret@h/db") == "u:***@h/db"
+    assert masked("redis://u:sec/ret@h") == "redis://u:***@h"
+    assert masked("postgresql://u@h/db?sslmode=require&password=secret") == (
+        "postgresql://u@h/db?sslmode=require&password=***"
+    )
+
+
+@pytest.mark.parametrize(
+    "url", ["redis//u:secret@127.0.0.1:6379/0", "postgresql:/u:secret@db.example/shop", "u:secret@h/db"]
+)
+@pytest.mark.parametrize(
+    "command", [["effects", "list", "--store"], ["sagas", "list", "--store"], ["outbox", "status", "--db"]]
+)
+def test_the_cli_never_prints_the_password_of_a_mistyped_url(
+    url: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sagaguard.idempotency.cli import main
+
+    assert main([*command, url]) != 0
+    captured = capsys.readouterr()
+    assert "secret" not in captured.err + captured.out
+    assert "***" in captured.err
+
+
+def test_an_unknown_redis_query_parameter_is_a_configuration_error() -> None:
+    """redis-py hands unknown query parameters to its connection class: a raw TypeError before."""
+    from sagaguard.idempotency.stores.redis import RedisStore
+
+    url = "redis://:secret@127.0.0.1:6379/0?socket_timeout_typo=5"
+    for opener in (open_store, open_journal, RedisStore):
+        with pytest.raises(ConfigurationError, match="malformed redis URL") as info:
+            opener(url)
+        assert "secret" not in str(info.value)
+
+
+def test_a_postgres_url_without_psycopg_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    for name in [m for m in sys.modules if m == "psycopg" or m.startswith("psycopg.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # an import of it fails as if not installed
+    for opener in (open_store, open_journal, _relay):
+        with pytest.raises(ConfigurationError, match=r"pip install 'sagaguard\[postgres\]'"):
+            opener("postgresql://u:secret@127.0.0.1:5432/shop")

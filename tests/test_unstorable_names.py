@@ -8,9 +8,12 @@ a lone surrogate (it has no UTF-8 form). Each test runs on memory, SQLite, Postg
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sagaguard.idempotency import CodecError, ConfigurationError, Guard, scope
 from sagaguard.idempotency.store import IdempotencyStore
@@ -79,3 +82,60 @@ def test_text_with_no_utf8_form_is_refused(store: IdempotencyStore, where: str) 
             guard.effect(SURROGATE if where == "name" else "pay.charge")(_body(ran))(5)
     assert ran == []
     assert store.list() == []
+
+
+def test_a_guard_refuses_an_unstorable_namespace_when_it_is_made(store: IdempotencyStore) -> None:
+    with pytest.raises(ConfigurationError, match="namespace"):
+        Guard(store, namespace=f"tenant{NUL_NAME}")
+    with pytest.raises(CodecError, match="namespace"):
+        Guard(store, namespace=SURROGATE)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"), [(NUL_NAME, ConfigurationError), (SURROGATE, CodecError)], ids=repr
+)
+def test_getting_an_unstorable_key_is_refused_on_every_store(
+    store: IdempotencyStore, bad: str, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="key"):
+        store.get(bad)
+
+
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["name", "scope", "key", "namespace"]), st.text(min_size=1, max_size=10))
+def test_any_text_is_refused_typed_or_stored_and_replayed_as_given(
+    store: IdempotencyStore, where: str, text: str
+) -> None:
+    """Any text as an effect name, a scope, an explicit key or a namespace, on every backend: either
+    refused with a ConfigurationError before the body runs and with nothing stored, or run once and
+    replayed (the stored name is the caller's, so the replay finds it)."""
+    ran: list[int] = []
+    tag = uuid.uuid4().hex  # the other parts are new in every example, so no example replays another
+    before = len(store.list(limit=10_000))
+    name, scope_id = (text if where == "name" else f"pay.{tag}"), (text if where == "scope" else f"run-{tag}")
+    try:
+        guard = Guard(store, namespace=text if where == "namespace" else "default")
+        charge = guard.effect(name)(_body(ran))
+        for _ in range(2):
+            with scope(scope_id):
+                if where == "key":
+                    guard.run(name, lambda: _body(ran)(5), key=text, arguments={"amount": 5})
+                else:
+                    charge(5)
+    except ConfigurationError:
+        assert not _storable(text)
+        assert ran == []
+        assert len(store.list(limit=10_000)) == before
+        return
+    assert _storable(text)
+    assert ran == [5]  # the second call replayed the first's record

@@ -13,12 +13,18 @@ import stripe
 
 from sagaguard.connectors.errors import classify, replayable
 from sagaguard.connectors.stripe._objects import KEY_WINDOW
+from sagaguard.idempotency.checks import count, seconds
 from sagaguard.idempotency.effect import ReconcileRequest, Retry
 from sagaguard.idempotency.guard import Guard
 
 
 class StripeBase:
-    """The settings and clients of :class:`sagaguard.connectors.stripe.StripeEffects` (see there)."""
+    """The settings and clients of :class:`sagaguard.connectors.stripe.StripeEffects` (see there).
+
+    Raises:
+        ConfigurationError: a duration that is not a finite number of seconds (> 0; ``search_lag``
+            >= 0) or a count that is not an int, naming the option.
+    """
 
     def __init__(
         self,
@@ -35,6 +41,15 @@ class StripeBase:
         max_list_pages: int = 10,
         search_lag: float = 7200.0,
     ) -> None:
+        for label, value in (
+            ("key_window", key_window),
+            ("search_margin", search_margin),
+            ("timeout", timeout),
+        ):
+            seconds(label, value)
+        seconds("search_lag", search_lag, zero_ok=True)
+        count("network_retries", network_retries, minimum=0)
+        count("max_list_pages", max_list_pages)
         if client is None:
             if not api_key:
                 raise ValueError("StripeEffects needs a client or an api_key")

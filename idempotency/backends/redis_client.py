@@ -29,6 +29,8 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from sagaguard.idempotency.backends.kept import KeptConnections
+from sagaguard.idempotency.backends.urls import masked
+from sagaguard.idempotency.checks import count
 from sagaguard.idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
 
 __all__ = [
@@ -70,16 +72,15 @@ def connect(
     caller's call), decodes replies as UTF-8, and has a blocking pool of ``max_connections``.
 
     Raises:
-        ConfigurationError: the URL is malformed, ``max_connections`` is below 1, or ``prefix`` is
-            empty or has braces (it would break the hash tag that keeps each record's keys in one
-            cluster slot).
+        ConfigurationError: the URL is malformed or has an unknown query parameter,
+            ``max_connections`` is below 1, or ``prefix`` is empty or has braces (it would break
+            the hash tag that keeps each record's keys in one cluster slot).
     """
     if not prefix or "{" in prefix or "}" in prefix:
         raise ConfigurationError(f"a redis prefix must be non-empty and brace-free: {prefix!r}")
     if not isinstance(url_or_client, str):
         return url_or_client, False
-    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
-        raise ConfigurationError(f"max_connections must be a whole number >= 1, got {max_connections!r}")
+    count("max_connections", max_connections)
     try:
         pool = redis.BlockingConnectionPool.from_url(
             url_or_client,
@@ -90,8 +91,11 @@ def connect(
             socket_timeout=READ_TIMEOUT,
             retry=Retry(NoBackoff(), 0),
         )
-    except ValueError as exc:
-        raise ConfigurationError(f"malformed redis URL: {exc}") from exc
+        # redis-py hands the URL's query parameters to the connection class, and an unknown one
+        # is a TypeError only when the first connection is made: make one (it opens no socket).
+        pool.connection_class(**pool.connection_kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"malformed redis URL {masked(url_or_client)!r}: {exc}") from exc
     return redis.Redis.from_pool(pool), True
 
 

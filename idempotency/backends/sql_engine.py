@@ -25,7 +25,7 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import QueuePool, StaticPool
 
-from sagaguard.idempotency.backends.urls import check_url
+from sagaguard.idempotency.backends.urls import check_url, driver_hint, masked
 from sagaguard.idempotency.errors import ConfigurationError
 
 __all__ = ["BUSY_TIMEOUT_MS", "make_engine", "retry_locked"]
@@ -79,7 +79,8 @@ def make_engine(url: str | sa.URL) -> sa.Engine:
 
     Raises:
         ConfigurationError: the URL is not a string or URL, is malformed, names another database, or
-            is a Postgres URL with no host or no database (checked as :func:`open_store` checks it).
+            is a Postgres URL with no host or no database (checked as :func:`open_store` checks it),
+            or its driver is not installed (with the extra to install).
     """
     if not isinstance(url, sa.URL):
         check_url(url)
@@ -106,8 +107,12 @@ def make_engine(url: str | sa.URL) -> sa.Engine:
             pool_reset_on_return="rollback",
             hide_parameters=True,
         )
-    except (sa_exc.ArgumentError, ImportError) as exc:  # malformed, or a driver not installed
-        raise ConfigurationError(f"cannot use store URL: {exc}") from exc
+    except ImportError as exc:  # the driver is not installed
+        hint = driver_hint(exc)
+        raise ConfigurationError(f"cannot use store URL: {exc}{f' ({hint})' if hint else ''}") from exc
+    except sa_exc.ArgumentError as exc:  # malformed: SQLAlchemy's message may quote the whole URL
+        text = str(exc) if not isinstance(url, str) else str(exc).replace(url, masked(url))
+        raise ConfigurationError(f"cannot use store URL: {text}") from exc
     event.listen(engine, "connect", _sqlite_on_connect(memory))
     event.listen(engine, "begin", _sqlite_on_begin)
     return engine

@@ -15,16 +15,48 @@ from urllib.parse import parse_qs, urlsplit
 
 from sagaguard.idempotency.errors import ConfigurationError
 
-__all__ = ["check_url", "masked"]
+__all__ = ["check_url", "driver_hint", "masked"]
 
 _EXAMPLES = "memory://, sqlite:///file.db, postgresql://user@host/db or redis://host:6379/0"
-# user:password@ in the authority, up to its last "@" (the URL may be unparseable).
-_PASSWORD = re.compile(r"(://[^/@:]*:)[^/]*@")
+# A password in the query (libpq takes ?password=...).
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 
 def masked(url: str) -> str:
-    """``url`` with any password replaced by ``***``, also when the URL cannot be parsed."""
-    return _PASSWORD.sub(r"\1***@", url)
+    """``url`` with any password replaced by ``***``, also when the URL cannot be parsed.
+
+    A mistyped separator (``redis//``, ``postgresql:/``) or a missing scheme must not print the
+    password either, so the user information is found without the parser: everything before the
+    last ``@`` (ahead of any query), after the scheme's slashes if there are any; from its first
+    ``:`` on, it is masked.
+    """
+    url = _QUERY_PASSWORD.sub(r"\1***", url)
+    head, sep, query = url.partition("?")
+    at = head.rfind("@")
+    if at < 0:
+        return url
+    start = 0
+    for marker in ("//", ":/"):  # the first one found ends the (perhaps mistyped) scheme
+        found = head.find(marker)
+        if 0 <= found < at:
+            start = found + len(marker)
+            break
+    userinfo = head[start:at]
+    colon = userinfo.find(":")
+    if colon < 0:
+        return url
+    return head[: start + colon] + ":***" + head[at:] + sep + query
+
+
+_EXTRAS = {"redis": "redis", "psycopg": "postgres"}
+"""The extra that installs each backend driver."""
+
+
+def driver_hint(exc: ImportError) -> str:
+    """``pip install 'sagaguard[postgres]'`` when ``exc`` is a backend driver that is not installed
+    (psycopg, redis), else ``""``."""
+    extra = _EXTRAS.get((exc.name or "").split(".")[0])
+    return f"pip install 'sagaguard[{extra}]'" if extra else ""
 
 
 def check_url(url: object, *, what: str = "store") -> str:
@@ -91,7 +123,9 @@ def _check_redis(url: str, scheme: str, what: str) -> None:
     host, path, query = _parse(url, what)
     if scheme == "unix":
         if not path:
-            raise ConfigurationError(f"the {what} URL {masked(url)!r} names no socket: use unix:///path/redis.sock")
+            raise ConfigurationError(
+                f"the {what} URL {masked(url)!r} names no socket: use unix:///path/redis.sock"
+            )
         db = query.get("db", ["0"])[0]
     else:
         if not host:

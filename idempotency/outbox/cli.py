@@ -37,7 +37,7 @@ from typing import Any, TextIO
 
 import sqlalchemy as sa
 
-from sagaguard.idempotency.cliutil import duration, positive
+from sagaguard.idempotency.cliutil import duration, piped, positive
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
 from sagaguard.idempotency.outbox.model import DEFAULT_TABLE, check_schema, migrate
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "sagaguard_run", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return run(args)
+    return piped(lambda: run(args), gone=EXIT_FAILED)
 
 
 if __name__ == "__main__":

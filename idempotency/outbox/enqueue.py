@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -35,6 +34,7 @@ import sqlalchemy.orm
 from pydantic_core import to_jsonable_python
 from sqlalchemy.dialects import postgresql, sqlite
 
+from sagaguard.idempotency.checks import count, seconds, storable_text
 from sagaguard.idempotency.errors import CodecError, ConfigurationError, KeyConflict, StoreError
 from sagaguard.idempotency.keys import provider_key as derive_provider_key
 from sagaguard.idempotency.outbox.model import (
@@ -89,9 +89,8 @@ def _encode_headers(headers: Mapping[str, str] | None) -> str | None:
 
 
 def _text(label: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError(f"{label} must be a non-empty string, got {value!r}")
-    return value
+    # The same check as every stored name: Postgres text cannot hold a NUL, no backend a surrogate.
+    return storable_text(label, value)
 
 
 def enqueue(
@@ -239,10 +238,8 @@ def _values(
     """The row's values and the message id as text, every argument checked (nothing is written
     before this passes)."""
     _text("type", type)
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ConfigurationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
-        raise ConfigurationError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+    count("max_attempts", max_attempts)
+    seconds("delay", delay, zero_ok=True)
     if message_id is not None and (not isinstance(message_id, uuid.UUID) or message_id.version != 7):
         # Ids sort by creation: delivery order within an aggregate and purge depend on it.
         raise ConfigurationError(f"message_id must be a UUIDv7 (see uuid7()), got {message_id!r}")

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 
+from sagaguard.idempotency.checks import count, storable_text
 from sagaguard.idempotency.codec import Codec
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.keys import EffectIdentity, current_scope, scope
@@ -67,6 +68,10 @@ class Outbox:
         clock: seconds since the epoch for enqueued rows (tests); default: the database's clock.
         max_attempts: deliveries tried before a message is dead-lettered (per message overridable).
         max_payload_bytes: larger payloads are refused at enqueue.
+
+    Raises:
+        ConfigurationError: a bad table name, or ``max_attempts`` or ``max_payload_bytes`` not an
+            int >= 1 (naming the option), at construction rather than at the first enqueue.
     """
 
     def __init__(
@@ -79,8 +84,8 @@ class Outbox:
     ) -> None:
         self.table_name = check_table_name(table_name)
         self.clock = clock
-        self.max_attempts = max_attempts
-        self.max_payload_bytes = max_payload_bytes
+        self.max_attempts = count("max_attempts", max_attempts)
+        self.max_payload_bytes = count("max_payload_bytes", max_payload_bytes)
         self.handlers: dict[str, Handler] = {}
         """Message type -> handler. Relays look handlers up here for every message."""
 
@@ -90,10 +95,10 @@ class Outbox:
         """Deliver messages of ``type`` to ``handler`` (a sync or async callable of a Message).
 
         Raises:
-            ConfigurationError: ``type`` already has a handler, or ``handler`` is not callable.
+            ConfigurationError: ``type`` already has a handler or is not storable text (empty, a NUL
+                character; a lone surrogate: CodecError), or ``handler`` is not callable.
         """
-        if not isinstance(type, str) or not type:
-            raise ConfigurationError("a message type must be a non-empty string")
+        storable_text("a message type", type)
         if not callable(handler):
             raise ConfigurationError(f"the handler of {type!r} must be callable")
         if type in self.handlers:

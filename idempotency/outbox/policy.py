@@ -4,13 +4,13 @@ delivery becomes. No I/O, so the decisions are table-tested (tests/test_outbox_r
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import tenacity
 
+from sagaguard.idempotency.checks import count, seconds
 from sagaguard.idempotency.errors import CodecError, ConfigurationError, NotApplied, ReplayedFailure
 from sagaguard.idempotency.outbox.claims import Claimed, Settle
 from sagaguard.idempotency.outbox.control import DEFAULT_RETENTION
@@ -76,29 +76,15 @@ class RelaySettings:
     no message is ever lost, since the messages themselves were committed by their producers."""
 
     def __post_init__(self) -> None:
+        # The one check of every duration and count option (finite: a NaN poll interval would
+        # make an idle relay spin), naming the field.
         for name in ("lease", "poll_interval", "status_every"):
-            value = getattr(self, name)
-            if not _finite_seconds(value) or value <= 0:
-                raise ConfigurationError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+            seconds(name, getattr(self, name))
         for name in ("batch_size", "concurrency"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{name} must be an int >= 1, got {value!r}")
-        if not _finite_seconds(self.retention) or self.retention < 0:
-            raise ConfigurationError(
-                f"retention must be a finite number of seconds >= 0, got {self.retention!r}"
-            )
-        every = self.purge_every
-        if every is not None and (not _finite_seconds(every) or every <= 0):
-            raise ConfigurationError(
-                f"purge_every must be a finite number of seconds > 0 (or None), got {every!r}"
-            )
-
-
-def _finite_seconds(value: object) -> bool:
-    """A number of seconds that is neither a bool nor NaN nor infinite (NaN compares false with
-    every bound, so it would pass a plain ``<= 0`` check)."""
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+            count(name, getattr(self, name))
+        seconds("retention", self.retention, zero_ok=True)
+        if self.purge_every is not None:
+            seconds("purge_every", self.purge_every)
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Collection
 
 from sagaguard.idempotency import holder as _holder
+from sagaguard.idempotency.checks import storable_text
 from sagaguard.idempotency.errors import LostOwnership
 from sagaguard.idempotency.keys import EffectIdentity
 from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
@@ -88,6 +89,7 @@ class MemoryStore:
             return rec
 
     def get(self, key: str) -> Record | None:
+        storable_text("key", key, empty_ok=True)  # refused as every other store refuses it
         with self._lock:
             return self._records.get(key)
 

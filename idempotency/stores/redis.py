@@ -31,6 +31,7 @@ from redis.commands.core import Script
 from sagaguard.idempotency import holder as _holder
 from sagaguard.idempotency.backends.redis_client import MAX_CONNECTIONS, ScriptRunner, connect, store_error
 from sagaguard.idempotency.backends.redis_persistence import check_persistence
+from sagaguard.idempotency.checks import storable_text
 from sagaguard.idempotency.errors import CodecError, LostOwnership, StoreError
 from sagaguard.idempotency.keys import EffectIdentity
 from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
@@ -215,6 +216,7 @@ class RedisStore:
 
     def get(self, key: str) -> Record | None:
         """See :meth:`IdempotencyStore.get`: one ``HMGET``."""
+        storable_text("key", key, empty_ok=True)  # a lone surrogate would reach the driver
         try:
             values = self._client.hmget(self._name(key), FIELDS)
         except redis.RedisError as exc:

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sagaguard.idempotency import holder as _holder
 from sagaguard.idempotency.backends.sql_driver import SqlDriver, Statement
 from sagaguard.idempotency.backends.sql_engine import make_engine, retry_locked
+from sagaguard.idempotency.checks import storable_text
 from sagaguard.idempotency.errors import ConfigurationError, LostOwnership, StoreError, StoreUnavailable
 from sagaguard.idempotency.keys import EffectIdentity
 from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
@@ -285,6 +286,7 @@ class SqlStore:
 
     def get(self, key: str) -> Record | None:
         """See :meth:`IdempotencyStore.get`."""
+        storable_text("key", key, empty_ok=True)  # a lone surrogate would reach the driver
         rows = self._write("get", {"key": key})
         return _record(rows[0]) if rows else None
 

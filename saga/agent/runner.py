@@ -16,10 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.guard import Guard
 from sagaguard.saga.agent.definition import AgentSaga
 from sagaguard.saga.agent.run import AgentRun
+from sagaguard.saga.checks import check_saga_id
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.records import SagaOutcome
 from sagaguard.saga.renewer import LeaseRenewer
@@ -38,6 +39,9 @@ class AgentRunner:
         lease: seconds a run's lease lasts; renewed while the run is open, so a dead process's run
             is found by the worker about this long after it died.
         sleep: the sleep between undo retries (inject one in tests).
+
+    Raises:
+        ConfigurationError: ``lease`` is not a finite number of seconds > 0.
     """
 
     def __init__(
@@ -48,11 +52,9 @@ class AgentRunner:
         lease: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if lease <= 0:
-            raise ConfigurationError("lease must be > 0")
+        self.lease = seconds("lease", lease)
         self.journal = journal
         self.guard = guard
-        self.lease = lease
         self._sleep = sleep
         self.renewer = LeaseRenewer(journal, lease)
 
@@ -72,10 +74,10 @@ class AgentRunner:
                 runs out.
 
         Raises:
-            ConfigurationError: an empty run id.
+            ConfigurationError: a run id that is empty, not a str or holds a NUL character (a
+                lone surrogate: CodecError), before anything is stored.
         """
-        if not run_id:
-            raise ConfigurationError("an agent run id must not be empty")
+        check_saga_id(run_id, "an agent run id")
         return AgentRun(self, agent.freeze(), run_id, exclusive=exclusive)
 
     def reject(self, agent: AgentSaga, run_id: str, reason: str = "rejected") -> SagaOutcome:

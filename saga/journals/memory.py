@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 
 from sagaguard.saga import lease as _lease
+from sagaguard.saga.checks import check_saga_id
 from sagaguard.saga.errors import LostSagaLease, SagaNotFound
 from sagaguard.saga.records import (
     LIVE_STATES,
@@ -82,6 +83,7 @@ class MemoryJournal:
         holder: str | None = None,
     ) -> StartResult:
         """See :meth:`SagaJournal.start`."""
+        check_saga_id(saga_id)
         result = self._start(saga_id, name, version, input, fingerprint, lease, timeout, first, holder)
         return _lease.after_start(
             self, result, name=name, version=version, fingerprint=fingerprint, lease=lease, holder=holder
@@ -155,6 +157,7 @@ class MemoryJournal:
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`."""
+        check_saga_id(saga_id)
         with self._lock:
             return self._snapshot(saga_id) if saga_id in self._sagas else None
 

@@ -39,6 +39,7 @@ from sagaguard.idempotency.backends.redis_client import ScriptRunner, connect
 from sagaguard.idempotency.backends.redis_persistence import check_persistence
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga import lease as _lease
+from sagaguard.saga.checks import check_saga_id
 from sagaguard.saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
 from sagaguard.saga.journals.redis_scripts import (
     CANCEL,
@@ -275,6 +276,7 @@ class RedisJournal:
     ) -> StartResult:
         """See :meth:`SagaJournal.start`: one script (after lowering the saga's index entry); a live
         saga found held by a dead holder is then taken over (:mod:`sagaguard.saga.lease`)."""
+        check_saga_id(saga_id)
         args: tuple[Any, ...] = (
             self._now_arg(), name, str(version), fingerprint, input, float(lease), float(timeout),
             _lease.current(holder),
@@ -306,6 +308,7 @@ class RedisJournal:
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`: one read-only script, a consistent view of the saga."""
+        check_saga_id(saga_id)
         reply = self._run(self._load, self._keys(saga_id), (self._now_arg(),))
         return None if reply[0] == "unknown" else self._snapshot(saga_id, reply)
 

@@ -35,6 +35,7 @@ from sagaguard.idempotency.backends.sql_driver import SqlDriver, Statement
 from sagaguard.idempotency.backends.sql_engine import make_engine
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga import lease as _lease
+from sagaguard.saga.checks import check_saga_id
 from sagaguard.saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
 from sagaguard.saga.journals.sql_schema import (
     DEFAULT_PREFIX,
@@ -252,6 +253,7 @@ class SqlJournal:
         A saga the upsert created has no step rows but ``first`` and no signals (a saga row is
         never deleted, and a signal needs an existing saga), so nothing is read back for it.
         """
+        check_saga_id(saga_id)
         params = self._params(
             saga_id=saga_id,
             name=name,
@@ -329,6 +331,7 @@ class SqlJournal:
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.load`."""
+        check_saga_id(saga_id)  # on Postgres "X\x00a" would find "X"
         with self._connect() as conn:
             row = conn.execute(self._sql.get_saga, {"saga_id": saga_id}).first()
             return None if row is None else self._snapshot(conn, _saga(row))
