@@ -20,7 +20,14 @@ steps are its compensatable and pivot tool calls, appended as they happen.
 """
 
 from sagaguard.saga.agent.call import ToolCall
-from sagaguard.saga.agent.definition import AgentSaga, AgentStep, OnFailure, resume_signal
+from sagaguard.saga.agent.definition import (
+    AgentSaga,
+    AgentStep,
+    OnFailure,
+    resume_signal,
+    tool_outcome,
+    tool_outcomes,
+)
 from sagaguard.saga.agent.errors import (
     AgentRunAbandoned,
     AgentRunCancelled,
@@ -50,5 +57,7 @@ __all__ = [
     "UnknownUndo",
     "current_run",
     "resume_signal",
+    "tool_outcome",
+    "tool_outcomes",
     "undoing",
 ]

@@ -47,12 +47,13 @@ from sagaguard.saga.agent.call import RUN_PREFIX, TOOL_PREFIX, ToolCall, run_ste
 from sagaguard.saga.agent.errors import AgentRunAbandoned, UnknownUndo
 from sagaguard.saga.agent.undo import Undo, UndoRegistry, undoing_call
 from sagaguard.saga.context import StepContext
+from sagaguard.saga.decisions import CallOutcome, call_outcome
 from sagaguard.saga.definition import FORWARD_RETRY, Saga, _check_timeout
 from sagaguard.saga.errors import DefinitionMismatch, SignalTimeout
-from sagaguard.saga.records import CompensationPolicy, SagaSnapshot, StepKind, StepRecord
+from sagaguard.saga.records import CompensationPolicy, SagaSnapshot, StepKind, StepRecord, StepState
 from sagaguard.saga.step import Step
 
-__all__ = ["AgentSaga", "AgentStep", "OnFailure", "resume_signal"]
+__all__ = ["AgentSaga", "AgentStep", "OnFailure", "resume_signal", "tool_outcome", "tool_outcomes"]
 
 RunInput = dict[str, str]
 """An agent run's saga input: ``{"run": run_id}``."""
@@ -73,6 +74,39 @@ class OnFailure(enum.StrEnum):
 def resume_signal(index: int) -> str:
     """The signal the saga waits for when the worker parks it at step ``index``."""
     return f"agent.resume.{index}"
+
+
+def tool_outcome(guard: Guard, row: StepRecord) -> CallOutcome | None:
+    """The real outcome of the tool call an agent row records, read from ``guard``'s ledger (see
+    :func:`~sagaguard.saga.decisions.call_outcome`); None for a row that is not a tool call's.
+
+    Raises:
+        StoreError: the ledger could not be read.
+    """
+    call = ToolCall.of_row(row)
+    if call is None:
+        return None
+    record = guard.store.get(derive_explicit_key(guard.namespace, call.key, call.effect))
+    if record is None:
+        return call_outcome(row, None)
+    return call_outcome(row, record.state, lease_live=record.lease_live(guard.store.now()))
+
+
+def tool_outcomes(guard: Guard, snapshot: SagaSnapshot) -> dict[int, CallOutcome]:
+    """What each tool call of the run ``snapshot`` did, forward (its undo aside), by step index,
+    read from ``guard``'s ledger: what :func:`~sagaguard.saga.timeline.timeline` and ``sagaguard
+    sagas show`` report.
+
+    Raises:
+        StoreError: the ledger could not be read.
+    """
+    found: dict[int, CallOutcome] = {}
+    for row in snapshot.steps:
+        undone = row.state in (StepState.COMPENSATED, StepState.COMPENSATION_FAILED)
+        outcome = tool_outcome(guard, row.evolve(state=StepState.STARTED) if undone else row)
+        if outcome is not None:
+            found[row.index] = outcome
+    return found
 
 
 class AgentSaga(Saga[RunInput]):
