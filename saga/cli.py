@@ -35,7 +35,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from sagaguard.idempotency.backends.urls import check_url, masked
@@ -43,12 +43,23 @@ from sagaguard.idempotency.cliutil import duration, positive, require_schema
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.stores import open_store
+from sagaguard.saga.agent.call import ToolCall
+from sagaguard.saga.agent.definition import tool_outcomes
 from sagaguard.saga.control import cancel, resolve, retry, signal
+from sagaguard.saga.decisions import CallOutcome
 from sagaguard.saga.definition import Saga
 from sagaguard.saga.errors import SagaError, SagaNotFound
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.journals import DEFAULT_URL, open_journal
-from sagaguard.saga.records import FOREVER, RESUMABLE_STATES, SagaRecord, SagaSnapshot, SagaState
+from sagaguard.saga.records import (
+    FOREVER,
+    RESUMABLE_STATES,
+    SagaRecord,
+    SagaSnapshot,
+    SagaState,
+    StepRecord,
+    StepState,
+)
 from sagaguard.saga.recovery import RecoveryReport, RecoveryWorker, run_worker
 from sagaguard.saga.registry import SagaRegistry, as_registry
 from sagaguard.saga.timeline import timeline
@@ -238,7 +249,35 @@ def _pretty(text: str | None) -> str:
         return text
 
 
-def _show(snapshot: SagaSnapshot, now: float, out: TextIO) -> None:
+def _outcomes(args: argparse.Namespace, snapshot: SagaSnapshot) -> dict[int, CallOutcome]:
+    """What an agent run's tool calls did, from the ledger on the same store URL; empty for a
+    saga without tool calls, or when the ledger cannot be read (the rows then say what they know)."""
+    if not any(ToolCall.of_row(row) is not None for row in snapshot.steps):
+        return {}
+    try:
+        store = open_store(store_url(args))
+    except Exception:  # the journal alone still shows the saga
+        return {}
+    try:
+        return tool_outcomes(Guard(store), snapshot)
+    except Exception:
+        return {}
+    finally:
+        store.close()
+
+
+def _step_state(row: StepRecord, outcome: CallOutcome | None) -> str:
+    """A step's state as ``sagas show`` lists it: a tool call's real outcome where it is known."""
+    if outcome is None or row.state is StepState.COMPENSATION_FAILED:
+        return row.state.value
+    if row.state is StepState.COMPENSATED:
+        return CallOutcome.UNDONE.value
+    return outcome.value
+
+
+def _show(
+    snapshot: SagaSnapshot, now: float, out: TextIO, outcomes: Mapping[int, CallOutcome] | None = None
+) -> None:
     r = snapshot.saga
     fields = [
         ("saga id", r.saga_id),
@@ -257,13 +296,15 @@ def _show(snapshot: SagaSnapshot, now: float, out: TextIO) -> None:
     for name, value in fields:
         print(f"{name.ljust(width)}  {value}", file=out)
     print("steps:", file=out)
+    found = outcomes or {}
     for row in snapshot.steps:
         extra = " (not applied)" if row.not_applied else ""
-        print(f"  {row.index}. {row.name} [{row.kind.value}] {row.state.value}{extra}", file=out)
+        state = _step_state(row, found.get(row.index))
+        print(f"  {row.index}. {row.name} [{row.kind.value}] {state}{extra}", file=out)
     if snapshot.signals:
         print(f"signals: {', '.join(sorted(snapshot.signals))}", file=out)
     print("timeline:", file=out)
-    for event in timeline(snapshot):
+    for event in timeline(snapshot, found):
         print(f"  {event}", file=out)
     if r.error is not None:
         print("error:", file=out)
@@ -338,14 +379,19 @@ def cmd_show(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int
         raise SagaNotFound(args.saga_id)
     if args.json:
         data = record_json(snapshot.saga)
+        outcomes = _outcomes(args, snapshot)
         data["steps"] = [
-            {**dataclasses.asdict(s), "kind": s.kind.value, "state": s.state.value} for s in snapshot.steps
-        ]
+            {
+                **dataclasses.asdict(s), "kind": s.kind.value, "state": s.state.value,
+                "outcome": _step_state(s, outcomes.get(s.index)) if s.index in outcomes else None,
+            }
+            for s in snapshot.steps
+        ]  # fmt: skip
         data["signals"] = dict(snapshot.signals)
         json.dump(data, out, indent=2, ensure_ascii=False)
         print(file=out)
     else:
-        _show(snapshot, journal.now(), out)
+        _show(snapshot, journal.now(), out, _outcomes(args, snapshot))
     return EXIT_OK
 
 
