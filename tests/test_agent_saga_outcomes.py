@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tenacity
 
-from sagaguard.idempotency import Guard, open_store
+from sagaguard.idempotency import Guard, OutcomeUnknown, open_store
 from sagaguard.idempotency.cli import main
+from sagaguard.idempotency.effect import Retry
 from sagaguard.saga import SagaState
 from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
 from sagaguard.saga.journal import SagaJournal
@@ -131,3 +133,57 @@ def test_sagas_show_reports_each_tool_calls_real_outcome_on_a_failing_trip(
         line.split(": ", 1)[1] for line in timeline if "started" not in line and "compensated" not in line
     ]
     assert [what.split("  (")[0] for what in forward] == ["succeeded", "succeeded", "failed"]
+
+
+class Reset(Exception):
+    """The connection dropped mid-call: the effect may have happened."""
+
+
+def test_a_call_in_doubt_that_the_compensation_undid_stops_counting_as_in_doubt(
+    url: str, runner: AgentRunner, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world: list[str] = []
+    agent = AgentSaga("trip_agent", _undos(world))
+
+    def charge() -> str:
+        world.append("charge")
+        raise Reset("connection reset")
+
+    with pytest.raises(OutcomeUnknown), runner.run(agent, RUN) as run:
+        run.call("charge", charge, {"amount": 1}, undo="refund", call_id="c1")
+    assert run.outcome is not None and run.outcome.state is SagaState.COMPENSATED
+    assert world == ["charge", "refund"]
+    assert main(["effects", "list", "--store", url, "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [(r["name"], r["state"]) for r in records if r["name"] == "agent.tool.charge"] == [
+        ("agent.tool.charge", "failed")  # on main: in_doubt for ever, though the charge was refunded
+    ]
+    assert not [r for r in records if r["state"] in ("in_doubt", "in_progress")]
+    steps, _ = _show(url, capsys)
+    assert steps == ["0. tool.charge.0 [compensatable] undone"]
+    assert main(["sagas", "show", RUN, "--store", url]) == 0
+    out = capsys.readouterr().out
+    assert "step tool.charge.0: in doubt" in out and "step tool.charge.0: compensated" in out
+
+
+def test_sagas_show_names_the_cause_of_a_parked_compensation(
+    url: str, runner: AgentRunner, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An undo failing for longer than its in-line retries parks the run COMPENSATING for the
+    worker; ``sagas show`` says why (on main the cause was only on the compensation's record)."""
+    undos = UndoRegistry()
+
+    @undos.register
+    def cancel_hotel(arguments: Any, result: Any) -> None:
+        raise RuntimeError("hotel API unreachable")
+
+    later = Retry(stop=tenacity.stop_after_attempt(5), wait=tenacity.wait_fixed(60))
+    agent = AgentSaga("trip_agent", undos, compensation_retry=later)
+    with pytest.raises(ValueError), runner.run(agent, RUN) as run:
+        run.call("book_hotel", lambda: "bk-1", {"hotel": "ritz"}, undo="cancel_hotel", call_id="c1")
+        raise ValueError("the car tool failed")
+    assert run.outcome is not None and run.outcome.state is SagaState.COMPENSATING
+    assert main(["sagas", "show", RUN, "--store", url]) == 0
+    out = capsys.readouterr().out
+    assert "step tool.book_hotel.0: compensation retrying" in out
+    assert "RuntimeError: hotel API unreachable" in out

@@ -25,6 +25,7 @@ from sagaguard.saga.agent.definition import (
     AgentStep,
     OnFailure,
     resume_signal,
+    settle_undone,
     tool_outcome,
     tool_outcomes,
 )
@@ -34,6 +35,7 @@ from sagaguard.saga.agent.errors import (
     AgentRunEnded,
     AgentRunRejected,
     AgentSagaError,
+    CallUndone,
     UnknownUndo,
 )
 from sagaguard.saga.agent.run import AgentRun, current_run
@@ -50,6 +52,7 @@ __all__ = [
     "AgentSaga",
     "AgentSagaError",
     "AgentStep",
+    "CallUndone",
     "OnFailure",
     "ToolCall",
     "Undo",
@@ -57,6 +60,7 @@ __all__ = [
     "UnknownUndo",
     "current_run",
     "resume_signal",
+    "settle_undone",
     "tool_outcome",
     "tool_outcomes",
     "undoing",
