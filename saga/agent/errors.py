@@ -48,6 +48,9 @@ class UnknownUndo(AgentSagaError, DefinitionMismatch):
 class AgentRunEnded(AgentSagaError):
     """The run's saga is no longer running (it completed, is compensating, or needs attention).
 
+    Opening a COMPLETED run does not raise it (the run replays, see ``AgentRunner.run``); a new
+    tool call of that run does.
+
     Attributes:
         saga_id: the run's saga.
         state: its state, as the journal holds it.
@@ -104,8 +107,10 @@ class AgentRunCancelled(BaseException):
     """Raised at the next tool call of a run that was cancelled from outside (``sagaguard sagas
     cancel``, :func:`saga.cancel`); the run's context then compensates.
 
-    Derives from BaseException because it stops the agent: a tool's ``except Exception`` must not
-    turn it into a tool result the model reads.
+    Derives from BaseException because it stops the agent: a tool's ``except Exception`` (and the
+    frameworks that turn a tool's exception into text for the model) must not turn it into a tool
+    result the model reads. Let it reach the run's ``with`` block, which compensates and re-raises
+    it; catch it outside the block; code that catches BaseException must re-raise it.
 
     Attributes:
         saga_id: the run's saga.
