@@ -40,7 +40,7 @@ from sagaguard.saga.agent.errors import (
 )
 from sagaguard.saga.agent.run import AgentRun, current_run
 from sagaguard.saga.agent.runner import AgentRunner
-from sagaguard.saga.agent.undo import Undo, UndoRegistry, undoing
+from sagaguard.saga.agent.undo import Undo, UndoRegistry, dependency, provider_key, undoing
 
 __all__ = [
     "AgentRun",
@@ -59,6 +59,8 @@ __all__ = [
     "UndoRegistry",
     "UnknownUndo",
     "current_run",
+    "dependency",
+    "provider_key",
     "resume_signal",
     "settle_undone",
     "tool_outcome",

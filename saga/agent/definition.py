@@ -268,7 +268,7 @@ class AgentStep(Step[RunInput, Any]):
     ) -> None:
         self.call = call
         self._guard = guard
-        compensation = None if undo is None else _compensation(undo, call, guard)
+        compensation = None if undo is None else _compensation(undo, call, guard, agent.undos)
         super().__init__(
             saga, row.index, row.name, row.kind, _await_agent(row.index, agent.abandon_after, call.as_json()),
             compensation=compensation, retry=_ONCE, compensation_retry=agent.compensation_retry,
@@ -291,12 +291,12 @@ class AgentStep(Step[RunInput, Any]):
         return record is None or record.state is State.FAILED
 
 
-def _compensation(undo: Undo, call: ToolCall, guard: Guard) -> Any:
+def _compensation(undo: Undo, call: ToolCall, guard: Guard, registry: UndoRegistry) -> Any:
     def compensate(ctx: StepContext, _input: Any, result: Any) -> None:
         # The row's result once the call returned; None when the row never recorded one (the
         # outcome is unknown: the undo finds the effect by its arguments or undoing()'s key).
         recorded = ToolCall.from_json(result) or call
-        with undoing_call(recorded):
+        with undoing_call(recorded, registry, guard.namespace):
             undo(recorded.arguments, recorded.result if recorded.done else None)
         if not recorded.done:
             # Undone while its outcome was unknown: its record stops counting as in doubt. Inside
