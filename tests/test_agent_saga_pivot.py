@@ -108,14 +108,14 @@ def factory(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) ->
 
 
 def _trip(
-    factory: JournalFactory, email: Exception, raised: type[Exception]
+    factory: JournalFactory, email: Exception, raised: type[Exception], on_failure: str = "compensate"
 ) -> tuple[SagaSnapshot, list[str]]:
     """Book, charge, then a pivot email failing with ``email``; returns the journal and the world."""
     world: list[str] = []
     undos = UndoRegistry()
     undos.add("cancel_booking", lambda _a, _r: world.append("cancel_booking"))
     undos.add("refund", lambda _a, _r: world.append("refund"))
-    agent = AgentSaga("pivot_agent", undos)
+    agent = AgentSaga("pivot_agent", undos, on_failure=on_failure)
     journal = factory.open()
     runner = AgentRunner(journal, factory.guard(), sleep=lambda _s: None)
 
@@ -144,8 +144,11 @@ def test_a_pivot_refused_not_applied_undoes_the_calls_before_it(factory: Journal
     assert snapshot.steps[2].state is StepState.FAILED and snapshot.steps[2].not_applied
 
 
-def test_a_pivot_that_may_have_applied_parks_the_run_and_undoes_nothing(factory: JournalFactory) -> None:
-    snapshot, world = _trip(factory, Boom("connection reset"), OutcomeUnknown)
+@pytest.mark.parametrize("on_failure", ["compensate", "leave"])
+def test_a_pivot_that_may_have_applied_parks_the_run_and_undoes_nothing(
+    factory: JournalFactory, on_failure: str
+) -> None:
+    snapshot, world = _trip(factory, Boom("connection reset"), OutcomeUnknown, on_failure)
     assert snapshot.saga.state is SagaState.NEEDS_ATTENTION
     assert world == ["book", "charge", "email"]
     pivot = snapshot.steps[2]

@@ -219,9 +219,16 @@ class AgentRun:
             record = self._load().saga
             self._compensate(record.error or encode_error(SagaCancelled()))
         elif self.agent.on_failure is OnFailure.LEAVE:
-            if self._load().saga.state is not SagaState.RUNNING:
+            snapshot = self._load()
+            if snapshot.saga.state is not SagaState.RUNNING:
                 raise AgentRunEnded(self.run_id, "no longer running")
-            self._fail(encode_error(exc), SagaState.NEEDS_ATTENTION)
+            pivot = _open_pivot(snapshot)
+            if pivot is not None and pivot_failure(self._outcome(pivot)) is SagaState.NEEDS_ATTENTION:
+                # Parked on the pivot, not on a run row: `sagas retry` then goes forward at the
+                # pivot rather than compensating a run whose pivot may have happened.
+                self._pivot_in_doubt(pivot, encode_error(exc))
+            else:
+                self._fail(encode_error(exc), SagaState.NEEDS_ATTENTION)
         else:
             self._compensate(encode_error(exc))
 
@@ -547,6 +554,10 @@ class AgentRun:
             self.outcome = SagaOutcome(self.run_id, snapshot.saga.state)
         return snapshot
 
+    def _outcome(self, row: StepRecord) -> CallOutcome:
+        """What the tool call of ``row`` did, from the ledger (in doubt if unreadable as a call)."""
+        return tool_outcome(self.runner.guard, row) or CallOutcome.IN_DOUBT
+
     def _pivot_in_doubt(self, pivot: StepRecord, cause: str) -> SagaOutcome:
         """Park the run NEEDS_ATTENTION on its pivot, whose call may have applied: the pivot's
         row FAILED (maybe applied) with ``cause``, as a declared saga's pivot that failed so; no
@@ -571,7 +582,7 @@ class AgentRun:
             pivots: tuple[StepRecord, ...] = ()
             pivot = _open_pivot(snapshot)
             if pivot is not None:
-                outcome = tool_outcome(self.runner.guard, pivot) or CallOutcome.IN_DOUBT
+                outcome = self._outcome(pivot)
                 if pivot_failure(outcome) is SagaState.NEEDS_ATTENTION:
                     return self._pivot_in_doubt(pivot, cause)
                 if outcome in (CallOutcome.NOT_STARTED, CallOutcome.FAILED):
