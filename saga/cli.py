@@ -6,7 +6,7 @@
     sagaguard sagas show SAGA_ID [--json]
     sagaguard sagas signal SAGA_ID NAME [--payload JSON]
     sagaguard sagas cancel SAGA_ID [--reason TEXT]
-    sagaguard sagas retry SAGA_ID
+    sagaguard sagas retry SAGA_ID [--fresh]
     sagaguard sagas resolve SAGA_ID STEP [--note TEXT]
     sagaguard sagas worker --app MODULE:ATTR [--guard MODULE:ATTR] [--interval S] [--once] ...
 
@@ -155,6 +155,12 @@ def add_commands(subparsers: Any) -> None:
         "the pivot that ran out of retries runs again. The next recovery sweep continues the saga.",
     )
     again.add_argument("saga_id", metavar="SAGA_ID")
+    again.add_argument(
+        "--fresh",
+        action="store_true",
+        help="run a failed compensation under a new attempt key: its effects are sent again under "
+        "new keys instead of replaying what they recorded (a refusal included)",
+    )
     again.set_defaults(saga_command=cmd_retry)
 
     settle = actions.add_parser(
@@ -181,9 +187,7 @@ def add_commands(subparsers: Any) -> None:
     worker.add_argument(
         "--interval", type=positive(float), default=5.0, metavar="S", help="seconds between sweeps (5)"
     )
-    worker.add_argument(
-        "--limit", type=positive(int), default=100, metavar="N", help="sagas per sweep (100)"
-    )
+    worker.add_argument("--limit", type=positive(int), default=100, metavar="N", help="sagas per sweep (100)")
     worker.add_argument(
         "--lease", type=positive(float), default=60.0, metavar="S", help="seconds a worker holds a saga (60)"
     )
@@ -415,7 +419,7 @@ def cmd_cancel(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> i
 
 def cmd_retry(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int:
     """``sagas retry``."""
-    record = retry(journal, args.saga_id)
+    record = retry(journal, args.saga_id, fresh=args.fresh)
     print(f"retry saga {args.saga_id!r}: {record.state.value}, due now (the worker continues it)", file=out)
     return EXIT_OK
 

@@ -13,6 +13,7 @@ together; nothing here reads a clock: "now" is the journal time of the snapshot'
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,7 @@ __all__ = [
     "compensation_retry_base",
     "decide",
     "decide_start",
+    "fresh_undo_signal",
     "failure_state",
     "merge_steps",
     "needs_compensation",
@@ -70,6 +72,7 @@ __all__ = [
     "pivot_started",
     "recovery_allowance",
     "step_deadline",
+    "undo_round",
     "wake_at",
 ]
 
@@ -490,3 +493,19 @@ def pivot_failure(outcome: CallOutcome) -> SagaState:
     if outcome in (CallOutcome.IN_DOUBT, CallOutcome.IN_FLIGHT):
         return SagaState.NEEDS_ATTENTION
     return SagaState.COMPENSATING
+
+
+_FRESH_UNDO = "sagaguard.undo.fresh."
+
+
+def fresh_undo_signal(index: int, round: int) -> str:
+    """The signal an operator's ``retry(..., fresh=True)`` delivers to send step ``index``'s
+    compensation again under new keys, for the ``round``-th time (1, 2, ...). Pure."""
+    return f"{_FRESH_UNDO}{index}.{round}"
+
+
+def undo_round(signals: Mapping[str, str], index: int) -> int:
+    """How many fresh retries step ``index``'s compensation was given (the signals of
+    :func:`fresh_undo_signal` delivered to the saga): 0 runs it under its first key. Pure."""
+    prefix = f"{_FRESH_UNDO}{index}."
+    return sum(1 for name in signals if name.startswith(prefix))
