@@ -194,8 +194,8 @@ def retry(journal: SagaJournal, saga_id: str, *, fresh: bool = False) -> SagaRec
             # in between runs the old round once more: the refusal is replayed, the saga needs
             # attention again, and the next fresh retry counts on from there.
             for row in rows:
-                round = undo_round(snapshot.signals, row.index) + 1
-                journal.signal(saga_id, fresh_undo_signal(row.index, round), "null")
+                nth = undo_round(snapshot.signals, row.index) + 1
+                journal.signal(saga_id, fresh_undo_signal(row.index, nth), "null")
         return record
     for row in snapshot.steps:
         if row.state is StepState.FAILED:

@@ -498,10 +498,10 @@ def pivot_failure(outcome: CallOutcome) -> SagaState:
 _FRESH_UNDO = "sagaguard.undo.fresh."
 
 
-def fresh_undo_signal(index: int, round: int) -> str:
+def fresh_undo_signal(index: int, nth: int) -> str:
     """The signal an operator's ``retry(..., fresh=True)`` delivers to send step ``index``'s
-    compensation again under new keys, for the ``round``-th time (1, 2, ...). Pure."""
-    return f"{_FRESH_UNDO}{index}.{round}"
+    compensation again under new keys, for the ``nth`` time (1, 2, ...). Pure."""
+    return f"{_FRESH_UNDO}{index}.{nth}"
 
 
 def undo_round(signals: Mapping[str, str], index: int) -> int:

@@ -57,14 +57,14 @@ def step_scope(saga_id: str, step: str) -> str:
     return f"{saga_id}/{step}"
 
 
-def compensation_key(saga_id: str, step: str, round: int = 0) -> str:
+def compensation_key(saga_id: str, step: str, fresh: int = 0) -> str:
     """The guard key (and effect scope) of a step's compensation. ``~`` never starts a step name.
 
-    ``round``: how many fresh retries an operator gave it (:func:`~sagaguard.saga.control.retry`
+    ``fresh``: how many fresh retries an operator gave it (:func:`~sagaguard.saga.control.retry`
     with ``fresh=True``); each one is a new key, so the effects inside are sent again under new
     keys instead of replaying what the earlier round recorded."""
     base = f"{saga_id}/{step}/~compensate"
-    return base if round == 0 else f"{base}/{round}"
+    return base if fresh == 0 else f"{base}/{fresh}"
 
 
 def _ambiguous(_exc: BaseException) -> Disposition:
