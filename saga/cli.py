@@ -6,7 +6,7 @@
     sagaguard sagas show SAGA_ID [--json]
     sagaguard sagas signal SAGA_ID NAME [--payload JSON]
     sagaguard sagas cancel SAGA_ID [--reason TEXT]
-    sagaguard sagas retry SAGA_ID
+    sagaguard sagas retry SAGA_ID [--fresh]
     sagaguard sagas resolve SAGA_ID STEP [--note TEXT]
     sagaguard sagas worker --app MODULE:ATTR [--guard MODULE:ATTR] [--interval S] [--once] ...
 
@@ -35,7 +35,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from sagaguard.idempotency.backends.urls import check_url, masked
@@ -43,12 +43,23 @@ from sagaguard.idempotency.cliutil import duration, install_hint, piped, positiv
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.stores import open_store
+from sagaguard.saga.agent.call import ToolCall
+from sagaguard.saga.agent.definition import tool_outcomes
 from sagaguard.saga.control import cancel, resolve, retry, signal
+from sagaguard.saga.decisions import CallOutcome
 from sagaguard.saga.definition import Saga
 from sagaguard.saga.errors import SagaError, SagaNotFound
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.journals import DEFAULT_URL, open_journal
-from sagaguard.saga.records import FOREVER, RESUMABLE_STATES, SagaRecord, SagaSnapshot, SagaState
+from sagaguard.saga.records import (
+    FOREVER,
+    RESUMABLE_STATES,
+    SagaRecord,
+    SagaSnapshot,
+    SagaState,
+    StepRecord,
+    StepState,
+)
 from sagaguard.saga.recovery import RecoveryReport, RecoveryWorker, run_worker
 from sagaguard.saga.registry import SagaRegistry, as_registry
 from sagaguard.saga.timeline import timeline
@@ -144,6 +155,12 @@ def add_commands(subparsers: Any) -> None:
         "the pivot that ran out of retries runs again. The next recovery sweep continues the saga.",
     )
     again.add_argument("saga_id", metavar="SAGA_ID")
+    again.add_argument(
+        "--fresh",
+        action="store_true",
+        help="run a failed compensation under a new attempt key: its effects are sent again under "
+        "new keys instead of replaying what they recorded (a refusal included)",
+    )
     again.set_defaults(saga_command=cmd_retry)
 
     settle = actions.add_parser(
@@ -236,7 +253,35 @@ def _pretty(text: str | None) -> str:
         return text
 
 
-def _show(snapshot: SagaSnapshot, now: float, out: TextIO) -> None:
+def _outcomes(args: argparse.Namespace, snapshot: SagaSnapshot) -> dict[int, CallOutcome]:
+    """What an agent run's tool calls did, from the ledger on the same store URL; empty for a
+    saga without tool calls, or when the ledger cannot be read (the rows then say what they know)."""
+    if not any(ToolCall.of_row(row) is not None for row in snapshot.steps):
+        return {}
+    try:
+        store = open_store(store_url(args))
+    except Exception:  # the journal alone still shows the saga
+        return {}
+    try:
+        return tool_outcomes(Guard(store), snapshot)
+    except Exception:
+        return {}
+    finally:
+        store.close()
+
+
+def _step_state(row: StepRecord, outcome: CallOutcome | None) -> str:
+    """A step's state as ``sagas show`` lists it: a tool call's real outcome where it is known."""
+    if outcome is None or row.state is StepState.COMPENSATION_FAILED:
+        return row.state.value
+    if row.state is StepState.COMPENSATED:
+        return CallOutcome.UNDONE.value
+    return outcome.value
+
+
+def _show(
+    snapshot: SagaSnapshot, now: float, out: TextIO, outcomes: Mapping[int, CallOutcome] | None = None
+) -> None:
     r = snapshot.saga
     fields = [
         ("saga id", r.saga_id),
@@ -255,13 +300,15 @@ def _show(snapshot: SagaSnapshot, now: float, out: TextIO) -> None:
     for name, value in fields:
         print(f"{name.ljust(width)}  {value}", file=out)
     print("steps:", file=out)
+    found = outcomes or {}
     for row in snapshot.steps:
         extra = " (not applied)" if row.not_applied else ""
-        print(f"  {row.index}. {row.name} [{row.kind.value}] {row.state.value}{extra}", file=out)
+        state = _step_state(row, found.get(row.index))
+        print(f"  {row.index}. {row.name} [{row.kind.value}] {state}{extra}", file=out)
     if snapshot.signals:
         print(f"signals: {', '.join(sorted(snapshot.signals))}", file=out)
     print("timeline:", file=out)
-    for event in timeline(snapshot):
+    for event in timeline(snapshot, found):
         print(f"  {event}", file=out)
     if r.error is not None:
         print("error:", file=out)
@@ -339,14 +386,19 @@ def cmd_show(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int
         raise SagaNotFound(args.saga_id)
     if args.json:
         data = record_json(snapshot.saga)
+        outcomes = _outcomes(args, snapshot)
         data["steps"] = [
-            {**dataclasses.asdict(s), "kind": s.kind.value, "state": s.state.value} for s in snapshot.steps
-        ]
+            {
+                **dataclasses.asdict(s), "kind": s.kind.value, "state": s.state.value,
+                "outcome": _step_state(s, outcomes.get(s.index)) if s.index in outcomes else None,
+            }
+            for s in snapshot.steps
+        ]  # fmt: skip
         data["signals"] = dict(snapshot.signals)
         json.dump(data, out, indent=2, ensure_ascii=False)
         print(file=out)
     else:
-        _show(snapshot, journal.now(), out)
+        _show(snapshot, journal.now(), out, _outcomes(args, snapshot))
     return EXIT_OK
 
 
@@ -370,7 +422,7 @@ def cmd_cancel(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> i
 
 def cmd_retry(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int:
     """``sagas retry``."""
-    record = retry(journal, args.saga_id)
+    record = retry(journal, args.saga_id, fresh=args.fresh)
     print(f"retry saga {args.saga_id!r}: {record.state.value}, due now (the worker continues it)", file=out)
     return EXIT_OK
 

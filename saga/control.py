@@ -20,7 +20,7 @@ from typing import Any
 from sagaguard.idempotency.codec import Codec, encode_error
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga.checks import check_saga_id
-from sagaguard.saga.decisions import failure_state, pivot_started
+from sagaguard.saga.decisions import failure_state, fresh_undo_signal, pivot_started, undo_round
 from sagaguard.saga.errors import SagaCancelled, SagaError, SagaNotFound
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.records import (
@@ -158,12 +158,17 @@ def _reopen(
     return record
 
 
-def retry(journal: SagaJournal, saga_id: str) -> SagaRecord:
+def retry(journal: SagaJournal, saga_id: str, *, fresh: bool = False) -> SagaRecord:
     """Put a NEEDS_ATTENTION saga back to work, to try again what made it stop.
 
     - A compensation exhausted its retries: the step's compensation is due again and the saga
       COMPENSATING (the compensation runs through the guard under the same key, so it is at least
-      once and must be idempotent, as always).
+      once and must be idempotent, as always). Its guarded effects replay what they recorded, a
+      refusal (*not applied*, permanent: an HTTP 4xx) included. With ``fresh=True`` (the
+      operator's choice, once the fault is fixed) it runs under a new attempt key instead, so
+      every effect inside it is sent again under a new key: the refused one gets a new chance,
+      and one that had succeeded is sent again too (safe only when the provider deduplicates it
+      by a key of its own, such as a refund keyed on the payment it refunds).
     - A step after the pivot ran out of forward retries, or the pivot failed in a way that may have
       applied it: that step runs again (its effects replay through the guard) and the saga RUNNING.
     - It was taken over too often: it continues where its journal stands, with its recovery count
@@ -186,7 +191,15 @@ def retry(journal: SagaJournal, saga_id: str) -> SagaRecord:
         if row.state is StepState.COMPENSATION_FAILED:
             rows.append(row.evolve(state=_before_compensation(row)))
     if rows or _compensating(snapshot):
-        return _reopen(journal, snapshot, SagaState.COMPENSATING, rows)
+        record = _reopen(journal, snapshot, SagaState.COMPENSATING, rows)
+        if fresh:
+            # After the reopen (a saga needing attention takes no signal). A worker that takes it
+            # in between runs the old round once more: the refusal is replayed, the saga needs
+            # attention again, and the next fresh retry counts on from there.
+            for row in rows:
+                nth = undo_round(snapshot.signals, row.index) + 1
+                journal.signal(saga_id, fresh_undo_signal(row.index, nth), "null")
+        return record
     for row in snapshot.steps:
         if row.state is StepState.FAILED:
             rows.append(row.evolve(state=StepState.STARTED))

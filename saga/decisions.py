@@ -13,11 +13,13 @@ together; nothing here reads a clock: "now" is the journal time of the snapshot'
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sagaguard.idempotency.codec import decode_error, encode_error
 from sagaguard.idempotency.errors import CodecError
+from sagaguard.idempotency.records import State
 from sagaguard.saga.definition import Saga
 from sagaguard.saga.errors import (
     CompensationsFailed,
@@ -42,6 +44,7 @@ from sagaguard.saga.records import (
 
 __all__ = [
     "Abandon",
+    "CallOutcome",
     "Compensate",
     "Done",
     "Next",
@@ -53,6 +56,7 @@ __all__ = [
     "abandon_cause",
     "applied",
     "apply",
+    "call_outcome",
     "check",
     "compensation_failure_state",
     "compensation_failures",
@@ -60,12 +64,15 @@ __all__ = [
     "compensation_retry_base",
     "decide",
     "decide_start",
+    "fresh_undo_signal",
     "failure_state",
     "merge_steps",
     "needs_compensation",
+    "pivot_failure",
     "pivot_started",
     "recovery_allowance",
     "step_deadline",
+    "undo_round",
     "wake_at",
 ]
 
@@ -426,3 +433,79 @@ def applied(
     if state is not None:
         saga = saga.evolve(state=state, error=error)
     return SagaSnapshot(saga, merge_steps(snapshot.steps, steps), snapshot.signals)
+
+
+class CallOutcome(enum.StrEnum):
+    """What really happened to a tool call's effect, as the timeline and ``sagas show`` report it
+    (see :func:`call_outcome`)."""
+
+    NOT_STARTED = "not started"
+    """Registered, but its effect was never claimed (a crash between the two), or not yet."""
+    IN_FLIGHT = "in flight"
+    """Its effect is claimed by a process whose lease is live: it may be running now."""
+    IN_DOUBT = "in doubt"
+    """Its effect may have happened and nobody is running it: a crash cut it, or it failed in a
+    way that may have applied it. The ledger's record says so until it is resolved."""
+    FAILED = "failed"
+    """Its effect failed and was not applied."""
+    SUCCEEDED = "succeeded"
+    """Its effect happened (the ledger holds its result)."""
+    UNDONE = "undone"
+    """Its undo ran (or an operator resolved it by hand)."""
+
+
+def call_outcome(row: StepRecord, ledger: State | None, *, lease_live: bool = False) -> CallOutcome:
+    """The real outcome of a tool call whose row is ``row`` and whose effect's ledger record is in
+    ``ledger`` (None: no record), ``lease_live`` when that record's lease has not run out. Pure.
+
+    An agent row records the call from its start, so the row alone cannot tell a call that
+    succeeded from one that failed or was cut by a crash: the ledger can. The row wins where it
+    knows more (undone, a result recorded, failed *not applied*).
+    """
+    if row.state is StepState.COMPENSATED:
+        return CallOutcome.UNDONE
+    if row.state is StepState.FAILED and row.not_applied:
+        return CallOutcome.FAILED
+    if ledger is State.SUCCEEDED:
+        return CallOutcome.SUCCEEDED
+    if ledger is State.FAILED:
+        return CallOutcome.FAILED
+    if ledger is State.IN_DOUBT or (ledger is State.IN_PROGRESS and not lease_live):
+        return CallOutcome.IN_DOUBT
+    if ledger is State.IN_PROGRESS:
+        return CallOutcome.IN_FLIGHT
+    return CallOutcome.NOT_STARTED
+
+
+def pivot_failure(outcome: CallOutcome) -> SagaState:
+    """Where a run that fails leaves its saga when its pivot's call has not recorded a result and
+    the pivot's effect stands at ``outcome`` (see :func:`call_outcome`). Pure.
+
+    - not started, failed (not applied): COMPENSATING, and the pivot row is marked *not applied*:
+      it never happened, so the calls before it are undone;
+    - succeeded: COMPENSATING, stopping at the pivot (it happened: the calls before it stay);
+    - in doubt, in flight: NEEDS_ATTENTION, as a declared saga's pivot that may have applied: the
+      calls before it must not be undone if it did, and it must never be sent again under a new
+      identity. Once its record is settled (``sagaguard effects resolve``), ``sagaguard sagas
+      retry`` puts the run back to RUNNING and a re-opened run replays (or re-sends under the same
+      key) the pivot.
+    """
+    if outcome in (CallOutcome.IN_DOUBT, CallOutcome.IN_FLIGHT):
+        return SagaState.NEEDS_ATTENTION
+    return SagaState.COMPENSATING
+
+
+_FRESH_UNDO = "sagaguard.undo.fresh."
+
+
+def fresh_undo_signal(index: int, nth: int) -> str:
+    """The signal an operator's ``retry(..., fresh=True)`` delivers to send step ``index``'s
+    compensation again under new keys, for the ``nth`` time (1, 2, ...). Pure."""
+    return f"{_FRESH_UNDO}{index}.{nth}"
+
+
+def undo_round(signals: Mapping[str, str], index: int) -> int:
+    """How many fresh retries step ``index``'s compensation was given (the signals of
+    :func:`fresh_undo_signal` delivered to the saga): 0 runs it under its first key. Pure."""
+    prefix = f"{_FRESH_UNDO}{index}."
+    return sum(1 for name in signals if name.startswith(prefix))

@@ -36,6 +36,7 @@ from sagaguard.idempotency.keys import fingerprint, scope
 from sagaguard.idempotency.records import Disposition
 from sagaguard.saga.checks import check_saga_id
 from sagaguard.saga.coordinator import SagaFlow
+from sagaguard.saga.decisions import undo_round
 from sagaguard.saga.definition import Saga, StepContext
 from sagaguard.saga.errors import NothingToUndo, SagaSuspended, StepTimeout, UnstorableType
 from sagaguard.saga.journal import SagaJournal
@@ -58,9 +59,14 @@ def step_scope(saga_id: str, step: str) -> str:
     return f"{saga_id}/{step}"
 
 
-def compensation_key(saga_id: str, step: str) -> str:
-    """The guard key (and effect scope) of a step's compensation. ``~`` never starts a step name."""
-    return f"{saga_id}/{step}/~compensate"
+def compensation_key(saga_id: str, step: str, fresh: int = 0) -> str:
+    """The guard key (and effect scope) of a step's compensation. ``~`` never starts a step name.
+
+    ``fresh``: how many fresh retries an operator gave it (:func:`~sagaguard.saga.control.retry`
+    with ``fresh=True``); each one is a new key, so the effects inside are sent again under new
+    keys instead of replaying what the earlier round recorded."""
+    base = f"{saga_id}/{step}/~compensate"
+    return base if fresh == 0 else f"{base}/{fresh}"
 
 
 def _ambiguous(_exc: BaseException) -> Disposition:
@@ -184,10 +190,10 @@ class SagaRunner:
             return self.journal.claim(flow.saga_id, lease=self.lease)
         return self.journal.commit(flow.saga_id, op.token, op.phase)
 
-    def _guard_options(self, ctx: StepContext) -> dict[str, Any]:
+    def _guard_options(self, ctx: StepContext, key: str) -> dict[str, Any]:
         return {
             "arguments": {"saga_id": ctx.saga_id, "step": ctx.step},
-            "key": compensation_key(ctx.saga_id, ctx.step),
+            "key": key,
             "policy": Policy.AT_LEAST_ONCE,
             "classify": _ambiguous,
             "result_type": type(None),
@@ -295,13 +301,14 @@ class SagaRunner:
         if step.never_applied():
             # Outside the guard: a skipped undo leaves no record of its own in the ledger.
             return Ran(error=NothingToUndo(ctx.step))
+        key = compensation_key(ctx.saga_id, ctx.step, undo_round(flow.signals, ctx.index))
 
         def call() -> None:
-            with scope(compensation_key(ctx.saga_id, ctx.step)):
+            with scope(key):
                 fn(ctx, flow.input, op.result)
 
         try:
-            self.guard.run(f"sagaguard.compensate.{flow.saga.name}", call, **self._guard_options(ctx))
+            self.guard.run(f"sagaguard.compensate.{flow.saga.name}", call, **self._guard_options(ctx, key))
         except BaseException as exc:
             return Ran(error=_unwrap(exc))
         return Ran()
@@ -370,13 +377,16 @@ class SagaRunner:
             return await in_thread(self._undo, flow, op)
         if await in_thread(step.never_applied):
             return Ran(error=NothingToUndo(ctx.step))
+        key = compensation_key(ctx.saga_id, ctx.step, undo_round(flow.signals, ctx.index))
 
         async def call() -> None:
-            with scope(compensation_key(ctx.saga_id, ctx.step)):
+            with scope(key):
                 await fn(ctx, flow.input, op.result)
 
         try:
-            await self.guard.arun(f"sagaguard.compensate.{flow.saga.name}", call, **self._guard_options(ctx))
+            await self.guard.arun(
+                f"sagaguard.compensate.{flow.saga.name}", call, **self._guard_options(ctx, key)
+            )
         except BaseException as exc:
             return Ran(error=_unwrap(exc))
         return Ran()

@@ -3,6 +3,7 @@
 The agent books a hotel and charges a card at a local HTTP API (``$AGENT_API``, a
 ``sagaguard.connectors.testing`` server that counts what it applied), then its flight tool fails. Kill points,
 by ``$AGENT_KILL``: ``after_charge`` (the agent process SIGKILLs itself once the charge is recorded),
+``in_charge`` (right after the API applied the charge, before its record),
 ``in_refund`` (the process running the refund undo SIGKILLs itself right after the API applied the
 refund, once: a marker file in ``$AGENT_MARKS`` says it happened). The undos are idempotent the
 way a real one is: each request carries an ``Idempotency-Key`` derived from what it undoes.
@@ -50,6 +51,11 @@ def _die_once(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _charged(reply: dict[str, Any]) -> dict[str, Any]:
+    _die_once("in_charge")  # the API charged; the charge's record is still in progress
+    return reply
+
+
 undos = UndoRegistry()
 
 
@@ -79,7 +85,7 @@ def main() -> int:
                 undo="cancel_booking", call_id="call-1",
             )  # fmt: skip
             run.call(
-                "charge", lambda: _post("/charges", {"amount": 420}, f"charge-{card}"),
+                "charge", lambda: _charged(_post("/charges", {"amount": 420}, f"charge-{card}")),
                 {"amount": 420, "card": card}, undo="refund", call_id="call-2",
             )  # fmt: skip
             _die_once("after_charge")

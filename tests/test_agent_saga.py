@@ -176,8 +176,25 @@ def test_a_completed_run_keeps_its_effects(
     assert snapshot.saga.state is SagaState.COMPLETED
     assert [r.name for r in snapshot.steps] == ["tool.book_hotel.0"]
     assert world.did("cancel_booking") == []
-    with pytest.raises(AgentRunEnded), runner.run(agent, "thread-1"):
-        pass
+
+
+def test_a_completed_run_re_opened_replays_its_calls_and_takes_no_new_one(
+    journal: SagaJournal, runner: AgentRunner, agent: AgentSaga, world: World
+) -> None:
+    """A crash between the run's completion and the program saving its answer: the restarted
+    program opens the run again and gets its answer (on main: ``AgentRunEnded`` at the open)."""
+    with runner.run(agent, "thread-1"):
+        book(world, runner)
+    with runner.run(agent, "thread-1") as again:
+        assert again.outcome is not None and again.outcome.state is SagaState.COMPLETED
+        assert again.outcome.replayed
+        assert book(world, runner) == {"booking": "bk-ritz"}  # replayed by the guard
+        with pytest.raises(AgentRunEnded, match="completed"):
+            charge(world)
+    assert world.did("book") == ["ritz"] and world.did("charge") == []
+    snapshot = load(journal, "thread-1")
+    assert snapshot.saga.state is SagaState.COMPLETED
+    assert [r.name for r in snapshot.steps] == ["tool.book_hotel.0"]
 
 
 def test_a_call_made_again_after_a_resume_replays_and_keeps_its_row(

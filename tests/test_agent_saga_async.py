@@ -149,11 +149,13 @@ def test_an_async_completed_run_keeps_its_effects(
     assert world.did("cancel_booking") == []
 
     async def again() -> None:
-        async with runner.run(agent, "thread-1"):
-            pass
+        async with runner.run(agent, "thread-1") as opened:  # re-opened: its answer, no new call
+            assert opened.outcome is not None and opened.outcome.state is SagaState.COMPLETED
+            with pytest.raises(AgentRunEnded):
+                await opened.acall("refund", lambda: asyncio.sleep(0), {"amount": 1}, undo="refund")
 
-    with pytest.raises(AgentRunEnded):
-        run(again)
+    run(again)
+    assert world.did("refund") == []
 
 
 def test_an_async_call_made_again_after_a_resume_replays_and_keeps_its_row(

@@ -89,6 +89,17 @@ def worker_until_done(
         journal.close()
 
 
+def _charge_key(db: str) -> str:
+    from sagaguard.idempotency import Guard, open_store
+    from sagaguard.idempotency.keys import derive_explicit_key
+
+    store = open_store(db)
+    try:
+        return derive_explicit_key(Guard(store).namespace, "thread-1/call-2", "agent.tool.charge")
+    finally:
+        store.close()
+
+
 @pytest.fixture
 def api() -> Any:
     with LocalIdempotentApi() as server:
@@ -181,3 +192,26 @@ def test_agent_restarted_on_another_host_leaves_the_run_to_its_lease(
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads(again.stdout) == {"state": "compensating", "reopened": True}
     assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1}
+
+
+def test_a_dead_run_cancelled_leaves_no_claim_in_progress_or_in_doubt(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    """Killed inside the charge (the API charged, the claim still in progress), cancelled through
+    the CLI and undone by the worker: the charge's record is settled by its undo (``CallUndone``),
+    so ``effects list`` shows nothing in progress or in doubt (on main: "in progress, expired")."""
+    db = f"sqlite:///{tmp_path}/agent.db"
+    agent = _run([sys.executable, str(CHILD)], _env(api, db, tmp_path, "in_charge"))
+    assert agent.returncode == -signal.SIGKILL, agent.stderr
+    assert _applied(api) == {"/bookings": 1, "/charges": 1}
+    cancelled = _run(_cli("sagas", "cancel", "thread-1", "--store", db), _env(api, db, tmp_path))
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert worker_until_done(_env(api, db, tmp_path), db, kill_expected=False) == 1
+    assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
+    listed = _run(_cli("effects", "list", "--store", db, "--json"), _env(api, db, tmp_path))
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    states = {record["name"]: record["state"] for record in json.loads(listed.stdout)}
+    assert states["agent.tool.charge"] == "failed"  # settled: undone while its outcome was unknown
+    assert not {"in_progress", "in_doubt"} & set(states.values()), states
+    shown = _run(_cli("effects", "show", _charge_key(db), "--store", db), _env(api, db, tmp_path))
+    assert "CallUndone" in shown.stdout, shown.stdout

@@ -20,18 +20,27 @@ steps are its compensatable and pivot tool calls, appended as they happen.
 """
 
 from sagaguard.saga.agent.call import ToolCall
-from sagaguard.saga.agent.definition import AgentSaga, AgentStep, OnFailure, resume_signal
+from sagaguard.saga.agent.definition import (
+    AgentSaga,
+    AgentStep,
+    OnFailure,
+    resume_signal,
+    settle_undone,
+    tool_outcome,
+    tool_outcomes,
+)
 from sagaguard.saga.agent.errors import (
     AgentRunAbandoned,
     AgentRunCancelled,
     AgentRunEnded,
     AgentRunRejected,
     AgentSagaError,
+    CallUndone,
     UnknownUndo,
 )
 from sagaguard.saga.agent.run import AgentRun, current_run
 from sagaguard.saga.agent.runner import AgentRunner
-from sagaguard.saga.agent.undo import Undo, UndoRegistry, undoing
+from sagaguard.saga.agent.undo import Undo, UndoRegistry, dependency, provider_key, undoing
 
 __all__ = [
     "AgentRun",
@@ -43,12 +52,18 @@ __all__ = [
     "AgentSaga",
     "AgentSagaError",
     "AgentStep",
+    "CallUndone",
     "OnFailure",
     "ToolCall",
     "Undo",
     "UndoRegistry",
     "UnknownUndo",
     "current_run",
+    "dependency",
+    "provider_key",
     "resume_signal",
+    "settle_undone",
+    "tool_outcome",
+    "tool_outcomes",
     "undoing",
 ]

@@ -33,26 +33,37 @@ either no claim and no undo, or both.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from typing import Any
 
 import tenacity
 
-from sagaguard.idempotency.codec import Codec
+from sagaguard.idempotency.codec import Codec, decode_error, encode_error
 from sagaguard.idempotency.effect import Retry
+from sagaguard.idempotency.errors import CodecError, LostOwnership
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import derive_explicit_key
-from sagaguard.idempotency.records import State
+from sagaguard.idempotency.records import Disposition, Record, State
 from sagaguard.saga.agent.call import RUN_PREFIX, TOOL_PREFIX, ToolCall, run_step_name
-from sagaguard.saga.agent.errors import AgentRunAbandoned, UnknownUndo
+from sagaguard.saga.agent.errors import AgentRunAbandoned, CallUndone, UnknownUndo
 from sagaguard.saga.agent.undo import Undo, UndoRegistry, undoing_call
 from sagaguard.saga.context import StepContext
+from sagaguard.saga.decisions import CallOutcome, call_outcome
 from sagaguard.saga.definition import FORWARD_RETRY, Saga, _check_timeout
 from sagaguard.saga.errors import DefinitionMismatch, SignalTimeout
-from sagaguard.saga.records import CompensationPolicy, SagaSnapshot, StepKind, StepRecord
+from sagaguard.saga.records import CompensationPolicy, SagaSnapshot, StepKind, StepRecord, StepState
 from sagaguard.saga.step import Step
 
-__all__ = ["AgentSaga", "AgentStep", "OnFailure", "resume_signal"]
+__all__ = [
+    "AgentSaga",
+    "AgentStep",
+    "OnFailure",
+    "resume_signal",
+    "settle_undone",
+    "tool_outcome",
+    "tool_outcomes",
+]
 
 RunInput = dict[str, str]
 """An agent run's saga input: ``{"run": run_id}``."""
@@ -73,6 +84,79 @@ class OnFailure(enum.StrEnum):
 def resume_signal(index: int) -> str:
     """The signal the saga waits for when the worker parks it at step ``index``."""
     return f"agent.resume.{index}"
+
+
+def tool_outcome(guard: Guard, row: StepRecord) -> CallOutcome | None:
+    """The real outcome of the tool call an agent row records, read from ``guard``'s ledger (see
+    :func:`~sagaguard.saga.decisions.call_outcome`); None for a row that is not a tool call's.
+
+    Raises:
+        StoreError: the ledger could not be read.
+    """
+    call = ToolCall.of_row(row)
+    if call is None:
+        return None
+    record = guard.store.get(derive_explicit_key(guard.namespace, call.key, call.effect))
+    if record is None:
+        return call_outcome(row, None)
+    # A record settled by the call's undo (CallUndone) was in doubt: that is what the call did.
+    state = State.IN_DOUBT if _settled_by_undo(record) else record.state
+    return call_outcome(row, state, lease_live=record.lease_live(guard.store.now()))
+
+
+def _settled_by_undo(record: Record) -> bool:
+    """Whether ``record`` was settled by :func:`settle_undone` (FAILED with CallUndone)."""
+    if record.state is not State.FAILED or record.error is None:
+        return False
+    try:
+        return decode_error(record.error).type_name.rsplit(".", 1)[-1] == CallUndone.__name__
+    except CodecError:
+        return False
+
+
+def settle_undone(guard: Guard, saga_id: str, step: str, call: ToolCall) -> None:
+    """Settle the ledger record of ``call``, which its undo has just undone, when it is in doubt
+    or left in progress by a process whose lease ran out: FAILED with
+    :class:`~sagaguard.saga.agent.errors.CallUndone`, so it stops counting as in doubt (``sagaguard
+    effects list``) and a call made again under its key replays that error instead of running.
+    A record that is finished, or held under a live lease, is left as it is; one that changes
+    meanwhile (another process settles it) too.
+
+    Raises:
+        StoreError: the ledger could not be reached.
+    """
+    store = guard.store
+    key = derive_explicit_key(guard.namespace, call.key, call.effect)
+    record = store.get(key)
+    if record is None or record.state not in (State.IN_PROGRESS, State.IN_DOUBT):
+        return
+    if record.lease_live(store.now()):
+        return  # someone holds it now (a resolver, a live process): theirs to settle
+    if record.state is State.IN_PROGRESS:
+        # Expired: take it over (fenced on its token) to own it, as a claim would.
+        record = store.take_over(key, record.token, guard.lease)
+        if record is None:
+            return
+    error = encode_error(CallUndone(saga_id, step))
+    with contextlib.suppress(LostOwnership):
+        store.fail(key, record.token, Disposition.PERMANENT, error, guard.retention)
+
+
+def tool_outcomes(guard: Guard, snapshot: SagaSnapshot) -> dict[int, CallOutcome]:
+    """What each tool call of the run ``snapshot`` did, forward (its undo aside), by step index,
+    read from ``guard``'s ledger: what :func:`~sagaguard.saga.timeline.timeline` and ``sagaguard
+    sagas show`` report.
+
+    Raises:
+        StoreError: the ledger could not be read.
+    """
+    found: dict[int, CallOutcome] = {}
+    for row in snapshot.steps:
+        undone = row.state in (StepState.COMPENSATED, StepState.COMPENSATION_FAILED)
+        outcome = tool_outcome(guard, row.evolve(state=StepState.STARTED) if undone else row)
+        if outcome is not None:
+            found[row.index] = outcome
+    return found
 
 
 class AgentSaga(Saga[RunInput]):
@@ -184,7 +268,7 @@ class AgentStep(Step[RunInput, Any]):
     ) -> None:
         self.call = call
         self._guard = guard
-        compensation = None if undo is None else _compensation(undo, call)
+        compensation = None if undo is None else _compensation(undo, call, guard, agent.undos)
         super().__init__(
             saga, row.index, row.name, row.kind, _await_agent(row.index, agent.abandon_after, call.as_json()),
             compensation=compensation, retry=_ONCE, compensation_retry=agent.compensation_retry,
@@ -202,16 +286,22 @@ class AgentStep(Step[RunInput, Any]):
         if self.call.done:
             return False
         record = self._record()
+        if record is not None and _settled_by_undo(record):
+            return False  # undone already (a crash before its row said so): undone again, idempotent
         return record is None or record.state is State.FAILED
 
 
-def _compensation(undo: Undo, call: ToolCall) -> Any:
-    def compensate(_ctx: StepContext, _input: Any, result: Any) -> None:
+def _compensation(undo: Undo, call: ToolCall, guard: Guard, registry: UndoRegistry) -> Any:
+    def compensate(ctx: StepContext, _input: Any, result: Any) -> None:
         # The row's result once the call returned; None when the row never recorded one (the
         # outcome is unknown: the undo finds the effect by its arguments or undoing()'s key).
         recorded = ToolCall.from_json(result) or call
-        with undoing_call(recorded):
+        with undoing_call(recorded, registry, guard.namespace):
             undo(recorded.arguments, recorded.result if recorded.done else None)
+        if not recorded.done:
+            # Undone while its outcome was unknown: its record stops counting as in doubt. Inside
+            # the compensation's guarded effect, so a crash before this line runs it again.
+            settle_undone(guard, ctx.saga_id, ctx.step, recorded)
 
     compensate.__name__ = compensate.__qualname__ = f"undo_{call.tool}"
     return compensate

@@ -5,6 +5,7 @@ SagaError
 │   ├── UnknownUndo         the journal names an undo no code registered (also a DefinitionMismatch)
 │   └── AgentRunEnded       the run's saga has ended or is compensating: no more tool calls
 ├── AgentRunAbandoned       recorded cause: the run crashed and was not resumed within its deadline
+├── CallUndone              recorded on a call's effect whose outcome was unknown when its undo ran
 └── AgentRunRejected        recorded cause: a human rejected the run at an approval
 
 AgentRunCancelled (BaseException)  raised at a tool call of a run cancelled from outside
@@ -20,6 +21,7 @@ __all__ = [
     "AgentRunEnded",
     "AgentRunRejected",
     "AgentSagaError",
+    "CallUndone",
     "UnknownUndo",
 ]
 
@@ -46,6 +48,9 @@ class UnknownUndo(AgentSagaError, DefinitionMismatch):
 class AgentRunEnded(AgentSagaError):
     """The run's saga is no longer running (it completed, is compensating, or needs attention).
 
+    Opening a COMPLETED run does not raise it (the run replays, see ``AgentRunner.run``); a new
+    tool call of that run does.
+
     Attributes:
         saga_id: the run's saga.
         state: its state, as the journal holds it.
@@ -69,6 +74,23 @@ class AgentRunAbandoned(SagaError):
         self.saga_id = saga_id
 
 
+class CallUndone(SagaError):
+    """Recorded, in the effect ledger, on a tool call's effect that was in doubt (or left in
+    progress by a dead process) when the run's compensation undid the call: the record is settled,
+    so it no longer counts as in doubt, and the call, if ever made again under its key, replays
+    this error instead of running.
+
+    Attributes:
+        saga_id: the run's saga.
+        step: the undone call's step.
+    """
+
+    def __init__(self, saga_id: str, step: str) -> None:
+        super().__init__(f"agent run {saga_id!r}: call {step!r} was undone while its outcome was unknown")
+        self.saga_id = saga_id
+        self.step = step
+
+
 class AgentRunRejected(SagaError):
     """Recorded cause: a human rejected the run at an approval.
 
@@ -85,8 +107,10 @@ class AgentRunCancelled(BaseException):
     """Raised at the next tool call of a run that was cancelled from outside (``sagaguard sagas
     cancel``, :func:`saga.cancel`); the run's context then compensates.
 
-    Derives from BaseException because it stops the agent: a tool's ``except Exception`` must not
-    turn it into a tool result the model reads.
+    Derives from BaseException because it stops the agent: a tool's ``except Exception`` (and the
+    frameworks that turn a tool's exception into text for the model) must not turn it into a tool
+    result the model reads. Let it reach the run's ``with`` block, which compensates and re-raises
+    it; catch it outside the block; code that catches BaseException must re-raise it.
 
     Attributes:
         saga_id: the run's saga.

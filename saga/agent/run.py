@@ -43,9 +43,9 @@ from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.keys import fingerprint
 from sagaguard.idempotency.telemetry import tracing
 from sagaguard.saga.agent.call import RUN_PREFIX, ToolCall, run_step_name, tool_step_name
-from sagaguard.saga.agent.definition import AgentSaga, OnFailure, RunInput, resume_signal
+from sagaguard.saga.agent.definition import AgentSaga, OnFailure, RunInput, resume_signal, tool_outcome
 from sagaguard.saga.agent.errors import AgentRunCancelled, AgentRunEnded, AgentRunRejected, UnknownUndo
-from sagaguard.saga.decisions import pivot_started
+from sagaguard.saga.decisions import CallOutcome, pivot_failure, pivot_started
 from sagaguard.saga.errors import (
     DefinitionMismatch,
     SagaCancelled,
@@ -112,6 +112,14 @@ class _Step:
 def _in_span(span: Any) -> contextlib.AbstractContextManager[Any]:
     """The call's span current while its effect runs (ended after it), when tracing made one."""
     return contextlib.nullcontext() if span is None else trace.use_span(span, end_on_exit=True)
+
+
+def _open_pivot(snapshot: SagaSnapshot) -> StepRecord | None:
+    """The run's pivot row whose call has not recorded its result (the latest), or None."""
+    for row in reversed(snapshot.steps):
+        if row.kind is StepKind.PIVOT and row.state is StepState.STARTED:
+            return row
+    return None
 
 
 class AgentRun:
@@ -183,7 +191,8 @@ class AgentRun:
 
     def _open(self) -> None:
         self._attach()
-        self._hold = self.runner.renewer.enter(self.run_id, self._token)
+        if self.outcome is None:  # a completed run re-opened holds no lease
+            self._hold = self.runner.renewer.enter(self.run_id, self._token)
 
     def _closes(self, exc: BaseException | None) -> bool:
         """Whether leaving the block with ``exc`` writes to the journal (a crash leaves it as is)."""
@@ -210,9 +219,16 @@ class AgentRun:
             record = self._load().saga
             self._compensate(record.error or encode_error(SagaCancelled()))
         elif self.agent.on_failure is OnFailure.LEAVE:
-            if self._load().saga.state is not SagaState.RUNNING:
+            snapshot = self._load()
+            if snapshot.saga.state is not SagaState.RUNNING:
                 raise AgentRunEnded(self.run_id, "no longer running")
-            self._fail(encode_error(exc), SagaState.NEEDS_ATTENTION)
+            pivot = _open_pivot(snapshot)
+            if pivot is not None and pivot_failure(self._outcome(pivot)) is SagaState.NEEDS_ATTENTION:
+                # Parked on the pivot, not on a run row: `sagas retry` then goes forward at the
+                # pivot rather than compensating a run whose pivot may have happened.
+                self._pivot_in_doubt(pivot, encode_error(exc))
+            else:
+                self._fail(encode_error(exc), SagaState.NEEDS_ATTENTION)
         else:
             self._compensate(encode_error(exc))
 
@@ -254,6 +270,9 @@ class AgentRun:
                     raise SagaInProgress(self.run_id)
                 self._own(snapshot)  # our own run, resumed before its lease ran out
                 return
+            if record.state is SagaState.COMPLETED and not self.exclusive:
+                self._replay(snapshot)
+                return
             if record.state is not SagaState.WAITING or record.waiting_for is None:
                 raise AgentRunEnded(self.run_id, record.state.value)
             # Parked by the worker: deliver the signal it waits for, then take it back.
@@ -264,6 +283,14 @@ class AgentRun:
                 self._consume(claimed)
                 return
         raise SagaInProgress(self.run_id)
+
+    def _replay(self, snapshot: SagaSnapshot) -> None:
+        """Open a COMPLETED run to read it again: nothing is written, no lease is held, its
+        recorded calls replay their results through the guard, a new call raises
+        :class:`AgentRunEnded` (see :meth:`AgentRunner.run`)."""
+        self._own(snapshot)
+        self._ending = True  # a call whose row did not record its result writes nothing
+        self.outcome = SagaOutcome(self.run_id, SagaState.COMPLETED, replayed=True)
 
     def _own(self, snapshot: SagaSnapshot) -> None:
         self._token = snapshot.saga.token
@@ -450,7 +477,7 @@ class AgentRun:
         record = self._record
         assert record is not None, "the run is not open"
         if self._ending or self.outcome is not None or record.state is not SagaState.RUNNING:
-            raise AgentRunEnded(self.run_id, record.state.value if self.outcome is None else "ended")
+            raise AgentRunEnded(self.run_id, (self.outcome or record).state.value)
         if record.cancel_requested and not pivot_started(self._load()):
             raise AgentRunCancelled(self.run_id)
 
@@ -510,27 +537,56 @@ class AgentRun:
             record = self._write(phase)
         self.outcome = SagaOutcome(self.run_id, record.state)
 
-    def _fail(self, cause: str, state: SagaState) -> SagaSnapshot:
-        """Record where the run failed (its own row, FAILED) and move its saga to ``state``."""
+    def _fail(self, cause: str, state: SagaState, rows: tuple[StepRecord, ...] = ()) -> SagaSnapshot:
+        """Record where the run failed (its own row, FAILED, with ``rows``) and move its saga to
+        ``state``."""
         with self._lock:
             index = self._next
             name = run_step_name(index)
             row = StepRecord(index, name, StepKind.COMPENSATABLE, StepState.FAILED, error=cause)
             live = state is SagaState.COMPENSATING
             lease = self.runner.lease if live else 0.0
-            self._write(Phase(steps=(row,), state=state, error=cause, lease=lease))
+            self._write(Phase(steps=(*rows, row), state=state, error=cause, lease=lease))
             self._next += 1
         snapshot = self._load()
         if not live:
             self.outcome = SagaOutcome(self.run_id, snapshot.saga.state)
         return snapshot
 
+    def _outcome(self, row: StepRecord) -> CallOutcome:
+        """What the tool call of ``row`` did, from the ledger (in doubt if unreadable as a call)."""
+        return tool_outcome(self.runner.guard, row) or CallOutcome.IN_DOUBT
+
+    def _pivot_in_doubt(self, pivot: StepRecord, cause: str) -> SagaOutcome:
+        """Park the run NEEDS_ATTENTION on its pivot, whose call may have applied: the pivot's
+        row FAILED (maybe applied) with ``cause``, as a declared saga's pivot that failed so; no
+        run row, so ``sagas retry`` puts the run back RUNNING at the pivot (see
+        :func:`sagaguard.saga.control.retry`)."""
+        failed = pivot.evolve(state=StepState.FAILED, error=cause, not_applied=False)
+        with self._lock:
+            self._write(Phase(steps=(failed,), state=SagaState.NEEDS_ATTENTION, error=cause, lease=0.0))
+        self.outcome = SagaOutcome(self.run_id, SagaState.NEEDS_ATTENTION)
+        return self.outcome
+
     def _compensate(self, cause: str) -> SagaOutcome:
-        """Undo the run now, in this thread (the caller has released the run's lease hold)."""
+        """Undo the run now, in this thread (the caller has released the run's lease hold).
+
+        A pivot whose call has not recorded a result is settled first, from the ledger (see
+        :func:`~sagaguard.saga.decisions.pivot_failure`): never applied, it is marked so and the
+        calls before it are undone; in doubt, the run needs attention and nothing is undone.
+        """
         self._stop_calls()
         snapshot = self._load()
         if snapshot.saga.state is SagaState.RUNNING:
-            snapshot = self._fail(cause, SagaState.COMPENSATING)
+            pivots: tuple[StepRecord, ...] = ()
+            pivot = _open_pivot(snapshot)
+            if pivot is not None:
+                outcome = self._outcome(pivot)
+                if pivot_failure(outcome) is SagaState.NEEDS_ATTENTION:
+                    return self._pivot_in_doubt(pivot, cause)
+                if outcome in (CallOutcome.NOT_STARTED, CallOutcome.FAILED):
+                    pivots = (pivot.evolve(state=StepState.FAILED, error=cause, not_applied=True),)
+            snapshot = self._fail(cause, SagaState.COMPENSATING, pivots)
         elif snapshot.saga.state is not SagaState.COMPENSATING:
             raise AgentRunEnded(self.run_id, snapshot.saga.state.value)
         runner = self.runner.compensator()

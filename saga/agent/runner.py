@@ -73,6 +73,12 @@ class AgentRunner:
                 one appends rows at a time; a dead holder's run is taken over once its lease
                 runs out.
 
+        A run that has COMPLETED opens too (a restart after a crash between the run's completion
+        and the program saving its answer): ``run.outcome`` is already COMPLETED with
+        ``replayed=True``, nothing is written, recorded calls replay through the guard and a new
+        call raises :class:`~sagaguard.saga.agent.errors.AgentRunEnded`. With ``exclusive=True``
+        a completed run is refused as before.
+
         Raises:
             ConfigurationError: a run id that is empty, not a str or holds a NUL character (a
                 lone surrogate: CodecError), before anything is stored.
