@@ -52,7 +52,7 @@ from typing import Any, cast
 from mcp import ClientSession, types
 
 from sagaguard.connectors.declare import ToolDeclaration, changes_world
-from sagaguard.connectors.mcp.policy import IDEMPOTENCY_META_KEY, pick
+from sagaguard.connectors.mcp.policy import IDEMPOTENCY_META_KEY, FailureCheck, is_failure, pick
 from sagaguard.connectors.mcp.session import SessionFactory
 from sagaguard.idempotency.effect import current_effect
 from sagaguard.idempotency.errors import ConfigurationError
@@ -89,11 +89,15 @@ class UndoTool:
         server: its server's name in :class:`McpServers` (None: the server of the call it undoes).
         arguments: undo argument name to a dotted path into the recorded call (module docstring),
             or a callable building them.
+        failed_if: a failure check for undo results without ``isError`` (a server that answers
+            its errors as text: :class:`~sagaguard.connectors.mcp.policy.ErrorText`); such a
+            result raises :class:`UndoFailed` like an ``isError`` one.
     """
 
     tool: str
     server: str | None = None
     arguments: Mapping[str, str] | ArgumentBuilder = field(default_factory=lambda: MappingProxyType({}))
+    failed_if: FailureCheck | None = None
 
 
 def undo_arguments(undo: UndoTool, call: Mapping[str, Any], result: Any) -> dict[str, Any]:
@@ -200,8 +204,9 @@ class McpUndos:
             except ConfigurationError:
                 key = None  # called by hand, outside a compensation
             answer = _blocking(lambda: self._send(target, undo.tool, arguments, key))
-            if answer.is_error:
-                raise UndoFailed(undo.tool, answer)
+            failed = is_failure(answer, undo.failed_if)
+            if failed is not None:
+                raise UndoFailed(undo.tool, failed)
 
         run_undo.__name__ = run_undo.__qualname__ = name
         self.undos.add(name, run_undo)
