@@ -181,18 +181,17 @@ class GuardedSession:
         return self._gone is not None
 
     async def _alive(self) -> None:
-        """Ping the server before a guarded request leaves, so that a connection already closed
-        (the server died while idle) fails the call as *not sent* instead of leaving it in doubt:
-        the SDK answers ``CONNECTION_CLOSED`` alike for a request never written and for one whose
-        answer was lost, and only the first is safe to release."""
-        ping = getattr(self.session, "send_ping", None)
-        if ping is None:  # a ToolSession without ping: nothing to ask
-            return
+        """Ask the server for its tools before a guarded request leaves, so that a connection
+        already closed (the server died while idle) fails the call as *not sent* instead of
+        leaving it in doubt: the SDK answers ``CONNECTION_CLOSED`` alike for a request never
+        written and for one whose answer was lost, and only the first is safe to release.
+        (``tools/list``, not ``ping``: modern protocol versions removed ``ping``.) Any answer, an
+        error included, means the connection is alive."""
         try:
-            await ping()
+            await self.session.list_tools()
         except MCPError as exc:
             if exc.code != types.CONNECTION_CLOSED:
-                raise
+                return  # the server answered: alive
             self._gone = exc.error.message or "connection closed"
             raise ServerGone(self.server, self._gone) from exc
         except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
