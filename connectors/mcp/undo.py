@@ -12,7 +12,8 @@
             "create_refund", arguments={"payment_intent": "result.structuredContent.id",
                                         "charge_key": "idempotency_key"})),
         "create_issue": mcp_undos.undo("tracker", "create_issue", UndoTool(
-            "close_issue", arguments={"number": "result.structuredContent.number"})),
+            "close_issue", arguments={"number": "result.structuredContent.number",
+                                      "created_under": "idempotency_key"})),
     }
     payments = GuardedSession(session, guard, server="payments", declare=declare)
     trip_agent = AgentSaga("trip_agent", undos)         # register it with the worker too
@@ -26,7 +27,9 @@ session to the server through ``servers``.
 ``content``, ``structuredContent``, ``isError``; None when a crash left the call's outcome unknown) and
 ``idempotency_key`` (the key the call's request carried in ``_meta``, which a server that kept it can
 look the work up by). A path that finds nothing is left out of the undo's arguments, so an undo tool
-that takes either an id or the key works in both cases. A callable ``arguments(call, result)`` can
+that takes either an id or the key works in both cases. Pass the key to every undo whose tool can
+take it: the result is None whenever a crash cut the call after the server's work, and an undo that
+reads only the result then cannot undo it. A callable ``arguments(call, result)`` can
 build them instead.
 
 **Once.** The undo runs as the saga's compensation: a guarded effect under its own key, run again
