@@ -485,3 +485,24 @@ def test_the_proxy_reads_per_tool_declarations_from_a_file(env: dict[str, str], 
                               text=True, timeout=120, check=False, stdin=subprocess.DEVNULL)  # fmt: skip
         assert done.returncode == 2, (bad, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1 and "--declare" in done.stderr, done.stderr
+
+
+def test_two_http_clients_of_the_proxy_without_keys_are_never_one_call(
+    env: dict[str, str], stripe: LocalStripe, tmp_path: Path
+) -> None:
+    """Each HTTP client numbers its requests from the same start: the connection (its
+    ``mcp-session-id``) keeps their calls apart."""
+    from _mcpkit import serve_http
+
+    from sagaguard.connectors.mcp import http_session
+
+    proxy_env = {**env, "SAGAGUARD_STORE": f"sqlite:///{tmp_path / 'proxy.db'}"}
+    with serve_http(proxy_env, proxy_argv("--http", "127.0.0.1:{port}")) as url:
+
+        async def client() -> types.CallToolResult:
+            async with http_session(url) as session:
+                return await session.call_tool("charge", CHARGE)
+
+        first, second = in_loop(client), in_loop(client)
+    assert first.structured_content["id"] != second.structured_content["id"]  # type: ignore[index]
+    assert charges(stripe) == 2
