@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 # CrewAI pins openai<3, openai-agents needs openai>=3: CrewAI's tests run children in their own venv.
 CREW_VENV ?= .venv-crewai
 CREW_STAMP := $(CREW_VENV)/.installed
+# The MCP reference servers from the package index (tests/test_mcp_reference.py), each in a venv of its
+# own: mcp-server-sqlite needs the 1.x SDK, the mcp extra the 2.x one.
+MCPREF_STAMP := .venv-mcp-git/.installed .venv-mcp-sqlite/.installed
 
 .PHONY: demo agent-demo test lint typecheck docs bench clean slow sweep ci namespace
 
@@ -25,6 +28,16 @@ $(CREW_STAMP): pyproject.toml Makefile
 	$(CREW_VENV)/bin/python -m pip install -q -e '.[crewai,stripe]'
 	touch $(CREW_STAMP)
 
+.venv-mcp-git/.installed:
+	$(PYTHON) -m venv .venv-mcp-git
+	.venv-mcp-git/bin/python -m pip install -q mcp-server-git
+	touch $@
+
+.venv-mcp-sqlite/.installed:
+	$(PYTHON) -m venv .venv-mcp-sqlite
+	.venv-mcp-sqlite/bin/python -m pip install -q mcp-server-sqlite 'mcp<2'
+	touch $@
+
 demo: $(STAMP)
 	$(VENV)/bin/sagaguard demo
 
@@ -36,7 +49,7 @@ agent-demo: $(STAMP)
 # The suite runs in TEST_WORKERS processes (pytest-xdist), a test file's tests in one of them, since
 # most of its time is spent waiting for child processes and servers.
 TEST_WORKERS ?= 2
-test: $(STAMP) $(CREW_STAMP)
+test: $(STAMP) $(CREW_STAMP) $(MCPREF_STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 slow: $(STAMP)
@@ -74,4 +87,4 @@ ci:
 	.ci/run
 
 clean:
-	rm -rf $(VENV) $(CREW_VENV) $(NAMESPACE) site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CREW_VENV) .venv-mcp-git .venv-mcp-sqlite $(NAMESPACE) site .pytest_cache .mypy_cache .ruff_cache

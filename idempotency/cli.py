@@ -4,7 +4,7 @@
 
     sagaguard [--store URL] effects list [--state STATE ...] [--namespace NS] [--limit N] [--json]
     sagaguard [--store URL] effects show KEY [--json]
-    sagaguard [--store URL] effects resolve KEY (--applied [--result JSON] | --not-applied) [--force]
+    sagaguard [--store URL] effects resolve KEY (--applied --result JSON | --not-applied) [--force]
     sagaguard [--store URL] effects purge [--page N]
     sagaguard demo [ARGS ...]
 
@@ -12,7 +12,8 @@ The store is ``--store``, else ``$SAGAGUARD_STORE``, else ``sqlite:///sagaguard.
 given in full or as any unique prefix (the table prints 16 characters).
 
 Exit status: 0 done; 1 the store refused or failed (no such record, lost ownership, store
-unreachable); 2 bad usage or configuration (unknown URL scheme, bad ``--result`` JSON). Expected
+unreachable); 2 bad usage or configuration (unknown URL scheme, ``--applied`` without ``--result``,
+bad ``--result`` JSON or a result of another shape than the effect's). Expected
 errors are one line on stderr, never a traceback.
 """
 
@@ -31,6 +32,7 @@ from typing import Any, TextIO
 from sagaguard.idempotency.backends.urls import masked
 from sagaguard.idempotency.cliutil import duration, install_hint, open_existing_store, piped, positive
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
+from sagaguard.idempotency.keys import provider_key
 from sagaguard.idempotency.records import Disposition, Record, State
 from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.idempotency.stores import DEFAULT_URL
@@ -75,6 +77,21 @@ outbox's).
 Each such module has ``add_commands(subparsers)`` and ``run(args) -> int``. They are found through
 the installed distribution's entry points, so this package never imports the packages above it
 (imports flow connectors -> saga -> idempotency)."""
+
+
+RESULT_SHAPES = "RESULT_SHAPES"
+"""The attribute of a command module (:data:`PLUGIN_GROUP`) that declares the result shapes of
+its connector's effects: a mapping of an effect-name prefix (``"mcp."``) to a check that raises
+``ValueError`` (saying what is expected) for a ``--result`` value of another shape."""
+
+
+def _result_check(name: str) -> Any:
+    """The check of ``effects resolve --result`` for the effect ``name``, or None."""
+    for plugin in _plugins():
+        for prefix, check in (getattr(plugin, RESULT_SHAPES, None) or {}).items():
+            if name.startswith(prefix):
+                return check
+    return None
 
 
 def _plugins() -> list[Any]:
@@ -155,7 +172,9 @@ def _build(
     resolve.add_argument(
         "--result",
         metavar="JSON",
-        help="with --applied: the effect's result as JSON, as its return type stores it (default: null)",
+        help="with --applied (required): the effect's result as JSON, as its return type stores it "
+        "(null for an effect that returns nothing); checked against the effect's shape where its "
+        "connector declares one",
     )
     resolve.add_argument(
         "--retention",
@@ -278,7 +297,8 @@ def _show(record: Record, now: float, out: TextIO) -> None:
         ("scope", record.scope),
         ("name", record.name),
         ("ordinal", str(record.ordinal)),
-        ("fingerprint", record.fingerprint),
+        ("fingerprint", f"{record.fingerprint} (the arguments' digest)"),
+        ("provider key", f"{provider_key(record.key)} (the key sent to the provider or server)"),
         ("state", record.state.value),
         ("token", str(record.token)),
         ("attempts", str(record.attempts)),
@@ -395,7 +415,11 @@ def cmd_show(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) -> 
 def _result_text(text: str | None) -> str:
     """Validate ``--result`` and return it as compact JSON."""
     if text is None:
-        return "null"
+        raise CliError(
+            "--applied needs --result JSON: the effect's result as later runs replay it "
+            "(--result null for an effect that returns nothing)",
+            EXIT_USAGE,
+        )
 
     def refuse(constant: str) -> Any:
         raise ValueError(f"{constant} is not valid JSON")
@@ -414,6 +438,14 @@ def cmd_resolve(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) 
     record = _find(store, args.key)
     now = store.now()
     short = record.key[:_SHORT_KEY]
+    check = None if result is None else _result_check(record.name)
+    if check is not None:
+        try:
+            check(json.loads(result or "null"))
+        except ValueError as exc:
+            raise CliError(
+                f"--result is not the shape effect {record.name!r} records: {exc}", EXIT_USAGE
+            ) from None
     if record.state not in _LIVE:
         raise CliError(
             f"effect {record.name!r} ({short}) is already {record.state.value}: nothing to resolve"

@@ -163,8 +163,8 @@ def test_what_the_model_reads_of_a_result() -> None:
 def test_exported_members() -> None:
     """The public API of sagaguard.connectors.mcp, locked: a name added or dropped is a decision."""
     assert sorted(sagaguard.connectors.mcp.__all__) == sorted([
-        "IDEMPOTENCY_META_KEY", "GuardedSession", "LookupTool", "McpServers", "McpUndos", "Mode",
-        "OnToolError",
+        "IDEMPOTENCY_META_KEY", "ErrorText", "GuardedSession", "InvalidArguments", "InvalidKey",
+        "LookupTool", "McpServers", "McpUndos", "Mode", "OnToolError", "ServerGone",
         "ToolFailed", "ToolFailedAmbiguous", "ToolPolicy", "ToolSession", "UndoFailed", "UndoTool",
         "guard_options", "http_session", "pending_result", "policy_for", "policy_from_annotations",
         "stdio_session", "undo_arguments",

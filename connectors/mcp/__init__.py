@@ -21,9 +21,13 @@ Needs the ``mcp`` extra (``pip install 'sagaguard[mcp]'``).
 
 from sagaguard.connectors.mcp.policy import (
     IDEMPOTENCY_META_KEY,
+    ErrorText,
+    InvalidArguments,
+    InvalidKey,
     LookupTool,
     Mode,
     OnToolError,
+    ServerGone,
     ToolFailed,
     ToolFailedAmbiguous,
     ToolPolicy,
@@ -42,12 +46,16 @@ from sagaguard.connectors.mcp.undo import McpServers, McpUndos, UndoFailed, Undo
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
+    "ErrorText",
     "GuardedSession",
+    "InvalidArguments",
+    "InvalidKey",
     "LookupTool",
     "McpServers",
     "McpUndos",
     "Mode",
     "OnToolError",
+    "ServerGone",
     "ToolFailed",
     "ToolFailedAmbiguous",
     "ToolPolicy",

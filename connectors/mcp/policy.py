@@ -37,10 +37,12 @@ timeout is ambiguous.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import math
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from mcp import types
 from mcp.shared.exceptions import MCPError
@@ -52,13 +54,20 @@ from sagaguard.idempotency.records import Disposition
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
+    "InvalidArguments",
+    "InvalidKey",
     "LookupTool",
+    "ErrorText",
     "Mode",
     "OnToolError",
+    "ServerGone",
     "ToolFailed",
     "ToolFailedAmbiguous",
     "ToolPolicy",
+    "check_arguments",
+    "check_key",
     "guard_options",
+    "is_failure",
     "pick",
     "policy_for",
     "policy_from_annotations",
@@ -92,6 +101,91 @@ class OnToolError(enum.StrEnum):
     """The tool failed and changed nothing: recorded FAILED, its error result replayed."""
     AMBIGUOUS = "ambiguous"
     """The tool failed and may have done part of its work: the call is in doubt."""
+
+
+class InvalidArguments(ConfigurationError):
+    """A tool call's arguments are not JSON (a ``Decimal``, ``datetime``, ``set``, ``bytes``, a
+    tuple, a non-string key, NaN): refused before anything is recorded or sent.
+
+    Attributes:
+        path: where in the arguments the bad value is (``amount``, ``items.0``).
+    """
+
+    def __init__(self, path: str, value: object) -> None:
+        super().__init__(
+            f"MCP tool argument {path or '(the arguments)'!r} is a {type(value).__name__}, not JSON "
+            "(str, int, float, bool, None, list, dict with str keys): convert it before the call"
+        )
+        self.path = path
+
+
+class InvalidKey(ConfigurationError):
+    """An idempotency key that is not a non-empty string (an int, an empty string, an object).
+
+    Treating it as no key would make a retry a second call, so it is refused before anything is
+    recorded or sent.
+    """
+
+
+_JSON_SCALARS = (str, bool, int, type(None))
+
+
+def check_arguments(arguments: object, path: str = "") -> None:
+    """Refuse arguments that are not JSON as the wire carries it, before anything is sent.
+
+    Only ``dict`` (with ``str`` keys), ``list``, ``str``, ``int``, ``bool``, ``None`` and finite
+    ``float`` pass; no conversion is guessed (a ``Decimal`` amount, a ``datetime``, a ``set`` or
+    ``bytes`` are the caller's to convert, in the form the tool's schema asks for).
+
+    Raises:
+        InvalidArguments: the first value that is not JSON, with its path.
+    """
+    kind = type(arguments)
+    if kind in _JSON_SCALARS:
+        return
+    if kind is float:
+        if not math.isfinite(cast(float, arguments)):
+            raise InvalidArguments(path, arguments)
+        return
+    if kind is list:
+        for index, item in enumerate(cast(list[Any], arguments)):
+            check_arguments(item, f"{path}.{index}" if path else str(index))
+        return
+    if kind is dict:
+        for name, item in cast(dict[Any, Any], arguments).items():
+            if type(name) is not str:
+                raise InvalidArguments(f"{path}.{name!r}" if path else repr(name), name)
+            check_arguments(item, f"{path}.{name}" if path else name)
+        return
+    raise InvalidArguments(path, arguments)
+
+
+def check_key(key: object, what: str = "key") -> str:
+    """``key`` if it is a non-empty string.
+
+    Raises:
+        InvalidKey: anything else (an int, an empty string, an object).
+    """
+    if type(key) is not str or not key:
+        raise InvalidKey(f"{what} {key!r} ({type(key).__name__}): a non-empty string, or none at all")
+    return key
+
+
+class ServerGone(NotApplied):
+    """The connection to the MCP server is closed (the server died or hung up): the call was not
+    sent. Retryable: the call's record is released, not left in doubt, so the same call made again
+    (on a new session, or once a reconnecting upstream is back) is sent then.
+
+    Attributes:
+        server: the server's name.
+    """
+
+    def __init__(self, server: str, cause: str) -> None:
+        super().__init__(
+            f"MCP server {server!r} is gone ({cause}): the call was not sent; open a new session",
+            retryable=True,
+        )
+        self.server = server
 
 
 class ToolFailed(NotApplied):
@@ -142,6 +236,44 @@ class LookupTool:
 
 
 @dataclass(frozen=True)
+class ErrorText:
+    """A failure check for servers that report a failed tool as text without ``isError`` (the
+    reference ``mcp-server-sqlite`` answers ``Database error: ...``): a result whose text content matches
+    ``pattern`` (``re.search``) is a failure, as if it said ``isError: true``.
+
+    Declared as ``changes_world(failed_if=ErrorText(r"^Database error"))``, or ``"failed_if": "^Error:"``
+    in the proxy's declarations file; an undo tool takes it as ``UndoTool(failed_if=...)``.
+    """
+
+    pattern: str
+    """The regular expression searched in the result's text blocks (joined by newlines)."""
+
+    def __post_init__(self) -> None:
+        try:
+            re.compile(self.pattern)
+        except re.error as exc:
+            raise ConfigurationError(f"ErrorText({self.pattern!r}): not a regular expression: {exc}") from exc
+
+    def __call__(self, result: types.CallToolResult) -> bool:
+        """Whether ``result`` is a failure."""
+        text = "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+        return re.search(self.pattern, text) is not None
+
+
+FailureCheck = Callable[[types.CallToolResult], bool]
+"""``failed_if(result)``: True when a result the server did not mark ``isError`` is a failure."""
+
+
+def is_failure(result: types.CallToolResult, failed_if: FailureCheck | None) -> types.CallToolResult | None:
+    """``result`` marked ``isError`` when it is a failure (its own flag, or ``failed_if``), else None."""
+    if result.is_error:
+        return result
+    if failed_if is not None and failed_if(result):
+        return result.model_copy(update={"is_error": True})
+    return None
+
+
+@dataclass(frozen=True)
 class ToolPolicy:
     """How one tool's calls are guarded (see the module docstring)."""
 
@@ -159,6 +291,8 @@ class ToolPolicy:
     """In an agent saga: the tool is the run's pivot."""
     lookup: LookupTool | None = None
     """How to ask the server about a call in doubt (the call's reconciler)."""
+    failed_if: FailureCheck | None = None
+    """A failure check for results without ``isError`` (:class:`ErrorText`)."""
 
     @property
     def guarded(self) -> bool:
@@ -189,6 +323,9 @@ def _from_declaration(declaration: ToolDeclaration) -> ToolPolicy:
     options = dict(declaration.options)
     on_error = OnToolError(options.pop("on_error", OnToolError.NOT_APPLIED))
     lookup = options.pop("lookup", None)
+    failed_if = options.pop("failed_if", None)
+    if failed_if is not None and not callable(failed_if):
+        raise ConfigurationError(f"changes_world(failed_if={failed_if!r}): a check such as ErrorText(...)")
     if lookup is not None and not isinstance(lookup, LookupTool):
         raise ConfigurationError(f"changes_world(lookup={lookup!r}): a LookupTool")
     if lookup is not None and "reconciler" in options:
@@ -197,8 +334,9 @@ def _from_declaration(declaration: ToolDeclaration) -> ToolPolicy:
     mode = Mode.RESEND if resend else Mode.AT_MOST_ONCE
     kept = MappingProxyType(options)
     return ToolPolicy(
-        mode, "declared changes_world", kept, on_error, declaration.undo, declaration.pivot, lookup
-    )
+        mode, "declared changes_world", kept, on_error, declaration.undo, declaration.pivot, lookup,
+        failed_if,
+    )  # fmt: skip
 
 
 def policy_for(

@@ -8,8 +8,8 @@ For MCP clients you do not control (a desktop app, an IDE, another team's agent)
 
 Tools are listed as the server lists them; each call goes through a
 :class:`~sagaguard.connectors.mcp.session.GuardedSession` on the upstream session: the modes come from
-the annotations (the command line takes no declarations; in code, :class:`McpProxy`'s ``declare=``
-overrides them per tool, as for the session).
+the annotations, overridden per tool by declarations (``sagaguard mcp proxy --declare FILE``; in
+code, :class:`McpProxy`'s ``declare=``, as for the session).
 
 **What identifies a call.** A proxy sees requests, not an agent's run, so:
 
@@ -19,22 +19,30 @@ overrides them per tool, as for the session).
   gets the recorded result; after a crash it is resolved (a ``resend`` tool is re-sent under the
   same upstream key; an ``at_most_once`` one is answered as pending, parked for an operator, never
   re-sent). The same key with other arguments is refused (``INVALID_PARAMS``).
+  A key that is not a non-empty string (a number, ``""``, an object) is refused
+  (``INVALID_PARAMS``), never taken for "no key".
 - Without a key, the proxy cannot tell a retry from a new call, and never guesses: every request
-  is a call of its own, at most once per proxy session and JSON-RPC request id. It is sent once and
+  is a call of its own, at most once per client connection and JSON-RPC request id (the connection:
+  the proxy's one stdio client, or an HTTP client's ``mcp-session-id``). It is sent once and
   recorded (an operator sees what a crash left in doubt: ``sagaguard effects list``); the proxy
   never re-sends it, never swallows a second identical request, and a client that retries after a
   lost answer makes a new call.
 
 Answers: the server's result (or the recorded one); a call in doubt is an ``isError`` result whose
 JSON says ``"status": "pending"`` with the effect key to resolve.
+
+**A server that dies.** A call whose request left before the server died is in doubt, as above. A
+call made after is never sent to a dead connection and never parked: given ``reconnect=`` (as
+``sagaguard mcp proxy`` does), the proxy opens a new upstream session and sends it there; without,
+it answers an error (``INTERNAL_ERROR``, "not sent") and the record is released, so the client's
+retry under the same key is sent once the server is back.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-import weakref
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from mcp import types
@@ -44,7 +52,14 @@ from mcp.shared.exceptions import MCPError
 
 from sagaguard.connectors.declare import ToolDeclaration
 from sagaguard.connectors.in_doubt import ReturnPending
-from sagaguard.connectors.mcp.policy import IDEMPOTENCY_META_KEY, ToolPolicy
+from sagaguard.connectors.mcp.policy import (
+    IDEMPOTENCY_META_KEY,
+    InvalidArguments,
+    InvalidKey,
+    ServerGone,
+    ToolPolicy,
+    check_key,
+)
 from sagaguard.connectors.mcp.session import GuardedSession, ToolSession
 from sagaguard.idempotency.errors import KeyConflict
 from sagaguard.idempotency.guard import Guard
@@ -72,6 +87,8 @@ class McpProxy:
         server: the upstream server's name in effect names (``mcp.{server}.{tool}``).
         declare: per tool, a declaration or policy that wins over the annotations.
         name: the name the proxy gives itself to its clients.
+        reconnect: opens a new upstream session when the current one is gone (the server died);
+            None: a call made after that is answered "not sent" (module docstring).
     """
 
     def __init__(
@@ -82,39 +99,82 @@ class McpProxy:
         server: str,
         declare: Mapping[str, ToolDeclaration | ToolPolicy] | None = None,
         name: str = "sagaguard-proxy",
+        reconnect: Callable[[], Awaitable[ToolSession]] | None = None,
     ) -> None:
+        self._declare = dict(declare or {})
         self.guarded = GuardedSession(
-            upstream, guard, server=server, declare=declare, on_doubt=ReturnPending()
+            upstream, guard, server=server, declare=self._declare, on_doubt=ReturnPending()
         )
-        self._sessions: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._reconnect = reconnect
+        self._instance = uuid.uuid4().hex
         self.server: Server[Any] = Server(name, on_list_tools=self._list_tools, on_call_tool=self._call_tool)
         """The low-level MCP server to run on a transport (stdio or streamable HTTP)."""
 
     def _session_id(self, ctx: ServerRequestContext[Any]) -> str:
-        found = self._sessions.get(ctx.session)
-        if found is None:
-            found = self._sessions[ctx.session] = uuid.uuid4().hex
-        return found
+        """The client connection a request came on. The SDK builds a ``ServerSession`` per request,
+        so the connection is read from the transport: an HTTP request's ``mcp-session-id`` header;
+        over stdio, this proxy's one client. A stateless HTTP request (no session id) is a
+        connection of its own: two clients' request ids must never be taken for one call."""
+        request = ctx.request
+        if request is None:
+            return f"stdio:{self._instance}"
+        headers = getattr(request, "headers", None)
+        found = headers.get("mcp-session-id") if headers is not None else None
+        if isinstance(found, str) and found:
+            return f"http:{self._instance}:{found}"
+        return f"request:{uuid.uuid4().hex}"
+
+    async def _upstream(self) -> GuardedSession:
+        """The guarded upstream session, reopened (once per call) when it is gone."""
+        if self.guarded.gone and self._reconnect is not None:
+            guarded = self.guarded
+            session = await self._reconnect()
+            if self.guarded is guarded:  # another request may have reconnected meanwhile
+                self.guarded = GuardedSession(
+                    session, guarded.guard, server=guarded.server, declare=self._declare,
+                    on_doubt=ReturnPending(),
+                )  # fmt: skip
+        return self.guarded
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return await self.guarded.list_tools()
+        try:
+            return await (await self._upstream()).list_tools()
+        except ServerGone:
+            if self._reconnect is None:
+                raise
+            return await (await self._upstream()).list_tools()
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         meta = dict(params.meta or {})
         sent = meta.pop(IDEMPOTENCY_META_KEY, None)
-        client_key = sent if isinstance(sent, str) and sent else None
         forward = {k: v for k, v in meta.items() if not k.startswith(_RESERVED)}
-        key = call_key(client_key, self._session_id(ctx), ctx.request_id)
         try:
-            return await self.guarded.call_tool(params.name, params.arguments, key=key, meta=forward)
+            client_key = None if sent is None else check_key(sent, f"_meta {IDEMPOTENCY_META_KEY!r}")
+            key = call_key(client_key, self._session_id(ctx), ctx.request_id)
+            try:
+                return await (await self._upstream()).call_tool(
+                    params.name, params.arguments, key=key, meta=forward
+                )
+            except ServerGone:
+                if self._reconnect is None:
+                    raise
+                # Not sent, record released: send it on a new connection (once: a server that dies
+                # again at once answers the client "not sent").
+                return await (await self._upstream()).call_tool(
+                    params.name, params.arguments, key=key, meta=forward
+                )
         except KeyConflict as exc:
             raise MCPError(
                 types.INVALID_PARAMS, f"idempotency key reused with other arguments: {exc}"
             ) from exc
+        except (InvalidKey, InvalidArguments) as exc:
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
+        except ServerGone as exc:
+            raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
 
 
 async def serve_stdio(proxy: McpProxy) -> None:

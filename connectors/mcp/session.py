@@ -14,8 +14,10 @@
 - ``pass_through`` (read-only): the call is sent as it is.
 - otherwise the call is a guarded effect named ``mcp.{server}.{tool}``, fingerprinted on the tool's
   name and arguments, and keyed on the run: an explicit ``key=``; else the current scope and the
-  call id (``call_id=``, or the model's tool call id the framework adapters set); else the current
-  scope and the call's ordinal in it. The first run sends it, with the effect's provider key in the
+  call id (``call_id=``, or the model's tool call id the framework adapters set; inside an agent
+  run with no scope, the run's id stands for the scope); else the current scope and the call's
+  ordinal in it. Arguments that are not JSON and keys that are not non-empty strings are refused
+  before anything is recorded or sent. The first run sends it, with the effect's provider key in the
   request's ``_meta`` (:data:`~sagaguard.connectors.mcp.policy.IDEMPOTENCY_META_KEY`); a re-run returns the
   recorded ``CallToolResult`` (stored as JSON) without reaching the server. A crash between the
   request and its record leaves the call in doubt: re-sent under the same key (``resend``) or
@@ -29,13 +31,16 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
+import anyio
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from sagaguard.connectors.declare import ToolDeclaration
 from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle
@@ -43,10 +48,14 @@ from sagaguard.connectors.mcp.policy import (
     IDEMPOTENCY_META_KEY,
     LookupTool,
     OnToolError,
+    ServerGone,
     ToolFailed,
     ToolFailedAmbiguous,
     ToolPolicy,
+    check_arguments,
+    check_key,
     guard_options,
+    is_failure,
     pick,
     policy_for,
 )
@@ -59,7 +68,7 @@ from sagaguard.idempotency.effect import (
     Unknown,
     current_effect,
 )
-from sagaguard.idempotency.errors import ConfigurationError, NotApplied
+from sagaguard.idempotency.errors import ConfigurationError, NoScope, NotApplied
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import EffectIdentity, current_scope
 from sagaguard.idempotency.telemetry import TOOL_CALL_ID
@@ -90,7 +99,14 @@ class ToolSession(Protocol):
 
 @asynccontextmanager
 async def stdio_session(params: StdioServerParameters) -> AsyncIterator[ClientSession]:
-    """An initialized ``ClientSession`` to a server started as a subprocess (stdio)."""
+    """An initialized ``ClientSession`` to a server started as a subprocess (stdio).
+
+    The server inherits this process's environment (its API keys, ``PATH``) when ``params.env``
+    is None; the SDK alone would pass only a few safe variables (``HOME``, ``PATH``, ...). Give
+    ``env=`` to choose exactly what it gets.
+    """
+    if params.env is None:
+        params = params.model_copy(update={"env": dict(os.environ)})
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
@@ -156,10 +172,43 @@ class GuardedSession:
         self.on_doubt = on_doubt
         self._tools: dict[str, types.Tool] | None = None
         self._lookups: dict[str, Any] = {}
+        self._gone: str | None = None
+
+    @property
+    def gone(self) -> bool:
+        """Whether the connection to the server was found closed (every later call raises
+        :class:`~sagaguard.connectors.mcp.policy.ServerGone`, unsent)."""
+        return self._gone is not None
+
+    async def _alive(self) -> None:
+        """Ask the server for its tools before a guarded request leaves, so that a connection
+        already closed (the server died while idle) fails the call as *not sent* instead of
+        leaving it in doubt: the SDK answers ``CONNECTION_CLOSED`` alike for a request never
+        written and for one whose answer was lost, and only the first is safe to release.
+        (``tools/list``, not ``ping``: modern protocol versions removed ``ping``.) Any answer, an
+        error included, means the connection is alive."""
+        try:
+            await self.session.list_tools()
+        except MCPError as exc:
+            if exc.code != types.CONNECTION_CLOSED:
+                return  # the server answered: alive
+            self._gone = exc.error.message or "connection closed"
+            raise ServerGone(self.server, self._gone) from exc
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            self._gone = type(exc).__name__
+            raise ServerGone(self.server, self._gone) from exc
 
     async def list_tools(self) -> types.ListToolsResult:
         """The server's tools (and the annotations the policies are read from), cached."""
-        result = await self.session.list_tools()
+        if self._gone is not None:
+            raise ServerGone(self.server, self._gone)
+        try:
+            result = await self.session.list_tools()
+        except MCPError as exc:
+            if exc.code != types.CONNECTION_CLOSED:
+                raise
+            self._gone = exc.error.message or "connection closed"
+            raise ServerGone(self.server, self._gone) from exc
         self._tools = {tool.name: tool for tool in result.tools}
         return result
 
@@ -198,11 +247,21 @@ class GuardedSession:
             (replayed as it was when it was recorded *not applied*).
 
         Raises:
+            InvalidArguments: an argument is not JSON (``Decimal``, ``datetime``, ``set``, ...): not sent.
+            InvalidKey: ``key`` or ``call_id`` is not a non-empty string: not sent.
+            ServerGone: the connection to the server is closed: not sent, nothing parked.
             OutcomeUnknown: the call is in doubt and parked (with ``on_doubt=Stop()``).
-            NoScope: no key, and no scope is set (wrap the run in ``scope(...)`` or an adapter).
+            NoScope: no key, and neither a scope nor an agent run is open.
             KeyConflict: the same call (key) was recorded with other arguments.
             AgentRunCancelled, AgentRunEnded: a saga step's run was cancelled or has ended.
         """
+        check_arguments(arguments or {})
+        if key is not None:
+            check_key(key)
+        if call_id is not None:
+            check_key(call_id, "call_id")
+        if self._gone is not None:
+            raise ServerGone(self.server, self._gone)
         policy = await self.policy(name)
         args = dict(arguments or {})
         if not policy.guarded:
@@ -212,11 +271,18 @@ class GuardedSession:
 
         async def send() -> types.CallToolResult:
             extra = {**(meta or {}), IDEMPOTENCY_META_KEY: current_effect().provider_key}
-            result = await self.session.call_tool(name, args, read_timeout_seconds, meta=extra)
-            if result.is_error:
+            await self._alive()
+            try:
+                result = await self.session.call_tool(name, args, read_timeout_seconds, meta=extra)
+            except MCPError as exc:
+                if exc.code == types.CONNECTION_CLOSED:  # sent, answer lost: in doubt, and no more
+                    self._gone = exc.error.message or "connection closed"
+                raise
+            failed = is_failure(result, policy.failed_if)
+            if failed is not None:
                 if policy.on_error is OnToolError.AMBIGUOUS:
-                    raise ToolFailedAmbiguous(result)
-                raise ToolFailed(result)
+                    raise ToolFailedAmbiguous(failed)
+                raise ToolFailed(failed)
             return result
 
         call: Callable[[], Awaitable[types.CallToolResult]]
@@ -262,7 +328,7 @@ class GuardedSession:
         call_id: str | None,
     ) -> Callable[[], Awaitable[types.CallToolResult]]:
         if key is None and call_id is not None:
-            key = json.dumps(["mcp.tool", current_scope().id, self.server, call_id], separators=(",", ":"))
+            key = json.dumps(["mcp.tool", _scope_id(), self.server, call_id], separators=(",", ":"))
         effect, options = self.effect_name(name), self._options(name, policy)
         fingerprinted = {"tool": name, "arguments": args}
 
@@ -310,6 +376,27 @@ class GuardedSession:
             )  # fmt: skip
 
         return call
+
+
+def _scope_id() -> str:
+    """The current scope's id; inside an agent run opened without a scope of its own, the run's id
+    (the same key as ``with scope(run_id)`` gives, so a run needs no extra scope for its tools).
+
+    Raises:
+        NoScope: neither a scope nor an agent run is open.
+    """
+    try:
+        return current_scope().id
+    except NoScope:
+        from sagaguard.saga.agent import current_run  # the agent-saga path only
+
+        try:
+            return current_run().run_id
+        except LookupError:
+            raise NoScope(
+                "an MCP tool call needs a key: open a scope (`with scope(run_id)`), an agent run, "
+                "or pass key="
+            ) from None
 
 
 def _replaying_failures(

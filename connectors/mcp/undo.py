@@ -12,7 +12,8 @@
             "create_refund", arguments={"payment_intent": "result.structuredContent.id",
                                         "charge_key": "idempotency_key"})),
         "create_issue": mcp_undos.undo("tracker", "create_issue", UndoTool(
-            "close_issue", arguments={"number": "result.structuredContent.number"})),
+            "close_issue", arguments={"number": "result.structuredContent.number",
+                                      "created_under": "idempotency_key"})),
     }
     payments = GuardedSession(session, guard, server="payments", declare=declare)
     trip_agent = AgentSaga("trip_agent", undos)         # register it with the worker too
@@ -26,7 +27,9 @@ session to the server through ``servers``.
 ``content``, ``structuredContent``, ``isError``; None when a crash left the call's outcome unknown) and
 ``idempotency_key`` (the key the call's request carried in ``_meta``, which a server that kept it can
 look the work up by). A path that finds nothing is left out of the undo's arguments, so an undo tool
-that takes either an id or the key works in both cases. A callable ``arguments(call, result)`` can
+that takes either an id or the key works in both cases. Pass the key to every undo whose tool can
+take it: the result is None whenever a crash cut the call after the server's work, and an undo that
+reads only the result then cannot undo it. A callable ``arguments(call, result)`` can
 build them instead.
 
 **Once.** The undo runs as the saga's compensation: a guarded effect under its own key, run again
@@ -52,7 +55,7 @@ from typing import Any, cast
 from mcp import ClientSession, types
 
 from sagaguard.connectors.declare import ToolDeclaration, changes_world
-from sagaguard.connectors.mcp.policy import IDEMPOTENCY_META_KEY, pick
+from sagaguard.connectors.mcp.policy import IDEMPOTENCY_META_KEY, FailureCheck, is_failure, pick
 from sagaguard.connectors.mcp.session import SessionFactory
 from sagaguard.idempotency.effect import current_effect
 from sagaguard.idempotency.errors import ConfigurationError
@@ -89,11 +92,15 @@ class UndoTool:
         server: its server's name in :class:`McpServers` (None: the server of the call it undoes).
         arguments: undo argument name to a dotted path into the recorded call (module docstring),
             or a callable building them.
+        failed_if: a failure check for undo results without ``isError`` (a server that answers
+            its errors as text: :class:`~sagaguard.connectors.mcp.policy.ErrorText`); such a
+            result raises :class:`UndoFailed` like an ``isError`` one.
     """
 
     tool: str
     server: str | None = None
     arguments: Mapping[str, str] | ArgumentBuilder = field(default_factory=lambda: MappingProxyType({}))
+    failed_if: FailureCheck | None = None
 
 
 def undo_arguments(undo: UndoTool, call: Mapping[str, Any], result: Any) -> dict[str, Any]:
@@ -200,8 +207,9 @@ class McpUndos:
             except ConfigurationError:
                 key = None  # called by hand, outside a compensation
             answer = _blocking(lambda: self._send(target, undo.tool, arguments, key))
-            if answer.is_error:
-                raise UndoFailed(undo.tool, answer)
+            failed = is_failure(answer, undo.failed_if)
+            if failed is not None:
+                raise UndoFailed(undo.tool, failed)
 
         run_undo.__name__ = run_undo.__qualname__ = name
         self.undos.add(name, run_undo)
