@@ -27,6 +27,7 @@ from sagaguard.saga.agent.errors import (
     AgentRunEnded,
     AgentRunRejected,
     AgentSagaError,
+    NoOpenRun,
     UnknownUndo,
 )
 from sagaguard.saga.agent.run import AgentRun, current_run
@@ -43,6 +44,7 @@ __all__ = [
     "AgentSaga",
     "AgentSagaError",
     "AgentStep",
+    "NoOpenRun",
     "OnFailure",
     "ToolCall",
     "Undo",
