@@ -24,6 +24,7 @@ and ``settle``/``asettle``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -78,7 +79,8 @@ class ToolCallSite(Generic[T]):
     tool: str
     """The tool's name (a step's name in the run, and what the declaration was looked up by)."""
     call_id: str
-    """The framework's stable id of the call (the model's ``tool_call_id``)."""
+    """The call's stable id: the framework's (the model's ``tool_call_id``), or one the adapter
+    derives where the framework has none (see :attr:`framework_call_id`)."""
     arguments: Mapping[str, Any]
     """The call's arguments as a step records them: fingerprinted, and given to its undo."""
     declaration: ToolDeclaration
@@ -100,8 +102,13 @@ class ToolCallSite(Generic[T]):
     """What a step records of the result for its undo (the tool's own output)."""
     policy: Policy | str | None = None
     """The adapter's one policy for every tool, over the declarations (None: the declarations)."""
+    defaults: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    """The adapter's :meth:`Guard.run` options for every tool (the declaration's win over them)."""
     options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-    """The adapter's other :meth:`Guard.run` options for this call (over the declaration's)."""
+    """The adapter's options for this tool by name (they win over the declaration's)."""
+    framework_call_id: bool = True
+    """:attr:`call_id` is the framework's own tool-call id, put on the spans as
+    ``gen_ai.tool.call.id``; False for an id the adapter derived (a key: never on a span)."""
     enter: Callable[[str], contextlib.AbstractContextManager[Scope]] = _enter
     """How an attempt enters its scope (default :func:`~sagaguard.idempotency.keys.scope`; LangGraph
     also remembers which task the scope belongs to)."""
@@ -137,15 +144,15 @@ def decide(site: ToolCallSite[Any], *, saga: SagaMode) -> Effect | Step:
         saga: the adapter's saga mode (:data:`SagaMode`).
     """
     declaration = site.declaration
-    options = {**tool_options(declaration, site.policy), **site.options, "tool": True}
+    options = {**site.defaults, **tool_options(declaration, site.policy), **site.options, "tool": True}
     if saga is not False and is_step(declaration):
         return Step(declaration.undo, declaration.pivot, options)
     return Effect(site.effect, site.key, options)
 
 
 @contextlib.contextmanager
-def _call_id(call_id: str) -> Iterator[None]:
-    token = TOOL_CALL_ID.set(call_id)
+def _call_id(site: ToolCallSite[Any]) -> Iterator[None]:
+    token = TOOL_CALL_ID.set(site.call_id if site.framework_call_id else None)
     try:
         yield
     finally:
@@ -202,7 +209,7 @@ def run_tool_call(
                 )  # fmt: skip
 
         store = effect_guard.store
-    with _call_id(site.call_id):
+    with _call_id(site):
         return settle(call, on_doubt, store, site.pending)
 
 
@@ -222,7 +229,8 @@ async def arun_tool_call(
     """
     plan = decide(site, saga=saga)
     if isinstance(plan, Step):
-        run = _run_of(saga)
+        # An adapter's own lookup may open its run (a journal commit): off the event loop.
+        run = await asyncio.to_thread(saga) if callable(saga) else current_run()
 
         async def step_body() -> T:
             with site.enter(run.call_key(site.call_id)):
@@ -247,7 +255,7 @@ async def arun_tool_call(
                 )  # fmt: skip
 
         store = effect_guard.store
-    with _call_id(site.call_id):
+    with _call_id(site):
         return await asettle(call, on_doubt, store, site.pending)
 
 

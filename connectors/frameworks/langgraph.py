@@ -389,7 +389,7 @@ class ToolGuard:
         return ToolCallSite(
             tool=name, call_id=call_id, arguments=dict(call["args"]), fingerprint={"args": call["args"]},
             declaration=declaration, effect=self.prefix + name, scope_id=scope_id, pending=message,
-            result_type=ToolMessage, record=tool_output, policy=self.policy, options=self._options,
+            result_type=ToolMessage, record=tool_output, policy=self.policy, defaults=self._options,
             enter=functools.partial(_bound, ns),
         )  # fmt: skip
 
