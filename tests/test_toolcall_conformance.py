@@ -337,12 +337,11 @@ class EngineHarness:
         outputs = []
         for _ in range(2 if rerun else 1):
             TOOL_CALL_ID.set(None)
-            outputs.append(
-                engine.call(
-                    env.run_id, "book", lambda: body("room"), {"item": "room"}, call_id="call-1",
-                    declaration=declaration, result_type=str,
-                )  # fmt: skip
-            )
+            value = engine.call(
+                env.run_id, "book", lambda: body("room"), {"item": "room"}, call_id="call-1",
+                declaration=declaration, result_type=str,
+            )  # fmt: skip
+            outputs.append(value)
         return outputs
 
 
