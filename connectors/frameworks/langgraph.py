@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import json
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from typing import Any, ParamSpec, TypeVar, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -60,6 +59,7 @@ from pydantic import ConfigDict
 
 from sagaguard.connectors.declare import ToolDeclaration, declaration_of, is_step, recorded_output
 from sagaguard.connectors.in_doubt import OnDoubt, Pending
+from sagaguard.connectors.scoped import ScopedDecorator, scoped_by
 from sagaguard.connectors.telemetry import record_llm_call
 from sagaguard.connectors.toolcall import STOP, ToolCallSite, arun_tool_call, run_tool_call
 from sagaguard.idempotency.effect import Policy
@@ -254,35 +254,11 @@ def graph_scope(config: RunnableConfig | None = None, *, strict: bool = False) -
         yield unit
 
 
-@overload
-def task_scoped(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+task_scoped: ScopedDecorator = scoped_by(graph_scope)
+"""Decorate a node or ``@task`` function (sync or async) to run in :func:`graph_scope`.
 
-
-@overload
-def task_scoped(fn: Callable[P, R]) -> Callable[P, R]: ...
-
-
-def task_scoped(fn: Callable[P, Any]) -> Callable[P, Any]:
-    """Decorate a node or ``@task`` function (sync or async) to run in :func:`graph_scope`.
-
-    Put it under ``@task`` (``@task`` then ``@task_scoped``), so it runs inside the task.
-    """
-    if inspect.iscoroutinefunction(fn):
-        afn = cast(Callable[P, Awaitable[Any]], fn)
-
-        @functools.wraps(fn)
-        async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            with graph_scope():
-                return await afn(*args, **kwargs)
-
-        return async_wrapper
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-        with graph_scope():
-            return fn(*args, **kwargs)
-
-    return wrapper
+Put it under ``@task`` (``@task`` then ``@task_scoped``), so it runs inside the task.
+"""
 
 
 # -- tool calls -------------------------------------------------------------------------------------
