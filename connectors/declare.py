@@ -47,6 +47,7 @@ __all__ = [
     "ToolDeclaration",
     "changes_world",
     "declaration_of",
+    "is_step",
     "read_only",
     "recorded_output",
     "tool_options",
@@ -157,6 +158,12 @@ def declaration_of(
         if isinstance(found, ToolDeclaration):
             return found
     return read_only
+
+
+def is_step(declaration: ToolDeclaration) -> bool:
+    """Whether calls of a tool with this declaration are steps of an agent saga's run (it has an
+    undo, or it is the pivot)."""
+    return declaration.undo is not None or declaration.pivot
 
 
 def recorded_output(output: Any) -> Any:

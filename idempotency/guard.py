@@ -24,7 +24,7 @@ import inspect
 import time
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, ParamSpec, TypeVar, Unpack, cast, overload
 
 from sagaguard.idempotency.checks import seconds, storable_text
 from sagaguard.idempotency.driving import AsyncDriver, SyncDriver
@@ -35,6 +35,7 @@ from sagaguard.idempotency.heartbeat import Heartbeater
 from sagaguard.idempotency.keys import EffectIdentity, current_scope, fingerprint, key_deriver
 from sagaguard.idempotency.options import (
     FingerprintSpec,
+    RunOptions,
     binder,
     build_spec,
     check_run_options,
@@ -237,10 +238,13 @@ class Guard:
             CodecError: the result type cannot be stored as JSON (raised when decorating).
             ConfigurationError: any other bad option.
         """
-        given = locals()
-        return EffectDecorator(
-            self, name, {k: v for k, v in given.items() if k not in ("self", "name", "given")}
-        )
+        options = {
+            "result_type": result_type, "policy": policy, "provider_idempotent": provider_idempotent,
+            "provider_window": provider_window, "reconciler": reconciler, "classify": classify,
+            "permanent": permanent, "retryable": retryable, "retry": retry, "fingerprint": fingerprint,
+            "key": key, "lease": lease, "retention": retention, "wait": wait, "tool": tool,
+        }  # fmt: skip
+        return EffectDecorator(self, name, options)
 
     def _plan(self, name: str, result_type: Any, options: Mapping[str, Any]) -> Plan:
         defaults = {"lease": self.lease, "retention": self.retention, "wait": self.wait}
@@ -294,7 +298,9 @@ class Guard:
 
     # -- the explicit API ---------------------------------------------------------------------
 
-    def operation(self, name: str, *, result_type: Any = Any, **options: Any) -> Operation[Any]:
+    def operation(
+        self, name: str, *, result_type: Any = Any, **options: Unpack[RunOptions]
+    ) -> Operation[Any]:
         """Declare the effect ``name`` once, for code that cannot be decorated; run it per call.
 
         ::
@@ -316,7 +322,7 @@ class Guard:
         plan = self._plan(name, result_type, options)
         return Operation(self, plan, inspect.iscoroutinefunction(options.get("reconciler")))
 
-    def _operation(self, name: str, result_type: Any, options: dict[str, Any]) -> Operation[Any]:
+    def _operation(self, name: str, result_type: Any, options: RunOptions) -> Operation[Any]:
         """:meth:`operation`, kept by name, type and options so a repeated :meth:`run` builds nothing."""
         try:
             cache_key: Any = (name, result_type, *options.items())
@@ -338,7 +344,7 @@ class Guard:
         arguments: Mapping[str, Any] | None = None,
         key: str | None = None,
         result_type: Any = Any,
-        **options: Any,
+        **options: Unpack[RunOptions],
     ) -> T:
         """Run ``fn`` once as the effect ``name``, for code that cannot be decorated.
 
@@ -368,7 +374,7 @@ class Guard:
         arguments: Mapping[str, Any] | None = None,
         key: str | None = None,
         result_type: Any = Any,
-        **options: Any,
+        **options: Unpack[RunOptions],
     ) -> T:
         """The async twin of :meth:`run`."""
         operation = self._operation(name, result_type, options)

@@ -12,16 +12,17 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.codec import Codec
-from sagaguard.idempotency.effect import Policy, Retry
+from sagaguard.idempotency.effect import Classifier, Policy, ReconcileRequest, Retry
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.flow import EffectSpec
 
 __all__ = [
     "RUN_OPTIONS",
+    "RunOptions",
     "FingerprintSpec",
     "binder",
     "build_spec",
@@ -172,22 +173,25 @@ def _everything(arguments: Mapping[str, Any]) -> Mapping[str, Any]:
     return arguments
 
 
-RUN_OPTIONS = frozenset(
-    {
-        "policy",
-        "provider_idempotent",
-        "provider_window",
-        "reconciler",
-        "classify",
-        "permanent",
-        "retryable",
-        "retry",
-        "lease",
-        "retention",
-        "wait",
-        "tool",
-    }
-)
+class RunOptions(TypedDict, total=False):
+    """The per-effect options of :meth:`Guard.run` / ``arun`` (and of the adapters that build them),
+    written once so that mypy checks what each caller passes. See :meth:`Guard.effect` for each."""
+
+    policy: Policy | str
+    provider_idempotent: bool
+    provider_window: float | None
+    reconciler: Callable[[ReconcileRequest], Any] | None
+    classify: Classifier | None
+    permanent: tuple[type[BaseException], ...]
+    retryable: tuple[type[BaseException], ...]
+    retry: Retry | None
+    lease: float | None
+    retention: float | None
+    wait: float | None
+    tool: bool
+
+
+RUN_OPTIONS = frozenset(RunOptions.__annotations__)
 """The options of :meth:`Guard.effect` that :meth:`Guard.run` takes (its ``arguments`` are the
 fingerprint and its ``key`` the explicit key)."""
 

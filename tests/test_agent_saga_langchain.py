@@ -157,10 +157,12 @@ def test_saga_middleware_is_the_guard_middleware_with_saga_steps(runner: AgentRu
     from sagaguard.connectors.frameworks.langchain import GuardMiddleware
     from sagaguard.connectors.frameworks.langgraph_saga import SagaTools
 
-    middleware = SagaMiddleware(runner.guard)
+    with pytest.warns(DeprecationWarning, match="GuardMiddleware"):
+        middleware = SagaMiddleware(runner.guard)
     assert isinstance(middleware, GuardMiddleware)
-    assert isinstance(middleware.saga_tools, SagaTools)
-    assert middleware.saga_tools.inner is middleware.tool_guard  # the other tools: guarded as before
+    assert middleware.tool_guard.saga  # the saga mode of the one ToolGuard: other tools guarded
+    with pytest.warns(DeprecationWarning, match="ToolGuard"):
+        SagaTools()
 
     import sagaguard.connectors.frameworks.langchain_saga as module
 

@@ -8,7 +8,8 @@ server, scripted) plans: book the hotel, charge the card, email the confirmation
 and the flight is sold out. Two sides of one graph:
 
 - ``sagaguard``: the tools run in an agent saga
-  (:class:`~sagaguard.connectors.frameworks.langgraph_saga.SagaTools`, each declared with its undo), the model
+  (:class:`~sagaguard.connectors.frameworks.langgraph.ToolGuard` in saga mode, each declared with its
+  undo), the model
   is journaled, the email goes through the transactional outbox (``send_later``). When the flight fails the
   run undoes its calls in reverse: the email is corrected (``correction_undo``), the charge refunded, the
   booking cancelled.
@@ -49,8 +50,7 @@ from sagaguard.connectors.demo._agent_undos import (
 )
 from sagaguard.connectors.demo.agent import THREAD
 from sagaguard.connectors.email import Email
-from sagaguard.connectors.frameworks.langgraph import JournaledChatModel, graph_scope
-from sagaguard.connectors.frameworks.langgraph_saga import SagaTools
+from sagaguard.connectors.frameworks.langgraph import JournaledChatModel, ToolGuard, graph_scope
 from sagaguard.idempotency import Guard, open_store
 from sagaguard.idempotency.testing import crash_point
 from sagaguard.saga.agent import AgentRunner
@@ -125,7 +125,9 @@ DECLARE = {
 
 def build(model: Any, checkpointer: Any, *, saga: bool) -> Any:
     """The agent graph: model -> tools -> model, the tools in the agent saga when ``saga``."""
-    wrap = SagaTools(DECLARE).wrap_tool_call if saga else None
+    # book_flight (declared nowhere) runs as it is: it fails before it books anything
+    steps = ToolGuard(None, saga=True, declare=DECLARE, exclude={"book_flight"})
+    wrap = steps.wrap_tool_call if saga else None
     node = ToolNode(TOOLS, wrap_tool_call=wrap, handle_tool_errors=False)
 
     def think(state: MessagesState) -> dict[str, Any]:

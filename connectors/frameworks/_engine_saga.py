@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import inspect
 import time
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import tenacity
 
-from sagaguard.connectors.declare import ToolDeclaration, declaration_of, tool_options
+from sagaguard.connectors.declare import ToolDeclaration, declaration_of
+from sagaguard.connectors.in_doubt import Pending
+from sagaguard.connectors.toolcall import ToolCallSite, run_tool_call
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga import cancel
 from sagaguard.saga.agent import (
@@ -187,11 +190,13 @@ class EngineSaga:
         try:
             with contextlib.ExitStack() as stack:
                 run = self._hold(run_id, stack)
+                site: ToolCallSite[T] = ToolCallSite(
+                    tool=tool, call_id=call_id, arguments=arguments, declaration=declaration, effect=tool,
+                    scope_id="", pending=_no_pending, result_type=result_type, record=_as_it_is,
+                )  # fmt: skip
                 try:
-                    value = run.call(
-                        tool, fn, arguments, undo=declaration.undo, pivot=declaration.pivot,
-                        call_id=call_id, result_type=result_type, options=tool_options(declaration),
-                    )  # fmt: skip
+                    # The one tool-call pipeline, with the run this step holds.
+                    value = run_tool_call(site, fn, guard=None, saga=functools.partial(_held, run))
                 except AgentRunCancelled:
                     raise  # cancelled from outside: leaving the block undoes the run now
                 except Exception as exc:
@@ -270,6 +275,19 @@ class EngineSaga:
         if outcome.state in FINAL_STATES or outcome.state is SagaState.NEEDS_ATTENTION:
             return outcome
         raise SagaInProgress(run_id)  # parked again (it was not compensating after all): look again
+
+
+def _held(run: AgentRun) -> AgentRun:
+    return run
+
+
+def _no_pending(pending: Pending) -> NoReturn:
+    # The engines stop on doubt (the default on_doubt): a pending answer is never made.
+    raise AssertionError(f"unreachable: {pending.effect} is pending")  # pragma: no cover
+
+
+def _as_it_is(value: Any) -> Any:
+    return value
 
 
 class EngineTools:

@@ -44,12 +44,14 @@ checkpoint is the same with sagaguard or without; a restored crew holds fresh ob
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import inspect
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from crewai import Crew
@@ -58,13 +60,15 @@ from crewai.llms.base_llm import BaseLLM
 from crewai.tools import BaseTool
 from pydantic import BaseModel
 
-from sagaguard.connectors.declare import ToolDeclaration, declaration_of, tool_options
-from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
+from sagaguard.connectors.declare import ToolDeclaration, declaration_of, recorded_output
+from sagaguard.connectors.frameworks._crewai_patch import is_marked, mark, shadow
+from sagaguard.connectors.in_doubt import OnDoubt, Pending
 from sagaguard.connectors.telemetry import record_llm_call
+from sagaguard.connectors.toolcall import STOP, SagaMode, ToolCallSite, arun_tool_call, run_tool_call
 from sagaguard.idempotency.effect import NO_RETRY, Policy
 from sagaguard.idempotency.errors import CodecError, ConfigurationError, NoScope
 from sagaguard.idempotency.guard import Guard
-from sagaguard.idempotency.keys import current_scope, fingerprint, scope
+from sagaguard.idempotency.keys import Scope, current_scope, fingerprint, scope
 from sagaguard.idempotency.records import Disposition
 
 if TYPE_CHECKING:
@@ -80,11 +84,8 @@ __all__ = [
     "task_scope_id",
 ]
 
-_STOP = Stop()
 _KICKOFF = "crew_kickoff_started"
 _TASK_STARTED = "task_started"
-_MARK = "__sagaguard_crewai__"
-"""Set on the functions this module puts on an instance, so nothing is guarded twice."""
 
 
 # -- the task's identity ---------------------------------------------------------------------------
@@ -308,7 +309,7 @@ class CrewGuard:
         guard: Guard,
         *,
         declare: Mapping[str, ToolDeclaration] | None = None,
-        on_doubt: OnDoubt = _STOP,
+        on_doubt: OnDoubt = STOP,
         policy: Policy | str | None = None,
         journal_llm: bool = True,
         tool_prefix: str = "crewai.tool.",
@@ -398,32 +399,44 @@ class CrewGuard:
                 self.guard_tool(tool)
 
     def guard_tool(self, tool: BaseTool) -> BaseTool:
-        """Make ``tool``'s runs guarded effects, in place; returns it. With ``saga=``, a tool
-        declared with an undo or as the pivot becomes a step of the kickoff's run instead
-        (:meth:`~sagaguard.connectors.frameworks.crewai_saga.CrewSaga.step_tool`)."""
-        if getattr(tool.__dict__.get("_run"), _MARK, False):
+        """Make ``tool``'s runs guarded effects, in place; returns it. With ``saga=``, the runs of
+        a tool declared with an undo or as the pivot are steps of the kickoff's run instead
+        (:meth:`~sagaguard.connectors.frameworks.crewai_saga.CrewSaga.current`). Either way each
+        run goes through the one pipeline (:mod:`sagaguard.connectors.toolcall`)."""
+        if is_guarded(tool):
             return tool
         run = tool._run
+        # A tool made with @tool runs its function through _run(*args, **kwargs): a step's
+        # arguments are named after the function's own parameters.
+        func = getattr(tool, "func", None)
+        signature_of = func if callable(func) else run
         name = self.tool_prefix + str(tool.name)
         declaration = declaration_of(tool, str(tool.name), self.declare)
-        options = {**self._options, **tool_options(declaration, self.policy)}
-        if self.saga is not None and declaration.kind != "nothing_to_undo":
-            return self.saga.step_tool(self, tool, declaration, options)
-        store, on_doubt = self.guard.store, self.on_doubt
+        saga: SagaMode = False if self.saga is None else self.saga.current
+
+        def site(
+            args: tuple[Any, ...], kwargs: Mapping[str, Any], named: Callable[..., Any]
+        ) -> ToolCallSite[Any]:
+            arguments, key, unit = self._tool_identity(name, args, kwargs)
+
+            def enter(_scope_id: str) -> contextlib.AbstractContextManager[Scope]:
+                return scope(unit)  # effects inside the tool are keyed on the call, as in a step
+
+            return ToolCallSite(
+                tool=str(tool.name), call_id=key, framework_call_id=False,
+                arguments=named_arguments(named, args, kwargs), fingerprint=arguments,
+                declaration=declaration, effect=name, scope_id=unit, key=key, pending=Pending.as_json,
+                record=recorded_output, policy=self.policy, defaults=self._options, enter=enter,
+            )  # fmt: skip
 
         @functools.wraps(run)
         def guarded_run(*args: Any, **kwargs: Any) -> Any:
-            arguments, key, unit = self._tool_identity(name, args, kwargs)
+            call = site(args, kwargs, signature_of)
+            return run_tool_call(
+                call, lambda: run(*args, **kwargs), guard=self.guard, saga=saga, on_doubt=self.on_doubt
+            )
 
-            def call() -> Any:
-                with scope(unit):  # fresh per attempt: a retry after a resolution finds the same records
-                    return self.guard.run(name, lambda: run(*args, **kwargs), arguments=arguments, key=key,
-                                          **options)  # fmt: skip
-
-            return settle(call, on_doubt, store, Pending.as_json)
-
-        _mark(guarded_run)
-        _set(tool, "_run", guarded_run)
+        shadow(tool, "_run", mark(guarded_run))
         # _arun only where the tool has one: BaseTool's raises NotImplementedError, which the guard
         # would take for an ambiguous failure.
         if type(tool)._arun is not BaseTool._arun:
@@ -431,24 +444,18 @@ class CrewGuard:
 
             @functools.wraps(arun)
             async def guarded_arun(*args: Any, **kwargs: Any) -> Any:
-                arguments, key, unit = self._tool_identity(name, args, kwargs)
-
                 async def body() -> Any:
                     return await arun(*args, **kwargs)
 
-                async def call() -> Any:
-                    with scope(unit):
-                        return await self.guard.arun(name, body, arguments=arguments, key=key, **options)
+                call = site(args, kwargs, arun)
+                return await arun_tool_call(call, body, guard=self.guard, saga=saga, on_doubt=self.on_doubt)
 
-                return await asettle(call, on_doubt, store, Pending.as_json)
-
-            _mark(guarded_arun)
-            _set(tool, "_arun", guarded_arun)
+            shadow(tool, "_arun", mark(guarded_arun))
         return tool
 
     def journal(self, llm: BaseLLM) -> BaseLLM:
         """Make ``llm.call`` / ``llm.acall`` journaled effects, in place; returns it."""
-        if getattr(llm.__dict__.get("call"), _MARK, False):
+        if is_marked(llm, "call"):
             return llm
         call, acall = llm.call, llm.acall
 
@@ -482,10 +489,10 @@ class CrewGuard:
             data = await self.guard.arun(self.llm_effect, ask, **self._llm_options(unit, arguments, n))
             return self._answer(unit, n, data, paid)
 
-        _mark(journaled_call)
-        _mark(journaled_acall)
-        _set(llm, "call", journaled_call)
-        _set(llm, "acall", journaled_acall)
+        mark(journaled_call)
+        mark(journaled_acall)
+        shadow(llm, "call", journaled_call)
+        shadow(llm, "acall", journaled_acall)
         return llm
 
     # -- identities ------------------------------------------------------------------------------
@@ -539,11 +546,30 @@ def _tool_names(tools: Any) -> list[str]:
     return sorted(names)
 
 
-def _mark(fn: Callable[..., Any] | Callable[..., Awaitable[Any]]) -> None:
-    setattr(fn, _MARK, True)
+def is_guarded(tool: BaseTool) -> bool:
+    """Whether ``tool``'s runs already go through a :class:`CrewGuard` (guarding it twice would
+    make each run two effects)."""
+    return is_marked(tool, "_run")
 
 
-def _set(instance: Any, name: str, value: Any) -> None:
-    # Pydantic refuses unknown attributes through __setattr__; an instance attribute shadows the
-    # method and stays out of model_dump (so out of CrewAI's checkpoints).
-    object.__setattr__(instance, name, value)
+def named_arguments(
+    run: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A tool run's arguments by parameter name, defaults included (what a step's undo receives:
+    the arguments the tool ran with, as LangGraph gives a tool call's ``args``); when they cannot
+    be bound to the tool's signature, ``{"args": [...], **kwargs}``."""
+    try:
+        bound = inspect.signature(run).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return {"args": list(args), **kwargs} if args else dict(kwargs)
+    bound.apply_defaults()
+    named: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            named[name] = value
+        elif value:
+            named[name] = list(value)
+    return named

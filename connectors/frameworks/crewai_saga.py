@@ -44,23 +44,18 @@ import contextvars
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from crewai import Crew
-from crewai.tools import BaseTool
 
-from sagaguard.connectors.declare import ToolDeclaration, recorded_output
-from sagaguard.connectors.frameworks.crewai import _MARK, _mark, _set, kickoff_id
-from sagaguard.connectors.in_doubt import Pending, asettle, settle
+from sagaguard.connectors.declare import recorded_output
+from sagaguard.connectors.frameworks._crewai_patch import is_marked, mark, shadow
+from sagaguard.connectors.frameworks.crewai import kickoff_id
 from sagaguard.idempotency.errors import ConfigurationError
-from sagaguard.idempotency.keys import scope
 from sagaguard.saga.agent import AgentRun, AgentRunner, AgentRunRejected, AgentSaga, current_run
 from sagaguard.saga.records import SagaOutcome
-
-if TYPE_CHECKING:
-    from sagaguard.connectors.frameworks.crewai import CrewGuard
 
 __all__ = ["CrewSaga", "KickoffRejected", "tool_output"]
 
@@ -81,27 +76,6 @@ def tool_output(value: Any) -> Any:
     """What a step records of a tool's result for its undo: JSON text read back as JSON (CrewAI
     tools return strings), anything else as it is: :func:`sagaguard.connectors.declare.recorded_output`."""
     return recorded_output(value)
-
-
-def _named(run: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The call's arguments by parameter name, defaults included (what the undo receives: the
-    arguments the tool ran with, as LangGraph gives a tool call's ``args``); when they cannot be
-    bound to the tool's signature, ``{"args": [...], **kwargs}``."""
-    try:
-        bound = inspect.signature(run).bind(*args, **kwargs)
-    except (TypeError, ValueError):
-        return {"args": list(args), **kwargs} if args else dict(kwargs)
-    bound.apply_defaults()
-    named: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        kind = bound.signature.parameters[name].kind
-        if kind is inspect.Parameter.VAR_KEYWORD:
-            named.update(value)
-        elif kind is not inspect.Parameter.VAR_POSITIONAL:
-            named[name] = value
-        elif value:
-            named[name] = list(value)
-    return named
 
 
 class _Kickoff:
@@ -125,7 +99,7 @@ class _Kickoff:
                 run = self.saga.runner.run(self.saga.agent, run_id)
                 self._context.run(run.__enter__)
                 self.run = run
-                _set(self.crew, _RUN_ID, run_id)
+                shadow(self.crew, _RUN_ID, run_id)
             elif self.run.run_id != run_id:
                 raise ConfigurationError(
                     f"a kickoff's run is {self.run.run_id!r}, a step asks for {run_id!r}: "
@@ -169,7 +143,7 @@ class CrewSaga:
     def attach(self, crew: Crew) -> Crew:
         """Wrap ``crew.kickoff`` and ``crew.akickoff`` so each kickoff is the run; returns ``crew``.
         Wrapping twice is harmless."""
-        if getattr(crew.__dict__.get("kickoff"), _MARK, False):
+        if is_marked(crew, "kickoff"):
             return crew
         kickoff, akickoff = crew.kickoff, crew.akickoff
 
@@ -203,8 +177,7 @@ class CrewSaga:
             return result
 
         for name, fn in (("kickoff", saga_kickoff), ("akickoff", saga_akickoff)):
-            _mark(fn)
-            _set(crew, name, fn)
+            shadow(crew, name, mark(fn))
         return crew
 
     def _begin(self, crew: Crew) -> _Kickoff:
@@ -215,62 +188,6 @@ class CrewSaga:
             # the start, so a cancellation or a failure before its next step still reaches it.
             held.open(restored)
         return held
-
-    def step_tool(self, crew_guard: CrewGuard, tool: BaseTool, declaration: ToolDeclaration,
-                  options: Mapping[str, Any]) -> BaseTool:  # fmt: skip
-        """Make ``tool``'s runs steps of the current kickoff's run, in place; returns it."""
-        run_fn = tool._run
-        # A tool made with @tool runs its function through _run(*args, **kwargs): name the
-        # arguments after the function's own parameters.
-        func = getattr(tool, "func", None)
-        signature_of = func if callable(func) else run_fn
-        name = str(tool.name)
-        effect = crew_guard.tool_prefix + name
-        store, on_doubt = crew_guard.guard.store, crew_guard.on_doubt
-
-        @functools.wraps(run_fn)
-        def step_run(*args: Any, **kwargs: Any) -> Any:
-            _arguments, key, unit = crew_guard._tool_identity(effect, args, kwargs)
-            run = self.current()
-
-            def body() -> Any:
-                return run_fn(*args, **kwargs)
-
-            def call() -> Any:
-                with scope(unit):  # effects inside the tool are keyed on the call, as elsewhere
-                    return run.call(
-                        name, body, _named(signature_of, args, kwargs), undo=declaration.undo,
-                        pivot=declaration.pivot, call_id=key, record=tool_output, options=options,
-                    )  # fmt: skip
-
-            return settle(call, on_doubt, store, Pending.as_json)
-
-        _mark(step_run)
-        _set(tool, "_run", step_run)
-        # _arun only where the tool has one: BaseTool's raises NotImplementedError.
-        if type(tool)._arun is not BaseTool._arun:
-            arun_fn = tool._arun
-
-            @functools.wraps(arun_fn)
-            async def step_arun(*args: Any, **kwargs: Any) -> Any:
-                _arguments, key, unit = crew_guard._tool_identity(effect, args, kwargs)
-                run = await asyncio.to_thread(self.current)  # opening the run writes the journal
-
-                async def body() -> Any:
-                    return await arun_fn(*args, **kwargs)
-
-                async def call() -> Any:
-                    with scope(unit):
-                        return await run.acall(
-                            name, body, _named(arun_fn, args, kwargs), undo=declaration.undo,
-                            pivot=declaration.pivot, call_id=key, record=tool_output, options=options,
-                        )  # fmt: skip
-
-                return await asettle(call, on_doubt, store, Pending.as_json)
-
-            _mark(step_arun)
-            _set(tool, "_arun", step_arun)
-        return tool
 
     # -- the run -------------------------------------------------------------------------------
 

@@ -19,14 +19,13 @@ stays out of the scope. An explicit ``key=`` still wins.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import json
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, ParamSpec, TypeVar, overload
+from collections.abc import Iterator
+from typing import ParamSpec, TypeVar
 
 from dbos import DBOS
 
+from sagaguard.connectors.scoped import ScopedDecorator, scoped_by
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.keys import Scope, scope
 
@@ -59,32 +58,8 @@ def dbos_scope() -> Iterator[Scope]:
         yield unit
 
 
-@overload
-def dbos_scoped(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+dbos_scoped: ScopedDecorator = scoped_by(dbos_scope)
+"""Run a step function (sync or async) inside :func:`dbos_scope`.
 
-
-@overload
-def dbos_scoped(fn: Callable[P, R]) -> Callable[P, R]: ...
-
-
-def dbos_scoped(fn: Callable[P, Any]) -> Callable[P, Any]:
-    """Run a step function (sync or async) inside :func:`dbos_scope`.
-
-    Apply it under ``@DBOS.step()``, so it runs inside the step.
-    """
-    if inspect.iscoroutinefunction(fn):
-        afn: Callable[P, Coroutine[Any, Any, Any]] = fn
-
-        @functools.wraps(fn)
-        async def ascoped(*args: P.args, **kwargs: P.kwargs) -> Any:
-            with dbos_scope():
-                return await afn(*args, **kwargs)
-
-        return ascoped
-
-    @functools.wraps(fn)
-    def scoped(*args: P.args, **kwargs: P.kwargs) -> Any:
-        with dbos_scope():
-            return fn(*args, **kwargs)
-
-    return scoped
+Apply it under ``@DBOS.step()``, so it runs inside the step.
+"""

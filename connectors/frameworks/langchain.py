@@ -49,13 +49,13 @@ from sagaguard.connectors.frameworks.langgraph import (
     ToolGuard,
     ToolResult,
 )
-from sagaguard.connectors.in_doubt import OnDoubt, Stop
+from sagaguard.connectors.in_doubt import OnDoubt
+from sagaguard.connectors.toolcall import STOP
 from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.guard import Guard
 
 __all__ = ["GuardMiddleware"]
 
-_STOP = Stop()
 ModelResult = ModelResponse[Any] | AIMessage
 ModelHandler = Callable[[ModelRequest[Any]], ModelResponse[Any]]
 AsyncModelHandler = Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
@@ -87,8 +87,17 @@ class GuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     Read-only tools (the default) are re-run after a crash inside them; tools declared
     :func:`~sagaguard.connectors.declare.changes_world` happen at most once.
 
+    **Saga mode** (``saga=True``): the calls of tools declared ``changes_world(undo=...)`` or
+    ``changes_world(pivot=True)`` are steps of the agent run open in the calling context (``with
+    runner.run(saga, thread_id)`` around ``invoke``, ``async with`` around ``ainvoke``), keyed on the
+    run id and the model's ``tool_call_id``; the undo receives the call's arguments and the tool's
+    output (see :class:`~sagaguard.connectors.frameworks.langgraph.ToolGuard`). A tool's exception
+    reaches the middleware as it is (``create_agent``'s tools node does not turn it into a
+    message), so a failing tool ends the run and undoes it.
+
     Args:
-        guard: the guard the calls run under.
+        guard: the guard the calls run under (a step runs under its run's guard).
+        saga: make the calls of tools declared with an undo or as the pivot steps of the open run.
         declare: tool name to :class:`~sagaguard.connectors.declare.ToolDeclaration`. Tools are read-only
             unless declared (here or with ``@changes_world`` on the tool): a crash inside a
             read-only tool re-runs it; only a tool that changes the world is at most once.
@@ -110,8 +119,9 @@ class GuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self,
         guard: Guard,
         *,
+        saga: bool = False,
         declare: Mapping[str, ToolDeclaration] | None = None,
-        on_doubt: OnDoubt = _STOP,
+        on_doubt: OnDoubt = STOP,
         policy: Policy | str | None = None,
         journal_model: bool = True,
         tool_prefix: str = "langchain.tool.",
@@ -126,7 +136,7 @@ class GuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self.model_effect = model_effect
         self.strict = strict
         self.tool_guard = ToolGuard(
-            guard, declare=declare, on_doubt=on_doubt, policy=policy, prefix=tool_prefix,
+            guard, saga=saga, declare=declare, on_doubt=on_doubt, policy=policy, prefix=tool_prefix,
             exclude=exclude, strict=strict, **options,
         )  # fmt: skip
 
@@ -144,7 +154,12 @@ class GuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         return await handler(self._request(request))
 
     def wrap_tool_call(self, request: ToolCallRequest, handler: Execute) -> ToolResult:
-        """Run the tool call once per ``thread_id`` + ``checkpoint_ns`` + ``tool_call_id``."""
+        """Run the tool call once per ``thread_id`` + ``checkpoint_ns`` + ``tool_call_id`` (in saga
+        mode, a declared call as a step of the open run).
+
+        Raises:
+            LookupError: in saga mode, a declared tool is called with no agent run open.
+        """
         return self.tool_guard.wrap_tool_call(request, handler)
 
     async def awrap_tool_call(self, request: ToolCallRequest, handler: AsyncExecute) -> ToolResult:

@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import json
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from typing import Any, ParamSpec, TypeVar, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -54,17 +53,19 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.config import get_config
 from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.runtime import get_runtime
 from langgraph.types import Command
 from pydantic import ConfigDict
 
-from sagaguard.connectors.declare import ToolDeclaration, declaration_of, tool_options
-from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
+from sagaguard.connectors.declare import ToolDeclaration, declaration_of, is_step, recorded_output
+from sagaguard.connectors.in_doubt import OnDoubt, Pending
+from sagaguard.connectors.scoped import ScopedDecorator, scoped_by
 from sagaguard.connectors.telemetry import record_llm_call
+from sagaguard.connectors.toolcall import STOP, ToolCallSite, arun_tool_call, run_tool_call
 from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError, NoScope
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import Scope, scope
-from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 
 __all__ = [
     "DurabilityWarning",
@@ -75,6 +76,7 @@ __all__ = [
     "task_scope",
     "task_scope_id",
     "task_scoped",
+    "tool_output",
 ]
 
 P = ParamSpec("P")
@@ -84,10 +86,7 @@ _CONF = "configurable"
 _DURABILITY = "__pregel_durability"
 """Where LangGraph 1.x puts the run's durability mode (``langgraph._internal._constants``); set only
 when ``durability=`` was passed (or inherited by a subgraph), else the run is ``"async"``."""
-_RUNTIME = "__pregel_runtime"
-"""The per-attempt ``Runtime`` object: a new one for every task attempt (``pregel/_retry.py``)."""
 
-_STOP = Stop()
 ToolResult = ToolMessage | Command[Any]
 Execute = Callable[[ToolCallRequest], ToolResult]
 AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
@@ -182,9 +181,8 @@ class _TaskScopes:
         self._scopes: OrderedDict[int, tuple[object, Scope]] = OrderedDict()
 
     def get(self, config: RunnableConfig, scope_id: str) -> Scope:
-        conf = _configurable(config)
         # Holding the runtime keeps its id from being reused while the entry lives.
-        owner: object = conf.get(_RUNTIME) or conf
+        owner: object = _attempt(config)
         with self._lock:
             entry = self._scopes.get(id(owner))
             if entry is None or entry[0] is not owner or entry[1].id != scope_id:
@@ -194,6 +192,17 @@ class _TaskScopes:
                     self._scopes.popitem(last=False)
             self._scopes.move_to_end(id(owner))
             return entry[1]
+
+
+def _attempt(config: RunnableConfig) -> object:
+    """What identifies the current task attempt: its ``Runtime`` (public
+    ``langgraph.runtime.get_runtime``), which LangGraph builds anew for every attempt; the config's
+    ``configurable`` mapping outside a running graph."""
+    try:
+        runtime = get_runtime()
+    except RuntimeError:  # not inside a runnable
+        runtime = None
+    return runtime if runtime is not None else _configurable(config)
 
 
 _TASK_SCOPES = _TaskScopes()
@@ -245,35 +254,11 @@ def graph_scope(config: RunnableConfig | None = None, *, strict: bool = False) -
         yield unit
 
 
-@overload
-def task_scoped(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+task_scoped: ScopedDecorator = scoped_by(graph_scope)
+"""Decorate a node or ``@task`` function (sync or async) to run in :func:`graph_scope`.
 
-
-@overload
-def task_scoped(fn: Callable[P, R]) -> Callable[P, R]: ...
-
-
-def task_scoped(fn: Callable[P, Any]) -> Callable[P, Any]:
-    """Decorate a node or ``@task`` function (sync or async) to run in :func:`graph_scope`.
-
-    Put it under ``@task`` (``@task`` then ``@task_scoped``), so it runs inside the task.
-    """
-    if inspect.iscoroutinefunction(fn):
-        afn = cast(Callable[P, Awaitable[Any]], fn)
-
-        @functools.wraps(fn)
-        async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            with graph_scope():
-                return await afn(*args, **kwargs)
-
-        return async_wrapper
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-        with graph_scope():
-            return fn(*args, **kwargs)
-
-    return wrapper
+Put it under ``@task`` (``@task`` then ``@task_scoped``), so it runs inside the task.
+"""
 
 
 # -- tool calls -------------------------------------------------------------------------------------
@@ -290,10 +275,11 @@ def _as_message(result: ToolResult) -> ToolMessage:
 
 class ToolGuard:
     """``wrap_tool_call`` / ``awrap_tool_call`` handlers for ``ToolNode``: each tool call is an
-    effect keyed on ``thread_id`` + ``checkpoint_ns`` + ``tool_call_id``.
+    effect keyed on ``thread_id`` + ``checkpoint_ns`` + ``tool_call_id`` or, in saga mode, a step of
+    the open agent run. Both go through the one pipeline, :mod:`sagaguard.connectors.toolcall`.
 
     A re-run of the task returns the recorded ``ToolMessage`` without running the tool. Inside the
-    tool, the same scope is current, so ``guard.effect`` calls in the tool body are keyed on the
+    tool, the call's scope is current, so ``guard.effect`` calls in the tool body are keyed on the
     tool call too (and ``gen_ai.tool.call.id`` is on their spans).
 
     Tools are read-only unless declared otherwise (:mod:`sagaguard.connectors.declare`): a crash or an error
@@ -301,8 +287,18 @@ class ToolGuard:
     :func:`~sagaguard.connectors.declare.changes_world` is at most once: a crash inside it leaves it in doubt,
     and ``on_doubt`` says what the run does then (as for an in-doubt effect inside any tool).
 
+    **Saga mode** (``saga=True``): the calls of tools declared with an undo
+    (``@changes_world(undo="cancel_booking")``) or as the pivot (``@changes_world(pivot=True)``) are
+    steps of the agent run open in the calling context (``with runner.run(saga, thread_id)``, or
+    ``async with`` for the async handler): one journal commit registers the call with its undo,
+    then it runs under the run's guard, keyed on the run id and the ``tool_call_id``. The undo
+    receives the call's arguments and the tool's output (:func:`tool_output`). Pass
+    ``handle_tool_errors=False`` (or a narrower setting) to ``ToolNode`` for a tool failure to end
+    the run and compensate it; by default ``ToolNode`` turns it into a message the model reads.
+
     Args:
-        guard: the guard the calls run under.
+        guard: the guard the calls run under (a step runs under its run's guard).
+        saga: make the calls of tools declared with an undo or as the pivot steps of the open run.
         declare: tool name to :class:`~sagaguard.connectors.declare.ToolDeclaration`, for tools not declared
             where they are defined (a mapping entry wins over a decorator).
         on_doubt: what a tool call does when it, or a guarded effect inside it, is in doubt:
@@ -319,10 +315,11 @@ class ToolGuard:
 
     def __init__(
         self,
-        guard: Guard,
+        guard: Guard | None,
         *,
+        saga: bool = False,
         declare: Mapping[str, ToolDeclaration] | None = None,
-        on_doubt: OnDoubt = _STOP,
+        on_doubt: OnDoubt = STOP,
         policy: Policy | str | None = None,
         prefix: str = "langgraph.tool.",
         exclude: Collection[str] = (),
@@ -330,84 +327,84 @@ class ToolGuard:
         **options: Any,
     ) -> None:
         self.guard = guard
+        self.saga = saga
         self.declare = dict(declare or {})
         self.on_doubt = on_doubt
         self.policy = policy
         self.prefix = prefix
         self.exclude = frozenset(exclude)
         self.strict = strict
-        self._options: dict[str, Any] = {**options, "tool": True}  # tool calls: execute_tool spans
+        self._options: dict[str, Any] = dict(options)
 
-    def _identity(self, request: ToolCallRequest) -> tuple[str, str, str, Mapping[str, Any]] | None:
+    def site(self, request: ToolCallRequest) -> ToolCallSite[ToolMessage] | None:
+        """The call as the pipeline sees it; None for an excluded tool (it runs as it is).
+
+        Raises:
+            ConfigurationError: the call has no id, or ``strict`` and the durability is not ``"sync"``.
+            NoScope: a guarded call outside a graph task with a checkpointer.
+        """
         call = request.tool_call
-        if call["name"] in self.exclude:
+        name = call["name"]
+        if name in self.exclude:
             return None
         call_id = call.get("id")
         if not call_id:
-            raise ConfigurationError(f"tool call {call['name']!r} has no id: it cannot be keyed")
-        config = request.runtime.config
-        task = task_scope_id(config, strict=self.strict)
-        ns = str(_configurable(config).get("checkpoint_ns"))
-        scope_id = json.dumps([task, "tool_call", call_id], separators=(",", ":"))
-        return ns, scope_id, call_id, {"args": call["args"]}
-
-    def _run_options(self, request: ToolCallRequest) -> dict[str, Any]:
-        name = request.tool_call["name"]
+            raise ConfigurationError(f"tool call {name!r} has no id: it cannot be keyed")
         declaration = declaration_of(request.tool, name, self.declare)
-        return {**self._options, **tool_options(declaration, self.policy), "result_type": ToolMessage}
-
-    @staticmethod
-    def _pending(request: ToolCallRequest) -> Callable[[Pending], ToolMessage]:
-        call = request.tool_call
+        config = request.runtime.config
+        ns = str(_configurable(config).get("checkpoint_ns") or "")
+        if self.saga and is_step(declaration):
+            scope_id = ""  # a step is keyed on its run, not on the task
+        else:
+            task = task_scope_id(config, strict=self.strict)
+            scope_id = json.dumps([task, "tool_call", call_id], separators=(",", ":"))
 
         def message(pending: Pending) -> ToolMessage:
-            return ToolMessage(content=pending.as_json(), tool_call_id=call["id"], name=call["name"])
+            return ToolMessage(content=pending.as_json(), tool_call_id=call_id, name=name)
 
-        return message
+        return ToolCallSite(
+            tool=name, call_id=call_id, arguments=dict(call["args"]), fingerprint={"args": call["args"]},
+            declaration=declaration, effect=self.prefix + name, scope_id=scope_id, pending=message,
+            result_type=ToolMessage, record=tool_output, policy=self.policy, defaults=self._options,
+            enter=functools.partial(_bound, ns),
+        )  # fmt: skip
 
     def wrap_tool_call(self, request: ToolCallRequest, execute: Execute) -> ToolResult:
-        """The sync handler: ``ToolNode(wrap_tool_call=tool_guard.wrap_tool_call)``."""
-        found = self._identity(request)
-        if found is None:
+        """The sync handler: ``ToolNode(wrap_tool_call=tool_guard.wrap_tool_call)``.
+
+        Raises:
+            LookupError: in saga mode, a declared tool is called with no agent run open.
+            ConfigurationError: a tool call has no id, or a journaled tool returned a ``Command``.
+        """
+        site = self.site(request)
+        if site is None:
             return execute(request)
-        ns, scope_id, call_id, arguments = found
-        name = self.prefix + request.tool_call["name"]
-        options = self._run_options(request)
-
-        def call() -> ToolMessage:
-            # A fresh scope per attempt: a call run again after an operator's resolution maps each
-            # effect inside it to the same record as the first attempt did.
-            with _bound(ns, scope_id):
-                return self.guard.run(name, lambda: _as_message(execute(request)), arguments=arguments,
-                                      **options)  # fmt: skip
-
-        token = TOOL_CALL_ID.set(call_id)
-        try:
-            return settle(call, self.on_doubt, self.guard.store, self._pending(request))
-        finally:
-            TOOL_CALL_ID.reset(token)
+        return run_tool_call(
+            site, lambda: _as_message(execute(request)), guard=self.guard, saga=self.saga,
+            on_doubt=self.on_doubt,
+        )  # fmt: skip
 
     async def awrap_tool_call(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
-        """The async handler: ``ToolNode(awrap_tool_call=tool_guard.awrap_tool_call)``."""
-        found = self._identity(request)
-        if found is None:
+        """The async handler: ``ToolNode(awrap_tool_call=tool_guard.awrap_tool_call)`` (in saga
+        mode, steps through :meth:`sagaguard.saga.agent.AgentRun.acall`: ``async with`` the run).
+
+        Raises:
+            as :meth:`wrap_tool_call`.
+        """
+        site = self.site(request)
+        if site is None:
             return await execute(request)
-        ns, scope_id, call_id, arguments = found
-        name = self.prefix + request.tool_call["name"]
-        options = self._run_options(request)
 
         async def body() -> ToolMessage:
             return _as_message(await execute(request))
 
-        async def call() -> ToolMessage:
-            with _bound(ns, scope_id):  # a fresh scope per attempt, as in wrap_tool_call
-                return await self.guard.arun(name, body, arguments=arguments, **options)
+        return await arun_tool_call(site, body, guard=self.guard, saga=self.saga, on_doubt=self.on_doubt)
 
-        token = TOOL_CALL_ID.set(call_id)
-        try:
-            return await asettle(call, self.on_doubt, self.guard.store, self._pending(request))
-        finally:
-            TOOL_CALL_ID.reset(token)
+
+def tool_output(message: ToolMessage) -> Any:
+    """What a tool returned, read back from its ``ToolMessage``: the content as JSON when it is
+    JSON, else as it is (:func:`~sagaguard.connectors.declare.recorded_output`)."""
+    return recorded_output(message.content)
 
 
 # -- model calls ------------------------------------------------------------------------------------

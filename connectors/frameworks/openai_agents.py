@@ -2,10 +2,10 @@
 
 ::
 
-    run = AgentRun(guard, "ticket-881/turn-3")        # the run key: the caller's, stable across reruns
+    run = JournaledRun(guard, "ticket-881/turn-3")        # the run key: the caller's, stable across reruns
     result = await Runner.run(run.wrap(agent), "Refund order 42")
 
-:meth:`AgentRun.wrap` returns a copy of the agent (and of the agents it hands off to) in which:
+:meth:`JournaledRun.wrap` returns a copy of the agent (and of the agents it hands off to) in which:
 
 - every ``FunctionTool`` is a guarded effect keyed on (run key, ``tool_call_id``): a rerun returns the
   recorded output without running the tool. Tools are read-only unless declared to change the world
@@ -23,15 +23,15 @@ session, ``f"{session_id}/turn-{n}"``. Without a session, rerun a crashed turn w
 input; with one, go on from the session (below).
 
 Human approval: a tool with ``needs_approval`` interrupts the run; the model calls made so far are in
-the ``RunState``. Resume it, in this process or another, with :meth:`AgentRun.resume`
+the ``RunState``. Resume it, in this process or another, with :meth:`JournaledRun.resume`
 (``run.resume(await RunState.from_json(run.wrap(agent), saved))``, then ``state.approve(...)``).
 
 Sessions: the SDK saves a turn's user input to the session when the run starts and each step (a
 model answer and its tool outputs) as it finishes, so a turn killed mid-run left part of itself in the
 session. Rerunning it with the same input would add that input twice (and change the journaled model
-calls' input: a ``KeyConflict``). :meth:`AgentRun.resume_turn` reads the session and says how to go on::
+calls' input: a ``KeyConflict``). :meth:`JournaledRun.resume_turn` reads the session and says how to go on::
 
-    run = AgentRun(guard, f"{session_id}/turn-{n}")
+    run = JournaledRun(guard, f"{session_id}/turn-{n}")
     go_on = await run.resume_turn(session, n, "Refund order 42")  # sets run.model_calls
     if go_on is not None:                                          # None: the turn already finished
         result = await Runner.run(run.wrap(agent), go_on, session=session)
@@ -40,9 +40,11 @@ Streaming (``Runner.run_streamed``) is not journaled (see :class:`JournaledModel
 ``RunConfig(model=...)`` overrides the agent's model and so bypasses the journal: leave it unset.
 Only ``Agent`` handoffs are followed; a ``Handoff`` object's target is not wrapped.
 
-This ``AgentRun`` makes a run's calls happen once; it is not :class:`sagaguard.saga.agent.AgentRun`, the
-agent saga's run. To undo a turn's tool calls when it fails or is rejected, run it as a
-:class:`sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn` (which uses this one inside).
+A :class:`JournaledRun` makes a run's calls happen once; the agent saga's run is
+:class:`sagaguard.saga.agent.AgentRun` (``AgentRun`` here is the deprecated old name of
+``JournaledRun``). To undo a turn's tool calls when it fails or is rejected, run it as a
+:class:`sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn` (a ``JournaledRun`` in saga
+mode inside).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import dataclasses
 import functools
 import json
 import logging
+import warnings
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -68,21 +71,21 @@ from agents.usage import deserialize_usage, serialize_usage
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 from pydantic import BaseModel, TypeAdapter
 
-from sagaguard.connectors.declare import ToolDeclaration, declaration_of, tool_options
-from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle
+from sagaguard.connectors.declare import ToolDeclaration, declaration_of
+from sagaguard.connectors.in_doubt import OnDoubt, Pending
 from sagaguard.connectors.llm import LlmUsage
 from sagaguard.connectors.telemetry import record_llm_call
+from sagaguard.connectors.toolcall import STOP, SagaMode, ToolCallSite, arun_tool_call
 from sagaguard.idempotency.effect import NO_RETRY, Policy
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.guard import Guard
-from sagaguard.idempotency.keys import scope
 from sagaguard.idempotency.records import Disposition
-from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 
 __all__ = [
     "MODEL_EFFECT",
     "AgentRun",
     "JournaledModel",
+    "JournaledRun",
     "TurnProgress",
     "dump_response",
     "load_response",
@@ -96,7 +99,6 @@ log = logging.getLogger("sagaguard.connectors.openai_agents")
 
 TContext = TypeVar("TContext")
 
-_STOP = Stop()
 
 MODEL_EFFECT = "agents.model"
 """The effect name of journaled model calls."""
@@ -205,7 +207,7 @@ def _is_user_message(item: Any) -> bool:
 
 
 class JournaledModel(Model):
-    """A ``Model`` whose ``get_response`` is a journaled effect of an :class:`AgentRun`.
+    """A ``Model`` whose ``get_response`` is a journaled effect of a :class:`JournaledRun`.
 
     The n-th call of the run (counted across every agent of the run, whose model calls are
     sequential) has the key :func:`model_call_key` ``(run_key, n)``. The counter advances only when
@@ -222,7 +224,7 @@ class JournaledModel(Model):
     """
 
     def __init__(
-        self, inner: Model, run: AgentRun, *, stream: Literal["error", "passthrough"] = "error"
+        self, inner: Model, run: JournaledRun, *, stream: Literal["error", "passthrough"] = "error"
     ) -> None:
         self.inner = inner
         self.run = run
@@ -300,7 +302,7 @@ class JournaledModel(Model):
         if self.stream != "passthrough":
             raise ConfigurationError(
                 "streamed model calls are not journaled: use Runner.run, "
-                "or AgentRun(..., stream='passthrough')"
+                "or JournaledRun(..., stream='passthrough')"
             )
         async for event in self.inner.stream_response(
             system_instructions=system_instructions, input=input, model_settings=model_settings,
@@ -314,8 +316,11 @@ class JournaledModel(Model):
         await self.inner.close()
 
 
-class AgentRun:
+class JournaledRun:
     """One run of an agent (one ``Runner.run`` of a turn), named by the caller's run key.
+
+    Each tool call goes through the one pipeline (:mod:`sagaguard.connectors.toolcall`): a guarded
+    effect keyed on :func:`tool_call_key` or, in saga mode, a step of the open agent run.
 
     Args:
         guard: the guard tool calls and model calls run under.
@@ -338,6 +343,10 @@ class AgentRun:
             for instructions that change on every run (a timestamp).
         stream: see :class:`JournaledModel`.
         usage: where to total model usage, paid and saved (default: a new one, as ``self.usage``).
+        saga: saga mode (:data:`sagaguard.connectors.toolcall.SagaMode`): the calls of tools declared
+            with an undo or as the pivot are steps of the open agent run (``True``: the one open in
+            this context; :class:`~sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn` passes
+            its own). Default False: every call is a guarded effect.
 
     Raises:
         ConfigurationError: the run key is empty.
@@ -351,13 +360,14 @@ class AgentRun:
         model_calls: int = 0,
         tools: Collection[str] | None = None,
         declare: Mapping[str, ToolDeclaration] | None = None,
-        on_doubt: OnDoubt = _STOP,
+        on_doubt: OnDoubt = STOP,
         policy: Policy | str | None = None,
         tool_options: Mapping[str, Mapping[str, Any]] | None = None,
         provider: ModelProvider | None = None,
         fingerprint_model: bool = True,
         stream: Literal["error", "passthrough"] = "error",
         usage: LlmUsage | None = None,
+        saga: SagaMode = False,
     ) -> None:
         if not run_key:
             raise ConfigurationError("an agent run needs a non-empty run key")
@@ -373,6 +383,7 @@ class AgentRun:
         self.fingerprint_model = fingerprint_model
         self.stream: Literal["error", "passthrough"] = stream
         self.usage = usage if usage is not None else LlmUsage()
+        self.saga = saga
 
     def resume(self, state: RunState[Any, Any]) -> RunState[Any, Any]:
         """Continue this run's model-call ordinals after the model responses ``state`` holds.
@@ -385,10 +396,15 @@ class AgentRun:
 
         Returns:
             ``state``, for chaining.
+
+        Raises:
+            ConfigurationError: the state's serialization lists no model responses.
+            agents.exceptions.UserError: the state cannot be serialized (``RunState.to_json``).
         """
-        responses = getattr(state, "_model_responses", None)
-        if responses is None:  # pragma: no cover - an SDK without it
-            raise ConfigurationError("this RunState does not expose its model responses; set model_calls")
+        # The SDK's public serialization lists the state's model responses (schema 1.x).
+        responses = state.to_json().get("model_responses")
+        if not isinstance(responses, list):  # pragma: no cover - a schema without them
+            raise ConfigurationError("this RunState does not list its model responses; set model_calls")
         self.model_calls = len(responses)
         return state
 
@@ -450,42 +466,34 @@ class AgentRun:
         if not isinstance(tool, FunctionTool) or (self.tools is not None and tool.name not in self.tools):
             return tool
         declaration = declaration_of(tool, tool.name, self.declare)
-        options = {**tool_options(declaration, self.policy), **self.tool_options.get(tool.name, {})}
+        options = self.tool_options.get(tool.name, {})
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
-            async def call() -> Any:
-                # The tool call's scope, fresh per attempt: effects inside the tool (Stripe, email, a
-                # journaled model) are keyed on the run and the call, with no key= of their own, and
-                # an attempt after an operator's resolution maps them to the same records.
-                with scope(tool_call_key(self.run_key, ctx.tool_call_id)):
-                    return await self._call_tool(
-                        tool, ctx, arguments, declaration=declaration, options=options
-                    )
-
-            reset = TOOL_CALL_ID.set(ctx.tool_call_id)
-            try:
-                return await asettle(call, self.on_doubt, self.guard.store, Pending.as_json)
-            finally:
-                TOOL_CALL_ID.reset(reset)
+            key = tool_call_key(self.run_key, ctx.tool_call_id)
+            parsed = parsed_arguments(arguments)
+            site: ToolCallSite[Any] = ToolCallSite(
+                tool=tool.name, call_id=ctx.tool_call_id,
+                arguments=parsed if isinstance(parsed, dict) else {"arguments": parsed},
+                fingerprint={"arguments": parsed}, declaration=declaration, effect=tool.name,
+                scope_id=key, key=key, pending=Pending.as_json, policy=self.policy, options=options,
+            )  # fmt: skip
+            body = functools.partial(tool.on_invoke_tool, ctx, arguments)
+            return await arun_tool_call(site, body, guard=self.guard, saga=self.saga, on_doubt=self.on_doubt)
 
         return dataclasses.replace(tool, on_invoke_tool=invoke)
 
-    async def _call_tool(
-        self,
-        tool: FunctionTool,
-        ctx: ToolContext[Any],
-        arguments: str,
-        *,
-        declaration: ToolDeclaration,
-        options: Mapping[str, Any],
-    ) -> Any:
-        """Run one call of ``tool`` (the original) as the guarded effect of its name under
-        :func:`tool_call_key`. :class:`sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn` makes the
-        calls of tools declared with an undo or as the pivot steps of its agent run here instead."""
-        key = tool_call_key(self.run_key, ctx.tool_call_id)
-        fingerprinted = {"arguments": parsed_arguments(arguments)}
-        call = functools.partial(tool.on_invoke_tool, ctx, arguments)
-        return await self.guard.arun(tool.name, call, arguments=fingerprinted, key=key, tool=True, **options)
+
+class AgentRun(JournaledRun):
+    """Deprecated name of :class:`JournaledRun` (it was named like :class:`sagaguard.saga.agent.AgentRun`,
+    the agent saga's run). Takes the same arguments; warns (``DeprecationWarning``)."""
+
+    def __init__(self, guard: Guard, run_key: str, **options: Any) -> None:
+        warnings.warn(
+            "sagaguard.connectors.frameworks.openai_agents.AgentRun is deprecated: use JournaledRun",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(guard, run_key, **options)
 
 
 def _not_applied(exc: BaseException) -> Disposition | None:

@@ -21,14 +21,15 @@ is rejected at an approval, is cancelled or is abandoned.
 (:func:`turn_run_id`), the durable identity of one ``Runner.run`` of a conversation, its approval
 interruptions and resumes included. A turn that completes keeps its effects, and a later turn that
 fails undoes only its own calls: the user was told what the earlier turn did. The same string is the
-run key of the journaled model (:class:`~sagaguard.connectors.frameworks.openai_agents.AgentRun`, which this
-class runs inside), so a rerun of the turn gets the recorded answers and the same ``tool_call_id``\\ s. A call
-of a tool declared ``changes_world(undo="name")`` or ``changes_world(pivot=True)`` (on the function,
-the ``FunctionTool``, or by name in ``declare=``) is a step of the turn's run
-(:meth:`sagaguard.saga.agent.AgentRun.acall`): the effect ``agent.tool.{tool}`` under the key
-``{run id}/{tool_call_id}``, registered with its undo in one journal commit before it runs. Other
-tools stay guarded as :class:`~sagaguard.connectors.frameworks.openai_agents.AgentRun` guards them. The undo
-receives the call's arguments (the model's JSON, parsed) and the tool's output
+run key of the journaled model (:class:`~sagaguard.connectors.frameworks.openai_agents.JournaledRun`,
+which this class runs inside, in saga mode), so a rerun of the turn gets the recorded answers and
+the same ``tool_call_id``\\ s. A call of a tool declared ``changes_world(undo="name")`` or
+``changes_world(pivot=True)`` (on the function, the ``FunctionTool``, or by name in ``declare=``)
+is a step of the turn's run (:meth:`sagaguard.saga.agent.AgentRun.acall`): the effect
+``agent.tool.{tool}`` under the key ``{run id}/{tool_call_id}``, registered with its undo in one
+journal commit before it runs. Other tools stay guarded as
+:class:`~sagaguard.connectors.frameworks.openai_agents.JournaledRun` guards them. The undo receives
+the call's arguments (the model's JSON, parsed) and the tool's output
 (:func:`~sagaguard.connectors.declare.recorded_output`).
 
 **Approvals.** A tool with ``needs_approval`` interrupts the turn: :meth:`SagaTurn.run` then
@@ -44,24 +45,23 @@ exception ends the turn and undoes it.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
-from agents import Agent, FunctionTool, Runner, RunResult, RunState
+from agents import Agent, Runner, RunResult, RunState
 from agents.items import TResponseInputItem
 from agents.memory import Session
 from agents.models.interface import ModelProvider
-from agents.tool_context import ToolContext
 
-from sagaguard.connectors.declare import ToolDeclaration, recorded_output
-from sagaguard.connectors.frameworks.openai_agents import AgentRun, parsed_arguments
-from sagaguard.connectors.in_doubt import OnDoubt, Stop
+from sagaguard.connectors.declare import ToolDeclaration
+from sagaguard.connectors.frameworks.openai_agents import JournaledRun
+from sagaguard.connectors.in_doubt import OnDoubt
 from sagaguard.connectors.llm import LlmUsage
+from sagaguard.connectors.toolcall import STOP
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga.agent import AgentRun as SagaRun
-from sagaguard.saga.agent import AgentRunner, AgentSaga
+from sagaguard.saga.agent import AgentRunner, AgentSaga, NoOpenRun
 from sagaguard.saga.records import SagaOutcome
 
 __all__ = ["SagaTurn", "turn_run_id"]
@@ -69,7 +69,6 @@ __all__ = ["SagaTurn", "turn_run_id"]
 TContext = TypeVar("TContext")
 Input = str | list[TResponseInputItem] | RunState[Any, Any]
 
-_STOP = Stop()
 
 
 def turn_run_id(session_id: str, turn: int) -> str:
@@ -98,8 +97,8 @@ class SagaTurn:
     Attributes:
         run_id: the turn's run id (:func:`turn_run_id`).
         saga_run: the turn's :class:`sagaguard.saga.agent.AgentRun`.
-        journaled: the :class:`~sagaguard.connectors.frameworks.openai_agents.AgentRun` the agent is wrapped
-            by.
+        journaled: the :class:`~sagaguard.connectors.frameworks.openai_agents.JournaledRun` the agent is
+            wrapped by, in saga mode (its steps are this turn's).
 
     Raises:
         ConfigurationError: an empty session id, or a turn below 1.
@@ -113,7 +112,7 @@ class SagaTurn:
         turn: int,
         *,
         declare: Mapping[str, ToolDeclaration] | None = None,
-        on_doubt: OnDoubt = _STOP,
+        on_doubt: OnDoubt = STOP,
         tool_options: Mapping[str, Mapping[str, Any]] | None = None,
         provider: ModelProvider | None = None,
         fingerprint_model: bool = True,
@@ -128,9 +127,9 @@ class SagaTurn:
         self.turn = turn
         self.run_id = turn_run_id(session_id, turn)
         self.saga_run: SagaRun = runner.run(saga, self.run_id)
-        self.journaled: AgentRun = _TurnRun(
-            self, runner.guard, self.run_id, declare=declare, on_doubt=on_doubt, tool_options=tool_options,
-            provider=provider, fingerprint_model=fingerprint_model, usage=usage,
+        self.journaled = JournaledRun(
+            runner.guard, self.run_id, declare=declare, on_doubt=on_doubt, tool_options=tool_options,
+            provider=provider, fingerprint_model=fingerprint_model, usage=usage, saga=self._open_run,
         )  # fmt: skip
         self._wrapped: dict[int, Agent[Any]] = {}
         self._open = False
@@ -158,6 +157,19 @@ class SagaTurn:
     ) -> None:
         self._open = False
         self.saga_run.__exit__(kind, exc, tb)
+
+    def _open_run(self) -> SagaRun:
+        """The run the declared tools' calls are steps of: this turn's, open here.
+
+        Raises:
+            NoOpenRun: the turn is not open (the agent runs outside ``async with``).
+        """
+        if not self._open:
+            raise NoOpenRun(
+                f"a declared tool is a step of the turn {self.run_id!r}: run the agent inside "
+                "`async with SagaTurn(...)`"
+            )
+        return self.saga_run
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -187,14 +199,14 @@ class SagaTurn:
     def resume(self, state: RunState[Any, Any]) -> RunState[Any, Any]:
         """Go on with a turn interrupted for approval: its model-call ordinals continue after those
         in ``state`` (loaded against :meth:`wrap`'s agent). See
-        :meth:`sagaguard.connectors.frameworks.openai_agents.AgentRun.resume`."""
+        :meth:`sagaguard.connectors.frameworks.openai_agents.JournaledRun.resume`."""
         return self.journaled.resume(state)
 
     async def resume_turn(
         self, session: Session, input: str | list[TResponseInputItem]
     ) -> str | list[TResponseInputItem] | None:
         """What to pass :meth:`run` to run or go on with this turn of ``session`` (see
-        :meth:`sagaguard.connectors.frameworks.openai_agents.AgentRun.resume_turn`)."""
+        :meth:`sagaguard.connectors.frameworks.openai_agents.JournaledRun.resume_turn`)."""
         return await self.journaled.resume_turn(session, self.turn, input)
 
     def pause(self) -> None:
@@ -226,35 +238,3 @@ class SagaTurn:
     def outcome(self) -> SagaOutcome | None:
         """Where the turn's saga ended, once this process ended it."""
         return self.saga_run.outcome
-
-
-class _TurnRun(AgentRun):
-    """The journaled run of a :class:`SagaTurn`: its declared tools' calls are steps of the turn."""
-
-    def __init__(self, turn: SagaTurn, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.turn = turn
-
-    async def _call_tool(
-        self,
-        tool: FunctionTool,
-        ctx: ToolContext[Any],
-        arguments: str,
-        *,
-        declaration: ToolDeclaration,
-        options: Mapping[str, Any],
-    ) -> Any:
-        if declaration.undo is None and not declaration.pivot:
-            return await super()._call_tool(tool, ctx, arguments, declaration=declaration, options=options)
-        if not self.turn.is_open:
-            raise ConfigurationError(
-                f"tool {tool.name!r} is a step of the turn {self.run_key!r}: run the agent inside "
-                "`async with SagaTurn(...)`"
-            )
-        parsed = parsed_arguments(arguments)
-        return await self.turn.saga_run.acall(
-            tool.name, functools.partial(tool.on_invoke_tool, ctx, arguments),
-            parsed if isinstance(parsed, dict) else {"arguments": parsed},
-            undo=declaration.undo, pivot=declaration.pivot, call_id=ctx.tool_call_id,
-            record=recorded_output, options={**options, "tool": True},
-        )  # fmt: skip

@@ -19,14 +19,13 @@ keep their positions across attempts; an explicit ``key=`` still wins.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import json
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, ParamSpec, TypeVar, overload
+from collections.abc import Iterator
+from typing import ParamSpec, TypeVar
 
 from temporalio import activity
 
+from sagaguard.connectors.scoped import ScopedDecorator, scoped_by
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.keys import Scope, scope
 
@@ -69,32 +68,8 @@ def activity_scope(info: activity.Info | None = None) -> Iterator[Scope]:
         yield unit
 
 
-@overload
-def temporal_scoped(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+temporal_scoped: ScopedDecorator = scoped_by(activity_scope)
+"""Run an activity function (sync or async) inside :func:`activity_scope`.
 
-
-@overload
-def temporal_scoped(fn: Callable[P, R]) -> Callable[P, R]: ...
-
-
-def temporal_scoped(fn: Callable[P, Any]) -> Callable[P, Any]:
-    """Run an activity function (sync or async) inside :func:`activity_scope`.
-
-    Apply it under ``@activity.defn``, so it runs inside the activity.
-    """
-    if inspect.iscoroutinefunction(fn):
-        afn: Callable[P, Coroutine[Any, Any, Any]] = fn
-
-        @functools.wraps(fn)
-        async def ascoped(*args: P.args, **kwargs: P.kwargs) -> Any:
-            with activity_scope():
-                return await afn(*args, **kwargs)
-
-        return ascoped
-
-    @functools.wraps(fn)
-    def scoped(*args: P.args, **kwargs: P.kwargs) -> Any:
-        with activity_scope():
-            return fn(*args, **kwargs)
-
-    return scoped
+Apply it under ``@activity.defn``, so it runs inside the activity.
+"""

@@ -18,7 +18,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 from sagaguard.connectors.declare import changes_world
-from sagaguard.connectors.frameworks.langchain_saga import SagaMiddleware
+from sagaguard.connectors.frameworks.langchain import GuardMiddleware
 from sagaguard.idempotency import Guard, open_store
 from sagaguard.saga import SagaRegistry, SagaState
 from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
@@ -94,7 +94,7 @@ journal = open_journal(url)
 guard = Guard(open_store(url))
 runner = AgentRunner(journal, guard)
 # the saga middleware last (innermost); charge is declared by name, at the middleware
-saga_middleware = SagaMiddleware(guard, declare={"charge": changes_world(undo="refund")})
+saga_middleware = GuardMiddleware(guard, saga=True, declare={"charge": changes_world(undo="refund")})
 
 
 def agent(plan: dict[int, list[tuple[str, dict[str, Any]]]], *, approval: bool = False) -> Any:

@@ -13,7 +13,7 @@ from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
 from sagaguard.connectors.declare import changes_world
-from sagaguard.connectors.frameworks.openai_agents import AgentRun
+from sagaguard.connectors.frameworks.openai_agents import JournaledRun
 from sagaguard.idempotency import Guard, open_store
 
 set_tracing_disabled(True)
@@ -61,7 +61,7 @@ agent = Agent(name="support", instructions="Refund what is asked.", model=model,
 
 
 async def turn(run_key: str) -> str:
-    run = AgentRun(guard, run_key)  # a fresh AgentRun, as a restarted process would make
+    run = JournaledRun(guard, run_key)  # a fresh JournaledRun, as a restarted process would make
     result = await Runner.run(run.wrap(agent), "Please refund order 42.")
     paid, replayed = run.usage.calls, run.usage.saved_calls
     print(f"{run_key}: {result.final_output!r}; model calls paid {paid}, replayed {replayed}")

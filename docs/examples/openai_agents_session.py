@@ -12,7 +12,7 @@ from agents.models.interface import Model
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-from sagaguard.connectors.frameworks.openai_agents import AgentRun
+from sagaguard.connectors.frameworks.openai_agents import JournaledRun
 from sagaguard.idempotency import Guard, open_store
 
 set_tracing_disabled(True)
@@ -79,7 +79,7 @@ session = Session(f"chat-{uuid.uuid4().hex[:6]}", "sessions.db")
 
 
 async def turn(n: int, text: str) -> None:
-    run = AgentRun(guard, f"{session.session_id}/turn-{n}")  # one run key per turn of the session
+    run = JournaledRun(guard, f"{session.session_id}/turn-{n}")  # one run key per turn of the session
     go_on = await run.resume_turn(session, n, text)  # the input, [] to go on, None when it had finished
     if go_on is not None:
         result = await Runner.run(run.wrap(agent), go_on, session=session)

@@ -36,6 +36,7 @@ from sagaguard.saga.agent.errors import (
     AgentRunRejected,
     AgentSagaError,
     CallUndone,
+    NoOpenRun,
     UnknownUndo,
 )
 from sagaguard.saga.agent.run import AgentRun, current_run
@@ -53,6 +54,7 @@ __all__ = [
     "AgentSagaError",
     "AgentStep",
     "CallUndone",
+    "NoOpenRun",
     "OnFailure",
     "ToolCall",
     "Undo",

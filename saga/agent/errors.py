@@ -3,7 +3,8 @@
 SagaError
 ├── AgentSagaError          an agent run's saga cannot do what was asked
 │   ├── UnknownUndo         the journal names an undo no code registered (also a DefinitionMismatch)
-│   └── AgentRunEnded       the run's saga has ended or is compensating: no more tool calls
+│   ├── AgentRunEnded       the run's saga has ended or is compensating: no more tool calls
+│   └── NoOpenRun           a tool call that is a step found no open run (also a LookupError)
 ├── AgentRunAbandoned       recorded cause: the run crashed and was not resumed within its deadline
 ├── CallUndone              recorded on a call's effect whose outcome was unknown when its undo ran
 └── AgentRunRejected        recorded cause: a human rejected the run at an approval
@@ -22,6 +23,7 @@ __all__ = [
     "AgentRunRejected",
     "AgentSagaError",
     "CallUndone",
+    "NoOpenRun",
     "UnknownUndo",
 ]
 
@@ -119,3 +121,9 @@ class AgentRunCancelled(BaseException):
     def __init__(self, saga_id: str) -> None:
         super().__init__(f"agent run {saga_id!r} was cancelled")
         self.saga_id = saga_id
+
+
+class NoOpenRun(AgentSagaError, LookupError):
+    """A call of a tool declared with an undo or as the pivot found no agent run open to be a step
+    of (``[async] with runner.run(...)`` around the agent, or the adapter's own turn). Nothing ran.
+    A ``LookupError`` too, as :func:`~sagaguard.saga.agent.current_run` raised before it existed."""

@@ -44,7 +44,13 @@ from sagaguard.idempotency.keys import fingerprint
 from sagaguard.idempotency.telemetry import tracing
 from sagaguard.saga.agent.call import RUN_PREFIX, ToolCall, run_step_name, tool_step_name
 from sagaguard.saga.agent.definition import AgentSaga, OnFailure, RunInput, resume_signal, tool_outcome
-from sagaguard.saga.agent.errors import AgentRunCancelled, AgentRunEnded, AgentRunRejected, UnknownUndo
+from sagaguard.saga.agent.errors import (
+    AgentRunCancelled,
+    AgentRunEnded,
+    AgentRunRejected,
+    NoOpenRun,
+    UnknownUndo,
+)
 from sagaguard.saga.decisions import CallOutcome, pivot_failure, pivot_started
 from sagaguard.saga.errors import (
     DefinitionMismatch,
@@ -86,11 +92,11 @@ def current_run() -> AgentRun:
     or ``async with`` (the tasks and threads the framework starts inside the block see it too).
 
     Raises:
-        LookupError: no run is open.
+        NoOpenRun: no run is open (a ``LookupError``).
     """
     run = _current.get(None)
     if run is None:
-        raise LookupError("no agent run is open: wrap the agent in `[async] with runner.run(agent, run_id)`")
+        raise NoOpenRun("no agent run is open: wrap the agent in `[async] with runner.run(agent, run_id)`")
     return run
 
 

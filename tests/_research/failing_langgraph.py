@@ -16,8 +16,8 @@ driven by the world's ``TASK agent_failing`` plan (:func:`_research.world.failin
   booking or the charge.
 - ``sagaguard``: an agent saga (:mod:`sagaguard.saga.agent`). The model is journaled
   (:class:`sagaguard.connectors.frameworks.langgraph.JournaledChatModel`, so a resumed run's tool calls keep
-  their ids), the ``ToolNode``'s handler is :class:`sagaguard.connectors.frameworks.langgraph_saga.SagaTools`
-  with ``inner=ToolGuard(guard)`` and the steps declared by name (``SagaTools(DECLARE, ...)``:
+  their ids), the ``ToolNode``'s handler is :class:`sagaguard.connectors.frameworks.langgraph.ToolGuard`
+  in saga mode with the steps declared by name (``ToolGuard(guard, saga=True, declare=DECLARE)``:
   ``book_review`` ``changes_world(undo="cancel_review")``, ``pay`` ``changes_world(undo="refund")``,
   both ``policy="at_least_once"``: what they do inside is
   guarded on its own, the booking by the desk's ``Idempotency-Key``, the charge as a
@@ -99,7 +99,6 @@ from _research.failing_common import (  # noqa: E402
 )
 from _research.points import reach  # noqa: E402
 from sagaguard.connectors.frameworks.langgraph import JournaledChatModel, ToolGuard  # noqa: E402
-from sagaguard.connectors.frameworks.langgraph_saga import SagaTools  # noqa: E402
 from sagaguard.connectors.llm import ChatJournal  # noqa: E402
 from sagaguard.connectors.stripe import StripeEffects  # noqa: E402
 from sagaguard.saga import SagaState  # noqa: E402
@@ -169,7 +168,7 @@ def build(config: Mapping[str, Any], mode: str, folder: Path) -> Built:
     tools = [tool(method) for method in PlanTools(config["tools_url"], payments, effects, ask).all()]
     if saga is not None:
         model: Any = JournaledChatModel(inner=chat.bind_tools(tools), guard=saga.guard)
-        handler = SagaTools(DECLARE, inner=ToolGuard(saga.guard)).wrap_tool_call
+        handler = ToolGuard(saga.guard, saga=True, declare=DECLARE).wrap_tool_call
         node = ToolNode(tools, wrap_tool_call=handler, handle_tool_errors=False)
     else:
         model = chat.bind_tools(tools)

@@ -1,0 +1,269 @@
+"""The one pipeline where an agent's tool call becomes a guarded effect or a step of the open run.
+
+Every framework adapter (LangGraph's ``ToolNode`` handler, ``create_agent``'s middleware, the Agents
+SDK's tools, ...) keeps only what is its framework's own: how it names the run and the call, and how
+it intercepts a tool. It describes one call as a :class:`ToolCallSite` and hands it, with the tool's
+body, to :func:`run_tool_call` (sync) or :func:`arun_tool_call` (async). Those decide and do the rest,
+the same way for every framework:
+
+1. :func:`decide` (pure, no I/O): a call of a tool declared with an undo or as the pivot is a
+   :class:`Step` of the open agent run when the adapter runs in saga mode; any other call is a
+   guarded :class:`Effect` under the options its declaration gives
+   (:func:`~sagaguard.connectors.declare.tool_options`).
+2. The call's id is current (``gen_ai.tool.call.id`` on the spans) and the effect is marked a tool
+   call, so its span is the GenAI ``execute_tool {name}`` span (docs/telemetry.md).
+3. Each attempt runs the body in a fresh scope named after the call, so the guarded effects inside
+   the tool get the same keys on every attempt (an attempt after an operator's resolution included).
+4. The effect runs under the guard, or the step through
+   :meth:`sagaguard.saga.agent.AgentRun.call` (its undo registered with the claim, in one commit).
+5. An in-doubt answer is settled as ``on_doubt`` says (:mod:`sagaguard.connectors.in_doubt`).
+
+Decide once, drive twice: the two drivers differ only in ``Guard.run``/``arun``, ``call``/``acall``
+and ``settle``/``asettle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+from sagaguard.connectors.declare import ToolDeclaration, is_step, recorded_output, tool_options
+from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
+from sagaguard.idempotency.effect import Policy
+from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.keys import Scope, scope
+from sagaguard.idempotency.telemetry import TOOL_CALL_ID
+from sagaguard.saga.agent import AgentRun, current_run
+
+__all__ = [
+    "STOP",
+    "SagaMode",
+    "Effect",
+    "Step",
+    "ToolCallSite",
+    "arun_tool_call",
+    "decide",
+    "run_tool_call",
+]
+
+T = TypeVar("T")
+
+STOP = Stop()
+"""The default ``on_doubt``: an in-doubt call raises ``OutcomeUnknown``."""
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+SagaMode = bool | Callable[[], AgentRun]
+"""An adapter's saga mode: False (every call is a guarded effect), True (the calls of tools declared
+with an undo or as the pivot are steps of the run open in this context,
+:func:`~sagaguard.saga.agent.current_run`), or a function returning the run they are steps of (an
+adapter that knows its run, and says so when it is not open)."""
+
+
+def _enter(scope_id: str) -> contextlib.AbstractContextManager[Scope]:
+    return scope(scope_id)
+
+
+@dataclass(frozen=True)
+class ToolCallSite(Generic[T]):
+    """One tool call as a framework adapter names it: everything the pipeline needs, no behaviour.
+
+    Build one per call; :func:`run_tool_call` / :func:`arun_tool_call` run it.
+    """
+
+    tool: str
+    """The tool's name (a step's name in the run, and what the declaration was looked up by)."""
+    call_id: str
+    """The call's stable id: the framework's (the model's ``tool_call_id``), or one the adapter
+    derives where the framework has none (see :attr:`framework_call_id`)."""
+    arguments: Mapping[str, Any]
+    """The call's arguments as a step records them: fingerprinted, and given to its undo."""
+    declaration: ToolDeclaration
+    """What the tool does to the world (:func:`~sagaguard.connectors.declare.declaration_of`)."""
+    effect: str
+    """The guarded effect's name (a step's effect is named by the run)."""
+    scope_id: str
+    """The scope a guarded call's attempt runs in (its key, when :attr:`key` is None, is this
+    scope's first call of :attr:`effect`)."""
+    pending: Callable[[Pending], T]
+    """Turns an in-doubt answer into the framework's tool result (``ReturnPending``)."""
+    fingerprint: Mapping[str, Any] | None = None
+    """What a guarded call's fingerprint covers (default: :attr:`arguments`)."""
+    key: str | None = None
+    """An explicit key for the guarded effect (else scope + ordinal in :attr:`scope_id`)."""
+    result_type: Any = Any
+    """The type the result is stored as."""
+    record: Callable[[T], Any] = recorded_output
+    """What a step records of the result for its undo (the tool's own output)."""
+    policy: Policy | str | None = None
+    """The adapter's one policy for every tool, over the declarations (None: the declarations)."""
+    defaults: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    """The adapter's :meth:`Guard.run` options for every tool (the declaration's win over them)."""
+    options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    """The adapter's options for this tool by name (they win over the declaration's)."""
+    framework_call_id: bool = True
+    """:attr:`call_id` is the framework's own tool-call id, put on the spans as
+    ``gen_ai.tool.call.id``; False for an id the adapter derived (a key: never on a span)."""
+    enter: Callable[[str], contextlib.AbstractContextManager[Scope]] = _enter
+    """How an attempt enters its scope (default :func:`~sagaguard.idempotency.keys.scope`; LangGraph
+    also remembers which task the scope belongs to)."""
+
+    def __post_init__(self) -> None:
+        if not self.call_id:
+            raise ConfigurationError(f"tool call {self.tool!r} has no id: it cannot be keyed")
+
+
+@dataclass(frozen=True)
+class Effect:
+    """The call is a guarded effect: ``Guard.run(name, body, key=key, **options)``."""
+
+    name: str
+    key: str | None
+    options: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Step:
+    """The call is a step of the open agent run (:meth:`sagaguard.saga.agent.AgentRun.call`)."""
+
+    undo: str | None
+    pivot: bool
+    options: Mapping[str, Any]
+
+
+def decide(site: ToolCallSite[Any], *, saga: SagaMode) -> Effect | Step:
+    """What the call is, from its declaration and the adapter's mode (no I/O).
+
+    Args:
+        site: the call.
+        saga: the adapter's saga mode (:data:`SagaMode`).
+    """
+    declaration = site.declaration
+    options = {**site.defaults, **tool_options(declaration, site.policy), **site.options, "tool": True}
+    if saga is not False and is_step(declaration):
+        return Step(declaration.undo, declaration.pivot, options)
+    return Effect(site.effect, site.key, options)
+
+
+@contextlib.contextmanager
+def _call_id(site: ToolCallSite[Any]) -> Iterator[None]:
+    token = TOOL_CALL_ID.set(site.call_id if site.framework_call_id else None)
+    try:
+        yield
+    finally:
+        TOOL_CALL_ID.reset(token)
+
+
+def run_tool_call(
+    site: ToolCallSite[T],
+    body: Callable[[], T],
+    *,
+    guard: Guard | None,
+    saga: SagaMode,
+    on_doubt: OnDoubt = STOP,
+) -> T:
+    """Run one tool call through the pipeline (see the module docstring).
+
+    Args:
+        site: the call, as the adapter names it.
+        body: runs the tool (the framework's own execution) and returns its result.
+        guard: the guard a guarded call runs under (a step runs under its run's guard).
+        saga: the adapter's saga mode (:data:`SagaMode`).
+        on_doubt: what the call does when it, or a guarded effect inside it, is in doubt.
+
+    Raises:
+        LookupError: a step with no agent run open.
+        ConfigurationError: a guarded call with no guard.
+        OutcomeUnknown: the call is in doubt and ``on_doubt`` says to stop.
+        and whatever the tool, the guard or the run raises.
+    """
+    plan = decide(site, saga=saga)
+    if isinstance(plan, Step):
+        run = _run_of(saga)
+
+        def step_body() -> T:
+            with site.enter(run.call_key(site.call_id)):  # a fresh scope per attempt
+                return body()
+
+        def call() -> T:
+            return run.call(
+                site.tool, step_body, site.arguments, undo=plan.undo, pivot=plan.pivot,
+                call_id=site.call_id, result_type=site.result_type, record=site.record, options=plan.options,
+            )  # fmt: skip
+
+        store = run.runner.guard.store
+    else:
+        effect_guard = _guarded(guard, site)
+        fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
+
+        def call() -> T:
+            with site.enter(site.scope_id):  # a fresh scope per attempt
+                return effect_guard.run(
+                    plan.name, body, arguments=fingerprinted, key=plan.key, result_type=site.result_type,
+                    **plan.options,
+                )  # fmt: skip
+
+        store = effect_guard.store
+    with _call_id(site):
+        return settle(call, on_doubt, store, site.pending)
+
+
+async def arun_tool_call(
+    site: ToolCallSite[T],
+    body: Callable[[], Awaitable[T]],
+    *,
+    guard: Guard | None,
+    saga: SagaMode,
+    on_doubt: OnDoubt = STOP,
+) -> T:
+    """The async twin of :func:`run_tool_call`: ``body`` is awaited under ``Guard.arun`` or
+    :meth:`sagaguard.saga.agent.AgentRun.acall` (``async with`` the run).
+
+    Raises:
+        the same as :func:`run_tool_call`.
+    """
+    plan = decide(site, saga=saga)
+    if isinstance(plan, Step):
+        # An adapter's own lookup may open its run (a journal commit): off the event loop.
+        run = await asyncio.to_thread(saga) if callable(saga) else current_run()
+
+        async def step_body() -> T:
+            with site.enter(run.call_key(site.call_id)):
+                return await body()
+
+        async def call() -> T:
+            return await run.acall(
+                site.tool, step_body, site.arguments, undo=plan.undo, pivot=plan.pivot,
+                call_id=site.call_id, result_type=site.result_type, record=site.record, options=plan.options,
+            )  # fmt: skip
+
+        store = run.runner.guard.store
+    else:
+        effect_guard = _guarded(guard, site)
+        fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
+
+        async def call() -> T:
+            with site.enter(site.scope_id):
+                return await effect_guard.arun(
+                    plan.name, body, arguments=fingerprinted, key=plan.key, result_type=site.result_type,
+                    **plan.options,
+                )  # fmt: skip
+
+        store = effect_guard.store
+    with _call_id(site):
+        return await asettle(call, on_doubt, store, site.pending)
+
+
+def _run_of(saga: SagaMode) -> AgentRun:
+    return saga() if callable(saga) else current_run()
+
+
+def _guarded(guard: Guard | None, site: ToolCallSite[Any]) -> Guard:
+    if guard is None:
+        raise ConfigurationError(f"tool {site.tool!r} is not a step of a run and has no guard to run under")
+    return guard
