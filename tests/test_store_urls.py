@@ -149,3 +149,16 @@ def test_a_postgres_url_without_psycopg_says_what_to_install(monkeypatch: pytest
     for opener in (open_store, open_journal, _relay):
         with pytest.raises(ConfigurationError, match=r"pip install 'sagaguard\[postgres\]'"):
             opener("postgresql://u:secret@127.0.0.1:5432/shop")
+
+
+def test_a_redis_url_without_redis_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    ours = ("sagaguard.idempotency.stores.redis", "sagaguard.saga.journals.redis")
+    for name in [m for m in sys.modules if m == "redis" or m.startswith(("redis.", *ours))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "redis", None)  # an import of it fails as if not installed
+    for opener in (open_store, open_journal):
+        with pytest.raises(ConfigurationError, match=r"pip install 'sagaguard\[redis\]'") as raised:
+            opener("redis://:secret@127.0.0.1:6379/0")
+        assert "secret" not in str(raised.value)

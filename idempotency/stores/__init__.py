@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sagaguard.idempotency.backends.urls import check_url
+from sagaguard.idempotency.backends.urls import check_url, driver_hint
+from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.idempotency.stores.memory import MemoryStore
 
@@ -44,7 +45,9 @@ def open_store(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = No
 
         return SqlStore(url, clock=clock)
     if scheme in ("redis", "rediss", "unix"):
-        from sagaguard.idempotency.stores.redis import RedisStore
-
+        try:
+            from sagaguard.idempotency.stores.redis import RedisStore
+        except ImportError as exc:  # redis-py is not installed
+            raise ConfigurationError(f"cannot use store URL: {exc} ({driver_hint(exc)})") from exc
         return RedisStore(url, clock=clock)
     raise AssertionError(f"check_url returned an unknown scheme {scheme!r}")  # pragma: no cover

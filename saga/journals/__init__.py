@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sagaguard.idempotency.backends.urls import check_url
+from sagaguard.idempotency.backends.urls import check_url, driver_hint
+from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.journals.memory import MemoryJournal
 
@@ -41,7 +42,9 @@ def open_journal(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = 
 
         return SqlJournal(url, clock=clock)
     if scheme in ("redis", "rediss", "unix"):
-        from sagaguard.saga.journals.redis import RedisJournal
-
+        try:
+            from sagaguard.saga.journals.redis import RedisJournal
+        except ImportError as exc:  # redis-py is not installed
+            raise ConfigurationError(f"cannot use journal URL: {exc} ({driver_hint(exc)})") from exc
         return RedisJournal(url, clock=clock)
     raise AssertionError(f"check_url returned an unknown scheme {scheme!r}")  # pragma: no cover
