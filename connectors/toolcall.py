@@ -223,9 +223,7 @@ async def arun_tool_call(
 ) -> T:
     """The async twin of :func:`run_tool_call`: ``body`` is awaited under ``Guard.arun`` or
     :meth:`sagaguard.saga.agent.AgentRun.acall` (``async with`` the run).
-
-    Raises:
-        the same as :func:`run_tool_call`.
+    It raises what :func:`run_tool_call` raises.
     """
     plan = decide(site, saga=saga)
     if isinstance(plan, Step):

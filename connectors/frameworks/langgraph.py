@@ -387,9 +387,7 @@ class ToolGuard:
     async def awrap_tool_call(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
         """The async handler: ``ToolNode(awrap_tool_call=tool_guard.awrap_tool_call)`` (in saga
         mode, steps through :meth:`sagaguard.saga.agent.AgentRun.acall`: ``async with`` the run).
-
-        Raises:
-            as :meth:`wrap_tool_call`.
+        It raises what :meth:`wrap_tool_call` raises.
         """
         site = self.site(request)
         if site is None:
