@@ -43,6 +43,7 @@ from sagaguard.idempotency.codec import Codec, decode_error, encode_error
 from sagaguard.idempotency.effect import Retry
 from sagaguard.idempotency.errors import CodecError, LostOwnership
 from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.holder import is_dead_on_this_host
 from sagaguard.idempotency.keys import derive_explicit_key
 from sagaguard.idempotency.records import Disposition, Record, State
 from sagaguard.saga.agent.call import RUN_PREFIX, TOOL_PREFIX, ToolCall, run_step_name
@@ -116,11 +117,11 @@ def _settled_by_undo(record: Record) -> bool:
 
 def settle_undone(guard: Guard, saga_id: str, step: str, call: ToolCall) -> None:
     """Settle the ledger record of ``call``, which its undo has just undone, when it is in doubt
-    or left in progress by a process whose lease ran out: FAILED with
+    or left in progress by a process whose lease ran out or that died on this host: FAILED with
     :class:`~sagaguard.saga.agent.errors.CallUndone`, so it stops counting as in doubt (``sagaguard
     effects list``) and a call made again under its key replays that error instead of running.
-    A record that is finished, or held under a live lease, is left as it is; one that changes
-    meanwhile (another process settles it) too.
+    A record that is finished, or held under a live lease by a holder not known dead, is left as it
+    is; one that changes meanwhile (another process settles it) too.
 
     Raises:
         StoreError: the ledger could not be reached.
@@ -130,10 +131,14 @@ def settle_undone(guard: Guard, saga_id: str, step: str, call: ToolCall) -> None
     record = store.get(key)
     if record is None or record.state not in (State.IN_PROGRESS, State.IN_DOUBT):
         return
-    if record.lease_live(store.now()):
+    live = record.lease_live(store.now())
+    dead = record.holder is not None and is_dead_on_this_host(record.holder)
+    if live and not dead:
         return  # someone holds it now (a resolver, a live process): theirs to settle
-    if record.state is State.IN_PROGRESS:
-        # Expired: take it over (fenced on its token) to own it, as a claim would.
+    if record.state is State.IN_PROGRESS or live:
+        # Expired, or its holder died on this host (the run's own process, killed inside the
+        # call: its lease may not have run out yet): take it over, fenced on its token, to own it
+        # as a claim would.
         record = store.take_over(key, record.token, guard.lease)
         if record is None:
             return
