@@ -39,6 +39,11 @@ class SagaJournal(Protocol):
     Implementations: :class:`~sagaguard.saga.journals.memory.MemoryJournal`,
     :class:`~sagaguard.saga.journals.sql.SqlJournal` (SQLite, Postgres),
     :class:`~sagaguard.saga.journals.redis.RedisJournal`.
+
+    Every method that takes a ``saga_id`` checks it first, on every journal alike
+    (:func:`~sagaguard.saga.checks.check_saga_id`: ConfigurationError for an empty id, one not a
+    str or holding a NUL, CodecError for a lone surrogate), before anything is read or written: on
+    Postgres ``"X\\x00a"`` would otherwise reach the saga ``"X"``.
     """
 
     def now(self) -> float:

@@ -25,6 +25,7 @@ from sagaguard.saga import Saga, SagaRunner, SagaState, StepContext
 from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
 from sagaguard.saga.control import cancel, signal
 from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.records import Phase
 
 NUL_ID = "X\x00a"
 SURROGATE_ID = "X\ud800"
@@ -120,6 +121,30 @@ def test_operator_actions_refuse_an_unstorable_saga_id(
     with pytest.raises(ConfigurationError, match="saga id"):
         cancel(journal, bad)
     assert journal.load("X") == before
+
+
+@pytest.mark.parametrize("bad", [NUL_ID, SURROGATE_ID, "", 7], ids=repr)
+@pytest.mark.parametrize("method", ["claim", "take_over", "commit", "reopen", "signal", "cancel"])
+def test_every_journal_method_taking_a_saga_id_refuses_an_unstorable_one(
+    journal: SagaJournal, runner: SagaRunner, bad: object, method: str
+) -> None:
+    """Called directly (a custom runner, an operator's script), a journal's own methods check the id
+    as ``start`` and ``load`` do: on Postgres ``"X\x00a"`` would otherwise reach the saga ``"X"``."""
+    runner.run(Failing().saga, "X", "ok")
+    before = journal.load("X")
+    assert before is not None
+    calls = {
+        "claim": lambda: journal.claim(bad, lease=30),  # type: ignore[arg-type]
+        "take_over": lambda: journal.take_over(bad, before.saga.token, lease=30),  # type: ignore[arg-type]
+        "commit": lambda: journal.commit(bad, before.saga.token, Phase(state=SagaState.FAILED)),  # type: ignore[arg-type]
+        "reopen": lambda: journal.reopen(bad, before.saga.token, SagaState.RUNNING, (), None),  # type: ignore[arg-type]
+        "signal": lambda: journal.signal(bad, "approved", "null"),  # type: ignore[arg-type]
+        "cancel": lambda: journal.cancel(bad, "by hand"),  # type: ignore[arg-type]
+    }
+    with pytest.raises(ConfigurationError, match="saga id"):
+        calls[method]()
+    assert journal.load("X") == before
+    assert [record.saga_id for record in journal.list()] == ["X"]
 
 
 @pytest.mark.parametrize("bad", [NUL_ID, SURROGATE_ID], ids=repr)

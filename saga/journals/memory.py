@@ -125,6 +125,7 @@ class MemoryJournal:
 
     def claim(self, saga_id: str, *, lease: float, holder: str | None = None) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.claim`."""
+        check_saga_id(saga_id)
         now = self._clock()
         with self._lock:
             old = self._sagas.get(saga_id)
@@ -137,6 +138,7 @@ class MemoryJournal:
         self, saga_id: str, token: int, *, lease: float, holder: str | None = None
     ) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.take_over`."""
+        check_saga_id(saga_id)
         now = self._clock()
         with self._lock:
             old = self._sagas.get(saga_id)
@@ -163,6 +165,7 @@ class MemoryJournal:
 
     def commit(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:
         """See :meth:`SagaJournal.commit`."""
+        check_saga_id(saga_id)
         now = self._clock()
         with self._lock:
             old = self._sagas.get(saga_id)
@@ -198,6 +201,7 @@ class MemoryJournal:
         self, saga_id: str, token: int, state: SagaState, steps: Sequence[StepRecord], error: str | None
     ) -> SagaRecord | None:
         """See :meth:`SagaJournal.reopen`."""
+        check_saga_id(saga_id)
         now = self._clock()
         with self._lock:
             old = self._sagas.get(saga_id)
@@ -217,6 +221,7 @@ class MemoryJournal:
 
     def signal(self, saga_id: str, name: str, payload: str) -> SignalOutcome:
         """See :meth:`SagaJournal.signal`."""
+        check_saga_id(saga_id)
         now = self._clock()
         with self._lock:
             old = self._sagas.get(saga_id)
@@ -234,6 +239,7 @@ class MemoryJournal:
 
     def cancel(self, saga_id: str, cause: str) -> CancelOutcome:
         """See :meth:`SagaJournal.cancel`."""
+        check_saga_id(saga_id)
         now = self._clock()
         with self._lock:
             old = self._sagas.get(saga_id)

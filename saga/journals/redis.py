@@ -292,6 +292,7 @@ class RedisJournal:
     def claim(self, saga_id: str, *, lease: float, holder: str | None = None) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.claim`: one script; when the saga is not due, a read and (its
         holder dead) :meth:`take_over`."""
+        check_saga_id(saga_id)
         args = (self._now_arg(), float(lease), _lease.current(holder))
         reply = self._run(self._claim, self._keys(saga_id), args)
         if reply[0] != "not_due":
@@ -302,6 +303,7 @@ class RedisJournal:
         self, saga_id: str, token: int, *, lease: float, holder: str | None = None
     ) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.take_over`: one script fenced on the token."""
+        check_saga_id(saga_id)
         args = (self._now_arg(), str(token), float(lease), _lease.current(holder))
         reply = self._run(self._take_over, self._keys(saga_id), args)
         return None if reply[0] == "no" else self._snapshot(saga_id, reply)
@@ -314,6 +316,7 @@ class RedisJournal:
 
     def commit(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:
         """See :meth:`SagaJournal.commit`: one fenced script; an ended saga leaves the due index."""
+        check_saga_id(saga_id)
         args: list[Any] = [
             self._now_arg(),
             str(token),
@@ -346,6 +349,7 @@ class RedisJournal:
         self, saga_id: str, token: int, state: SagaState, steps: Sequence[StepRecord], error: str | None
     ) -> SagaRecord | None:
         """See :meth:`SagaJournal.reopen`: one fenced script, after putting the saga in the due index."""
+        check_saga_id(saga_id)
         args: list[Any] = [
             self._now_arg(), str(token), SagaState(state).value,
             "1" if error is not None else "0", error or "",
@@ -364,6 +368,7 @@ class RedisJournal:
 
     def signal(self, saga_id: str, name: str, payload: str) -> SignalOutcome:
         """See :meth:`SagaJournal.signal`: one script (after lowering the saga's index entry)."""
+        check_saga_id(saga_id)
         keys = self._keys(saga_id)
         reply = self._run(self._signal, [keys[0], keys[2]], (self._now_arg(), name, payload), lower=saga_id)
         if reply == "unknown":
@@ -372,6 +377,7 @@ class RedisJournal:
 
     def cancel(self, saga_id: str, cause: str) -> CancelOutcome:
         """See :meth:`SagaJournal.cancel`: one script (after lowering the saga's index entry)."""
+        check_saga_id(saga_id)
         keys = self._keys(saga_id)
         reply = self._run(self._cancel, keys[:1], (self._now_arg(), cause), lower=saga_id)
         if reply == "unknown":

@@ -300,6 +300,7 @@ class SqlJournal:
     def claim(self, saga_id: str, *, lease: float, holder: str | None = None) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.claim`. One conditional UPDATE, then the steps and signals; when
         the saga is not due, a read and (its holder dead) :meth:`take_over`."""
+        check_saga_id(saga_id)
         params = self._params(saga_id=saga_id, lease=float(lease), holder=_lease.current(holder))
         with self._connect() as conn:
             row = conn.execute(self._sql.claim, params).first()
@@ -311,6 +312,7 @@ class SqlJournal:
         self, saga_id: str, token: int, *, lease: float, holder: str | None = None
     ) -> SagaSnapshot | None:
         """See :meth:`SagaJournal.take_over`. One UPDATE fenced on the token, then the steps and signals."""
+        check_saga_id(saga_id)
         params = self._params(saga_id=saga_id, token=token, lease=float(lease), holder=_lease.current(holder))
         with self._connect() as conn:
             row = conn.execute(self._sql.take_over, params).first()
@@ -344,6 +346,7 @@ class SqlJournal:
         of the fenced UPDATE and the step upserts. Parking (``state=WAITING``) is one transaction
         through SQLAlchemy that locks the saga row first (Postgres), so it never misses a signal.
         """
+        check_saga_id(saga_id)
         if phase.state is SagaState.WAITING:
             return self._park(saga_id, token, phase)
         params = self._params(saga_id=saga_id, token=token, lease=float(phase.lease))
@@ -414,6 +417,7 @@ class SqlJournal:
         self, saga_id: str, token: int, state: SagaState, steps: Sequence[StepRecord], error: str | None
     ) -> SagaRecord | None:
         """See :meth:`SagaJournal.reopen`. One fenced UPDATE and one upsert per step row."""
+        check_saga_id(saga_id)
         params = self._params(saga_id=saga_id, token=token, state=SagaState(state).value, error=error)
         with self._connect() as conn:
             row = conn.execute(self._sql.reopen, params).first()
@@ -425,6 +429,7 @@ class SqlJournal:
 
     def signal(self, saga_id: str, name: str, payload: str) -> SignalOutcome:
         """See :meth:`SagaJournal.signal`. Locks the saga row (Postgres), inserts, wakes."""
+        check_saga_id(saga_id)
         with self._connect() as conn:
             self._lock_row(conn, saga_id)
             found = conn.execute(self._sql.get_saga, {"saga_id": saga_id}).first()
@@ -443,6 +448,7 @@ class SqlJournal:
 
     def cancel(self, saga_id: str, cause: str) -> CancelOutcome:
         """See :meth:`SagaJournal.cancel`. One conditional UPDATE, else one read."""
+        check_saga_id(saga_id)
         with self._connect() as conn:
             if conn.execute(self._sql.cancel, self._params(saga_id=saga_id, cause=cause)).first():
                 return CancelOutcome.REQUESTED
