@@ -118,6 +118,52 @@ def test_a_call_after_the_server_died_is_not_sent_and_not_parked(
     assert charges(stripe) == 2  # c2 sent once, on the new session
 
 
+def test_over_http_a_call_to_a_server_that_died_idle_is_not_sent_and_not_parked(
+    env: dict[str, str], guard: Guard, stripe: LocalStripe
+) -> None:
+    """Over streamable HTTP the SDK ends the whole session on a POST that cannot connect, which
+    cancelled the waiting call and left it in doubt although nothing was sent (before
+    :mod:`sagaguard.connectors.mcp.transport`: the call in doubt, 0 charges). Now it is not sent,
+    its record is released, and the same call on a new server is sent once."""
+    from _mcpkit import serve_http
+
+    from sagaguard.connectors.mcp import http_session
+
+    server = serve_http(env)
+    url = server.__enter__()
+
+    async def body() -> BaseException | None:
+        async with http_session(url) as session:
+            payments = GuardedSession(session, guard, server="payments")
+            await payments.list_tools()
+            server.__exit__(None, None, None)  # SIGKILL, while no call is in flight
+            with scope("order-1"):
+                try:
+                    await payments.call_tool("charge", CHARGE, call_id="c1")
+                except ServerGone as exc:
+                    return exc
+        return None
+
+    try:
+        gone = in_loop(body)
+    finally:
+        server.__exit__(None, None, None)
+    assert isinstance(gone, ServerGone) and "unreachable" in str(gone)
+    assert charges(stripe) == 0 and guard.store.list() == []  # not sent, nothing parked
+
+    async def retry(url: str) -> types.CallToolResult:
+        async with http_session(url) as session:
+            with scope("order-1"):
+                return await GuardedSession(session, guard, server="payments").call_tool(
+                    "charge", CHARGE, call_id="c1"
+                )
+
+    with serve_http(env) as new_url:  # a new server
+        done = in_loop(lambda: retry(new_url))
+    assert not done.is_error and done.structured_content["id"].startswith("pi_")
+    assert charges(stripe) == 1  # sent once, on the new session
+
+
 def proxy_argv(*extra: str) -> list[str]:
     return [sys.executable, "-c", CLI, "mcp", "proxy", "--server", "payments", *extra, "--",
             sys.executable, str(SERVER)]  # fmt: skip

@@ -59,6 +59,7 @@ from sagaguard.connectors.mcp.policy import (
     pick,
     policy_for,
 )
+from sagaguard.connectors.mcp.transport import UNSENT, mcp_http_client
 from sagaguard.idempotency.effect import (
     APPLIED_UNKNOWN,
     NOT_APPLIED,
@@ -74,6 +75,10 @@ from sagaguard.idempotency.keys import EffectIdentity, current_scope
 from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 
 __all__ = ["GuardedSession", "ToolSession", "http_session", "pending_result", "stdio_session"]
+
+_GONE = (types.CONNECTION_CLOSED, UNSENT)
+"""The SDK's error codes of a connection that is gone: closed (stdio, the server exited), or not
+made (HTTP, :mod:`sagaguard.connectors.mcp.transport`)."""
 
 _STOP = Stop()
 
@@ -113,9 +118,17 @@ async def stdio_session(params: StdioServerParameters) -> AsyncIterator[ClientSe
 
 
 @asynccontextmanager
-async def http_session(url: str) -> AsyncIterator[ClientSession]:
-    """An initialized ``ClientSession`` to a streamable-HTTP server at ``url``."""
-    async with streamable_http_client(url) as (read, write), ClientSession(read, write) as session:
+async def http_session(url: str, **client_options: Any) -> AsyncIterator[ClientSession]:
+    """An initialized ``ClientSession`` to a streamable-HTTP server at ``url``, over an HTTP client
+    that answers a request which never reached the server as *not sent*
+    (:mod:`sagaguard.connectors.mcp.transport`), so a guarded call to a dead server raises
+    :class:`~sagaguard.connectors.mcp.policy.ServerGone` instead of being left in doubt.
+    ``client_options`` (``headers``, ``auth``, ``timeout``) go to that ``httpx2.AsyncClient``."""
+    async with (
+        mcp_http_client(**client_options) as client,
+        streamable_http_client(url, http_client=client) as (read, write),
+        ClientSession(read, write) as session,
+    ):
         await session.initialize()
         yield session
 
@@ -190,7 +203,7 @@ class GuardedSession:
         try:
             await self.session.list_tools()
         except MCPError as exc:
-            if exc.code != types.CONNECTION_CLOSED:
+            if exc.code not in _GONE:
                 return  # the server answered: alive
             self._gone = exc.error.message or "connection closed"
             raise ServerGone(self.server, self._gone) from exc
@@ -205,7 +218,7 @@ class GuardedSession:
         try:
             result = await self.session.list_tools()
         except MCPError as exc:
-            if exc.code != types.CONNECTION_CLOSED:
+            if exc.code not in _GONE:
                 raise
             self._gone = exc.error.message or "connection closed"
             raise ServerGone(self.server, self._gone) from exc
@@ -275,6 +288,9 @@ class GuardedSession:
             try:
                 result = await self.session.call_tool(name, args, read_timeout_seconds, meta=extra)
             except MCPError as exc:
+                if exc.code == UNSENT:  # the connection could not be made: not sent
+                    self._gone = exc.error.message
+                    raise ServerGone(self.server, self._gone) from exc
                 if exc.code == types.CONNECTION_CLOSED:  # sent, answer lost: in doubt, and no more
                     self._gone = exc.error.message or "connection closed"
                 raise
