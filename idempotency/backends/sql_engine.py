@@ -16,11 +16,11 @@ finds it, and the pool is then renewed (:mod:`~sagaguard.idempotency.backends.sq
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
+import tenacity
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import QueuePool, StaticPool
@@ -60,14 +60,18 @@ def retry_locked(step: Callable[[], object]) -> None:
     one WAL database at the same instant can get SQLITE_BUSY at once from the first read of the
     WAL index (another connection is running its recovery) or from switching the journal mode.
     """
-    for attempt in range(_LOCKED_RETRIES):
-        try:
-            step()
-            return
-        except Exception as exc:  # sqlite3.OperationalError, or SQLAlchemy's wrapper of it
-            if "database is locked" not in str(exc) or attempt == _LOCKED_RETRIES - 1:
-                raise
-            time.sleep(min(0.01 * (attempt + 1), 0.2))
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(_LOCKED_RETRIES),
+        wait=tenacity.wait_incrementing(start=0.01, increment=0.01, max=0.2),
+        retry=tenacity.retry_if_exception(_locked),
+        reraise=True,
+    )
+    retrying(step)
+
+
+def _locked(exc: BaseException) -> bool:
+    """sqlite3's OperationalError "database is locked", or SQLAlchemy's wrapper of it."""
+    return "database is locked" in str(exc)
 
 
 def _sqlite_on_begin(conn: sa.Connection) -> None:

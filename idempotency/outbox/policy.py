@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import tenacity
 
 from sagaguard.idempotency.checks import count, seconds
+from sagaguard.idempotency.driving import Retrier
+from sagaguard.idempotency.effect import Retry
 from sagaguard.idempotency.errors import CodecError, ConfigurationError, NotApplied, ReplayedFailure
 from sagaguard.idempotency.outbox.claims import Claimed, Settle
 from sagaguard.idempotency.outbox.control import DEFAULT_RETENTION
@@ -126,16 +128,30 @@ def failure_outcome(
 ) -> Settle:
     """What a failed delivery becomes: dead (permanent error, or no attempts left) or a retry
     after ``settings.backoff`` for this attempt. Pure: no I/O, so it is table-tested."""
-    permanent = isinstance(exc, (*settings.permanent, ReplayedFailure, PoisonPayload, CodecError)) or (
-        isinstance(exc, NotApplied) and not exc.retryable
-    )
     error = _error_text(exc)
-    if permanent or claimed.attempts >= claimed.max_attempts:
+    # The shared retrier decides, as for a guarded call, going on from the attempts already made
+    # (they are counted in the message, across relays and restarts).
+    pause = Retrier(_Delivery(settings, claimed.max_attempts), first=claimed.attempts).next_pause(exc)
+    if pause is None:
         return Settle(claimed.ref, claimed.attempts, MessageStatus.DEAD, error=error)
-    state = tenacity.RetryCallState(cast(Any, None), None, (), {})
-    state.attempt_number = claimed.attempts
-    delay = max(0.0, float(settings.backoff(state)))
-    return Settle(claimed.ref, claimed.attempts, MessageStatus.PENDING, delay=delay, error=error)
+    return Settle(claimed.ref, claimed.attempts, MessageStatus.PENDING, delay=max(0.0, pause), error=error)
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    """A message's delivery as a :class:`~sagaguard.idempotency.driving.RetryPolicy`: up to its
+    ``max_attempts``, waiting ``settings.backoff``, never for a permanent failure."""
+
+    settings: RelaySettings
+    max_attempts: int
+
+    @property
+    def retry(self) -> Retry:
+        return Retry(stop=tenacity.stop_after_attempt(self.max_attempts), wait=self.settings.backoff)
+
+    def retries(self, exc: BaseException) -> bool:
+        permanent = (*self.settings.permanent, ReplayedFailure, PoisonPayload, CodecError)
+        return not isinstance(exc, permanent) and not (isinstance(exc, NotApplied) and not exc.retryable)
 
 
 def released(claimed: Claimed) -> Settle:

@@ -39,6 +39,7 @@ from dataclasses import replace
 from typing import Any
 
 import sqlalchemy as sa
+import tenacity
 from opentelemetry import trace
 
 from sagaguard.idempotency.errors import ConfigurationError, StoreError
@@ -440,20 +441,21 @@ class Relay:
 
     def _settle(self, batch: list[Claimed], outcomes: Mapping[Any, Settle]) -> None:
         settles = [outcomes[c.ref] for c in batch if c.ref in outcomes]
-        lost: list[Any] = []
-        for attempt in range(3):
-            try:
-                lost = self.db.settle(batch[0].token, settles)
-                break
-            except StoreError as exc:
-                if attempt == 2:
-                    # The claims stay in flight until their lease runs out; another relay then
-                    # delivers them again under the same provider keys.
-                    log.error("outbox relay %s: cannot settle a batch: %s", self.worker_id, exc)
-                    with self._stats_lock:
-                        self._stats.last_error = str(exc)
-                    return
-                time.sleep(0.1 * (attempt + 1))
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(3),
+            wait=tenacity.wait_incrementing(start=0.1, increment=0.1),
+            retry=tenacity.retry_if_exception_type(StoreError),
+            reraise=True,
+        )
+        try:
+            lost: list[Any] = retrying(self.db.settle, batch[0].token, settles)
+        except StoreError as exc:
+            # The claims stay in flight until their lease runs out; another relay then delivers
+            # them again under the same provider keys.
+            log.error("outbox relay %s: cannot settle a batch: %s", self.worker_id, exc)
+            with self._stats_lock:
+                self._stats.last_error = str(exc)
+            return
         lost_set = set(lost)
         counts = {"delivered": 0, "failed": 0, "dead": 0, "released": 0}
         for settle in settles:
