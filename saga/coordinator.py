@@ -15,11 +15,11 @@ from sagaguard.idempotency.codec import decode_error, encode_error
 from sagaguard.idempotency.driving import Retrier
 from sagaguard.idempotency.effect import Retry
 from sagaguard.idempotency.errors import CodecError
-from sagaguard.idempotency.records import Disposition
 from sagaguard.saga.decisions import (
     Abandon,
     Compensate,
     Done,
+    FailedTry,
     Next,
     RetryAction,
     RunStep,
@@ -34,6 +34,7 @@ from sagaguard.saga.decisions import (
     compensation_retry_base,
     decide,
     decide_start,
+    failed_try,
     failure_state,
     merge_steps,
     needs_compensation,
@@ -50,7 +51,6 @@ from sagaguard.saga.errors import (
     SagaConflict,
     SagaInProgress,
     SagaSuspended,
-    SignalTimeout,
     StepTimeout,
     UnknownSaga,
 )
@@ -465,24 +465,19 @@ class SagaFlow:
                     return (yield from self._park(snapshot, failure, finished))
                 if not isinstance(failure, Exception):
                     raise failure  # cancelled or interrupted: the step stays STARTED, as after a crash
-                if late and not isinstance(failure, SignalTimeout):
+                error = failure
+                verdict = failed_try(failure, late=late, disposition=step.disposition)
+                if verdict is FailedTry.OVERRAN:
                     error = _overran(step, deadline, row)
                     break
-                error = failure
-                if isinstance(error, SignalTimeout):
-                    not_applied = True  # the wait changed nothing
-                    break
-                if isinstance(error, StepTimeout):
-                    break
-                disposition = step.disposition(error)
-                if disposition is Disposition.PERMANENT:
-                    not_applied = True
+                if verdict in (FailedTry.FAIL, FailedTry.FAIL_NOT_APPLIED):
+                    not_applied = verdict is FailedTry.FAIL_NOT_APPLIED
                     break
                 if retrier is None:
                     retrier = Retrier(_Budget(step.retry))
                 pause = retrier.next_pause(error)
                 if pause is None:
-                    not_applied = disposition is Disposition.RETRYABLE
+                    not_applied = verdict is FailedTry.RETRY
                     break
                 if deadline is not None and finished is not None and finished + pause >= deadline:
                     error = _overran(step, deadline, row)

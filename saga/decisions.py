@@ -1,8 +1,10 @@
 """The saga's decisions, free of I/O, table-tested: what a start means, what a snapshot does next.
 
 :func:`decide_start` maps a journal start to what the runner does (resume, replay, attach, refuse);
-:func:`decide` maps a saga's journal snapshot to its next move; :func:`failure_state` says where a
-failed step leaves the saga, :func:`compensation_failure_state` where a failed compensation does;
+:func:`decide` maps a saga's journal snapshot to its next move; :func:`failed_try` says what a
+step's failed try leads to (a retry, or failing for good, having applied or not);
+:func:`failure_state` where a step that failed for good leaves the saga,
+:func:`compensation_failure_state` where a failed compensation does;
 :func:`abandon_cause`, :func:`step_deadline` and :func:`wake_at` say when cancellation and deadlines
 stop the saga going forward; :func:`compensation_retry` says whether a failed compensation is
 retried in-line, parked for the recovery worker, or given up. :mod:`sagaguard.saga.coordinator` strings them
@@ -13,20 +15,22 @@ together; nothing here reads a clock: "now" is the journal time of the snapshot'
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sagaguard.idempotency.codec import decode_error, encode_error
 from sagaguard.idempotency.errors import CodecError
-from sagaguard.idempotency.records import State
+from sagaguard.idempotency.records import Disposition, State
 from sagaguard.saga.definition import Saga
 from sagaguard.saga.errors import (
     CompensationsFailed,
     DefinitionMismatch,
     SagaCancelled,
     SagaDeadlineExceeded,
+    SignalTimeout,
     StepMismatch,
+    StepTimeout,
 )
 from sagaguard.saga.records import (
     FOREVER,
@@ -167,6 +171,47 @@ def failure_state(kind: StepKind, not_applied: bool) -> SagaState:
     if kind is StepKind.COMPENSATABLE or (kind is StepKind.PIVOT and not_applied):
         return SagaState.COMPENSATING
     return SagaState.NEEDS_ATTENTION
+
+
+class FailedTry(enum.Enum):
+    """What one failed try of a step's action leads to (:func:`failed_try`)."""
+
+    RETRY = "retry"
+    """Ask the step's retrier for a pause; when it gives none the step fails for good, having
+    changed nothing (the error was *retryable*)."""
+    RETRY_MAY_HAVE_APPLIED = "retry_may_have_applied"
+    """The same, but a step whose retries run out may have applied (the error was *ambiguous*)."""
+    FAIL = "fail"
+    """The step fails for good now; it may have applied (it timed out: it may have done part)."""
+    FAIL_NOT_APPLIED = "fail_not_applied"
+    """The step fails for good now and changed nothing (a permanent error, a signal that never
+    came): a compensatable step's own compensation is skipped, a pivot compensates before it."""
+    OVERRAN = "overran"
+    """The step's deadline passed while it ran: it fails for good with
+    :class:`~sagaguard.saga.errors.StepTimeout` and is never run again."""
+
+
+def failed_try(error: Exception, *, late: bool, disposition: Callable[[Exception], Disposition]) -> FailedTry:
+    """What the failed try ``error`` of a step leads to. Pure: the step's retry budget and its
+    sleep stay with the caller (a :class:`~sagaguard.idempotency.driving.Retrier`).
+
+    ``late``: the try finished past the step's deadline. ``disposition``: the step's classifier,
+    called once, and only for an error it decides (not for a timeout). A signal that timed out
+    changed nothing, whenever it ends; past the deadline, anything else is the deadline's failure;
+    a step that timed out by itself may have done part of its work; then the classifier: a
+    permanent error changed nothing, a retryable or ambiguous one is retried (tests/test_saga_decisions.py
+    holds the table).
+    """
+    if isinstance(error, SignalTimeout):
+        return FailedTry.FAIL_NOT_APPLIED
+    if late:
+        return FailedTry.OVERRAN
+    if isinstance(error, StepTimeout):
+        return FailedTry.FAIL
+    found = disposition(error)
+    if found is Disposition.PERMANENT:
+        return FailedTry.FAIL_NOT_APPLIED
+    return FailedTry.RETRY if found is Disposition.RETRYABLE else FailedTry.RETRY_MAY_HAVE_APPLIED
 
 
 def compensation_failure_state(policy: CompensationPolicy) -> SagaState:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from sagaguard.idempotency.records import Disposition
 from sagaguard.saga import DefinitionMismatch, Saga, SagaState, StepContext, StepKind, StepState
 from sagaguard.saga.coordinator import (
     Compensate,
@@ -21,6 +22,8 @@ from sagaguard.saga.coordinator import (
     failure_state,
     needs_compensation,
 )
+from sagaguard.saga.decisions import FailedTry, failed_try
+from sagaguard.saga.errors import SignalTimeout, StepTimeout
 from sagaguard.saga.records import Phase, SagaRecord, SagaSnapshot, StartOutcome, StartResult, StepRecord
 
 
@@ -121,6 +124,33 @@ def test_not_applied_failure_skips_its_own_compensation() -> None:
 )
 def test_failure_state(kind: StepKind, not_applied: bool, expected: SagaState) -> None:
     assert failure_state(kind, not_applied) is expected
+
+
+@pytest.mark.parametrize(
+    ("error", "late", "disposition", "expected"),
+    [
+        (SignalTimeout("approved"), False, None, FailedTry.FAIL_NOT_APPLIED),  # the wait changed nothing
+        (SignalTimeout("approved"), True, None, FailedTry.FAIL_NOT_APPLIED),  # late or not
+        (ValueError("x"), True, None, FailedTry.OVERRAN),  # past the deadline: the deadline's failure
+        (StepTimeout("a", 5), True, None, FailedTry.OVERRAN),
+        (StepTimeout("a", 5), False, None, FailedTry.FAIL),  # may have done part of its work
+        (ValueError("x"), False, Disposition.PERMANENT, FailedTry.FAIL_NOT_APPLIED),
+        (ValueError("x"), False, Disposition.RETRYABLE, FailedTry.RETRY),
+        (ValueError("x"), False, Disposition.AMBIGUOUS, FailedTry.RETRY_MAY_HAVE_APPLIED),
+    ],
+)
+def test_failed_try(
+    error: Exception, late: bool, disposition: Disposition | None, expected: FailedTry
+) -> None:
+    asked: list[Exception] = []
+
+    def classify(exc: Exception) -> Disposition:
+        asked.append(exc)
+        assert disposition is not None, "a timeout or a late try is not the classifier's to decide"
+        return disposition
+
+    assert failed_try(error, late=late, disposition=classify) is expected
+    assert asked == ([] if disposition is None else [error])  # asked once, only when it decides
 
 
 @pytest.mark.parametrize(
