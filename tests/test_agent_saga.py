@@ -260,6 +260,33 @@ def test_an_undo_that_keeps_failing_parks_the_run_with_its_cause(
     assert len(world.did("refund")) == 1
 
 
+def test_with_the_defaults_an_undo_that_keeps_failing_is_needs_attention_after_about_three_minutes(
+    journal: SagaJournal, guard: Guard, world: World, clock: FakeClock
+) -> None:
+    """docs/agent_sagas.md, "How long a run stays compensating": the default ``compensation_retry``
+    (FORWARD_RETRY) makes 10 attempts, pausing 0.5 s doubling to 60 s plus up to 1 s of jitter
+    (183.5 to 192.5 s in all); the pauses within 2 s run in the agent's process, the rest in
+    whatever takes the parked run over when it is due (here: sweeps). Time is the injected clock."""
+    world.failing.add("cancel_booking")
+    defaults = AgentSaga("trip_agent", world.undos)  # the shortest declaration
+    runner = AgentRunner(journal, guard, sleep=clock.advance)
+    failed_at = clock.now
+    with pytest.raises(ToolFailed), runner.run(defaults, "thread-1"):
+        book(world, runner)
+        raise ToolFailed("later")
+    runner.close()
+    for _ in range(20):  # each pass runs the attempts that are due
+        snapshot = load(journal, "thread-1")
+        if snapshot.saga.state is not SagaState.COMPENSATING:
+            break
+        clock.set(max(clock.now, snapshot.saga.lease_until))
+        recover(journal, guard, SagaRegistry(defaults), sleep=clock.advance)
+    assert snapshot.saga.state is SagaState.NEEDS_ATTENTION
+    assert snapshot.steps[0].compensation_attempts == 10
+    assert 183.5 <= clock.now - failed_at <= 192.5  # "about 3 minutes of pauses in all"
+    assert world.did("cancel_booking") == []
+
+
 def test_an_undo_the_registry_lacks_is_refused_at_the_call(
     runner: AgentRunner, agent: AgentSaga, world: World
 ) -> None:
