@@ -13,7 +13,7 @@ SQLite the writer lock (``BEGIN IMMEDIATE``) does both.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -325,8 +325,3 @@ def _mismatch(status: SchemaStatus, url: str, table_set: TableSet) -> SchemaVers
         state=status.state.value,
         command=command,
     )
-
-
-def statuses_json(statuses: Sequence[SchemaStatus]) -> list[dict[str, Any]]:
-    """``statuses`` as a JSON array."""
-    return [status.as_json() for status in statuses]

@@ -163,7 +163,7 @@ def journal_tables(prefix: str) -> list[sa.Table]:
     Raises:
         ConfigurationError: the prefix is not a plain identifier of at most 40 characters.
     """
-    return [cast(sa.Table, model.__table__) for model in journal_models(prefix)]
+    return [cast(sa.Table, getattr(model, "__table__")) for model in journal_models(prefix)]  # noqa: B009
 
 
 def create_journal_tables(conn: sa.Connection, prefix: str) -> None:
