@@ -16,7 +16,7 @@ from conftest import require_postgres
 from test_schema_upgrade import fresh_database
 
 from sagaguard.idempotency.cli import main as cli_main
-from sagaguard.idempotency.errors import ConfigurationError, SchemaVersionMismatch
+from sagaguard.idempotency.errors import ConfigurationError, SchemaVersionMismatch, StoreError
 from sagaguard.idempotency.migrations import (
     SchemaState,
     alembic_config,
@@ -182,3 +182,46 @@ def test_concurrent_upgraders_on_postgres_one_creates_the_rest_find_it_done(pg_u
     for engine in engines:
         engine.dispose()
     assert sorted(map(str, outcomes)) == sorted(["empty"] + ["up to date"] * 5)
+
+
+def test_the_least_privilege_recipe_on_postgres(tmp_path: Path) -> None:
+    """The owner runs ``db upgrade``; a role with DML only opens the store with ``create=False``,
+    guards a call, and cannot change the schema (an older table makes it refuse, naming the
+    command, instead of trying)."""
+    import psycopg
+
+    from sagaguard.idempotency import Guard, scope
+
+    base = require_postgres()
+    gen = fresh_database("postgres", tmp_path, fixture=False)
+    owner_url = next(gen)
+    schema = sa.make_url(owner_url).query["options"].split("=", 1)[1]  # type: ignore[union-attr]
+    role = f"sg_app_{uuid.uuid4().hex[:8]}"
+    try:
+        assert cli_main(["db", "upgrade", "--store", owner_url, "--only", "effects"]) == 0
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f'CREATE ROLE "{role}" LOGIN')
+            admin.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+            admin.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+        app_url = sa.make_url(owner_url).set(username=role).render_as_string(hide_password=False)
+
+        store = SqlStore(app_url, create=False)
+        try:
+            with scope("order-1"):
+                assert Guard(store).run("charge", lambda: 42) == 42
+        finally:
+            store.close()
+        SqlStore(app_url).close()  # create=True at this revision writes nothing: allowed too
+
+        engine = make_engine(owner_url)
+        with engine.begin() as conn:  # the owner's tables fall behind (a release before versions)
+            conn.exec_driver_sql("DROP TABLE sagaguard_effects_version")
+        engine.dispose()
+        with pytest.raises(SchemaVersionMismatch, match="sagaguard db upgrade --store"):
+            SqlStore(app_url, create=False)
+        with pytest.raises(StoreError, match="permission denied|must be owner"):
+            SqlStore(app_url)  # create=True needs the owner's rights to upgrade
+    finally:
+        gen.close()
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f'DROP ROLE IF EXISTS "{role}"')
