@@ -102,12 +102,14 @@ class SqlStore:
             and upgrade a table of an older revision (``sagaguard db upgrade`` does the same);
             without it the store writes no DDL and refuses a table that is not at this code's
             revision. Either way, a store at this code's revision costs one query to open.
+            Without ``create`` a database that cannot be reached at open is checked by the
+            first call that reaches it instead (that call raises what the open would have).
 
     Raises:
         SchemaVersionMismatch: the table is newer than this code, or (without ``create``)
             missing or older: the message names ``sagaguard db upgrade --store URL``.
         ConfigurationError: bad URL or table name.
-        StoreUnavailable: the database cannot be reached.
+        StoreUnavailable: ``create`` is set and the database cannot be reached.
     """
 
     offload_async = True
@@ -144,13 +146,27 @@ class SqlStore:
         statements = effect_statements(quoted, dialect, bound_now=self._now is not None)
         self._sql = {name: Statement(text, engine.dialect) for name, text in statements.items()}
         self._url = url_or_engine if isinstance(url_or_engine, str) else shown_url(engine)
+        self._unchecked = False
         try:
             ensure_schema(engine, EFFECTS, table_name, create=create, url=self._url)
+        except StoreUnavailable:
+            if create:
+                self.close()
+                raise
+            # Without create a store opens while its database is away, as it always has: the
+            # revision is then checked by the first call that reaches it.
+            self._unchecked = True
         except BaseException:
             self.close()
             raise
 
     # -- plumbing ----------------------------------------------------------------------------
+
+    def _verify(self) -> None:
+        """Check the table's revision if the database was away when the store opened."""
+        if self._unchecked:
+            ensure_schema(self._engine, EFFECTS, self._table.name, create=False, url=self._url)
+            self._unchecked = False
 
     def _run(self, cursor: Any, name: str, params: dict[str, Any]) -> list[Any]:
         """Statement ``name`` with ``params`` (and ``:now``, when the store binds the time)."""
@@ -160,12 +176,14 @@ class SqlStore:
 
     def _write(self, name: str, params: dict[str, Any]) -> list[Any]:
         """Statement ``name`` as a block of its own: one statement, one transaction."""
+        self._verify()
         with self._driver.block() as cursor:
             return self._run(cursor, name, params)
 
     @contextlib.contextmanager
     def _core(self) -> Iterator[sa.Connection]:
         """A SQLAlchemy Core connection in a transaction, the driver's errors made ours."""
+        self._verify()
         driver = self._driver
         with driver.lock, driver.translated(), self._engine.begin() as conn:
             yield conn
@@ -230,6 +248,7 @@ class SqlStore:
             "first_token": first_token(),  # used only if no row is in the way
             "holder": _holder.current(),
         }
+        self._verify()
         for _ in range(_CLAIM_ATTEMPTS):
             with self._driver.block() as cursor:
                 rows = self._claim_rows(cursor, identity, params)
