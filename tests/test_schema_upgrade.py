@@ -125,6 +125,9 @@ def test_the_previous_release_upgrades_with_nothing_lost(
     with pytest.raises(SchemaVersionMismatch, match="before versioned schemas"):
         check_schema(sa.create_engine(old_url.replace("postgresql://", "postgresql+psycopg://")))
 
+    for command in (["effects", "list"], ["sagas", "list"], ["outbox", "status"]):
+        assert cli_main(["--store", old_url, *command]) == 2  # the operators' commands refuse too
+    assert capsys.readouterr().err.count(f"run `sagaguard db upgrade --store {old_url}`") == 3
     assert cli_main(["db", "status", "--store", old_url]) == 3  # behind
     assert cli_main(["db", "upgrade", "--store", old_url]) == 0
     assert cli_main(["db", "upgrade", "--store", old_url]) == 0  # again: nothing to do

@@ -286,7 +286,10 @@ def shown_url(engine: sa.Engine) -> str:
 
 
 def _shown(engine: sa.Engine) -> str:
-    return engine.url.render_as_string(hide_password=True)
+    url = engine.url
+    if url.drivername == "postgresql+psycopg":  # what make_engine made of a postgresql:// URL
+        url = url.set(drivername="postgresql")
+    return url.render_as_string(hide_password=True)
 
 
 def _command(status: SchemaStatus, table_set_option: str | None, url: str, verb: str) -> str:
