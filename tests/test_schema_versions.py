@@ -226,3 +226,23 @@ def test_the_least_privilege_recipe_on_postgres(tmp_path: Path) -> None:
         gen.close()
         with psycopg.connect(base, autocommit=True) as admin:
             admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+# Each `sagaguard` process spends seconds importing its command plugins: with the slow tests.
+@pytest.mark.slow
+@pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow")
+def test_two_processes_run_db_upgrade_at_once_on_postgres(pg_url: str) -> None:
+    """Two real ``sagaguard db upgrade`` processes on one new database: both exit 0, each table set
+    is created once (the other finds it done), and the database is up to date."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "sagaguard.idempotency", "db", "upgrade", "--store", pg_url]
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    results = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], results
+    out = "".join(stdout for stdout, _ in results)
+    assert out.count("created at") == 3 and out.count("already at") == 3
+    assert cli_main(["db", "status", "--store", pg_url]) == 0
