@@ -28,6 +28,7 @@ from sagaguard.idempotency.errors import (
     OutcomeUnknown,
     RecordNotFound,
     ReplayedFailure,
+    SchemaVersionMismatch,
     StoreError,
     StoreUnavailable,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "Record",
     "RecordNotFound",
     "ReplayedFailure",
+    "SchemaVersionMismatch",
     "Scope",
     "State",
     "StoreError",

@@ -5,7 +5,8 @@ Every error derives from one root, so callers can catch the whole package at onc
     IdempotencyError
     ├── ConfigurationError        bad input found before anything ran (definition time or call time)
     │   ├── CodecError            a value cannot be stored as JSON or read back as its type
-    │   └── NoScope               a guarded call has neither a scope nor an explicit key
+    │   ├── NoScope               a guarded call has neither a scope nor an explicit key
+    │   └── SchemaVersionMismatch a SQL table set is missing, older or newer than this code
     ├── NotApplied                raised by an effect: refused before it changed anything
     ├── KeyConflict               same key, other arguments (Stripe: 400, IETF draft: 422)
     ├── AlreadyInProgress         a live duplicate holds the claim past the wait bound (IETF: 409)
@@ -46,6 +47,7 @@ __all__ = [
     "OutcomeUnknown",
     "RecordNotFound",
     "ReplayedFailure",
+    "SchemaVersionMismatch",
     "StoreError",
     "StoreUnavailable",
 ]
@@ -69,6 +71,44 @@ class NoScope(ConfigurationError):
     Silently running such a call unguarded is the failure this library exists to end, so it is an
     error (compare Powertools, which skips idempotency when the key is missing).
     """
+
+
+class SchemaVersionMismatch(ConfigurationError):
+    """A SQL table set (effects, journal, outbox, ...) is not at the schema revision this code uses.
+
+    Raised when a store, journal or outbox opens (without ``create``) on tables that are missing
+    (``state`` ``"empty"``), older or unversioned (``"behind"``), or written by a newer sagaguard
+    (``"ahead"``). The message names what to run: ``sagaguard db upgrade --store URL`` (password
+    masked) for the first two, a newer sagaguard for the last.
+
+    Args:
+        message: what is wrong and what to run.
+        table_set: the table set's name (``effects``).
+        name: its configured table name or prefix.
+        current: the revision the database records, or None (none recorded).
+        head: the revision this code uses.
+        state: ``"empty"``, ``"behind"`` or ``"ahead"``.
+        command: the command that fixes it, or None when only a newer sagaguard does.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        table_set: str,
+        name: str,
+        current: str | None,
+        head: str,
+        state: str,
+        command: str | None,
+    ) -> None:
+        super().__init__(message)
+        self.table_set = table_set
+        self.name = name
+        self.current = current
+        self.head = head
+        self.state = state
+        self.command = command
 
 
 class NotApplied(IdempotencyError):

@@ -21,7 +21,6 @@ import sqlalchemy as sa
 from conftest import FakeClock, require_postgres
 
 from sagaguard.idempotency.outbox import Outbox, OutboxControl, OutboxDb, Relay, RelaySettings, create_tables
-from sagaguard.idempotency.outbox.model import SCHEMA_TABLE
 from sagaguard.idempotency.stores.sql import make_engine
 
 BACKENDS = ("sqlite", "postgres")
@@ -100,8 +99,7 @@ class World:
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.orders.name}"))
             if self.postgres:
                 conn.execute(sa.text(f'DROP FUNCTION IF EXISTS "{self.table}_notify"() CASCADE'))
-            if sa.inspect(conn).has_table(SCHEMA_TABLE):
-                conn.execute(sa.text(f"DELETE FROM {SCHEMA_TABLE} WHERE name = :n"), {"n": self.table})
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.table}_version"))
         self.engine.dispose()
 
 

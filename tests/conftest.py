@@ -323,7 +323,8 @@ def _drop_postgres_table(url: str, table: str) -> None:
 
     with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
         conn.execute("SET lock_timeout = '5s'")
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(table)))
+        for name in (table, f"{table}_version"):  # the table and its schema revision's table
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 
 def _delete_redis_prefix(url: str, prefix: str) -> None:

@@ -1305,7 +1305,8 @@ def _drop_table(url: str, store: IdempotencyStore) -> None:
 
     table = store._table.name  # type: ignore[attr-defined]
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+        for name in (table, f"{table}_version"):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
 # ---------------------------------------------------------------------------- real concurrency

@@ -18,7 +18,7 @@ from _outboxkit import BACKENDS, World, make_world, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-from sagaguard.idempotency.errors import CodecError, ConfigurationError
+from sagaguard.idempotency.errors import CodecError, ConfigurationError, SchemaVersionMismatch
 from sagaguard.idempotency.outbox import (
     SCHEMA_VERSION,
     check_schema,
@@ -28,7 +28,6 @@ from sagaguard.idempotency.outbox import (
     schema_version,
     uuid7,
 )
-from sagaguard.idempotency.outbox.model import SCHEMA_TABLE
 
 
 @pytest.fixture(params=BACKENDS)
@@ -180,23 +179,21 @@ def test_tables_are_created_only_when_asked_and_versioned(
     world = make_world(backend, tmp_path, clock, create=False)
     try:
         assert schema_version(world.engine, world.table) is None
-        with pytest.raises(ConfigurationError, match="sagaguard outbox migrate"):
+        with pytest.raises(SchemaVersionMismatch, match=r"sagaguard db upgrade --store .* --outbox-table"):
             check_schema(world.engine, world.table)
-        with pytest.raises(ConfigurationError, match="does not exist"):
+        with pytest.raises(ConfigurationError, match="do not exist"):
             world.relay().run_once()
         assert migrate(world.engine, world.table) == SCHEMA_VERSION
         assert create_tables(world.engine, world.table) == SCHEMA_VERSION  # idempotent
         check_schema(world.engine, world.table)
         assert schema_version(world.engine, world.table) == SCHEMA_VERSION
         with world.engine.begin() as conn:
-            conn.execute(
-                sa.text(f"UPDATE {SCHEMA_TABLE} SET version = :v WHERE name = :n"),
-                {"v": SCHEMA_VERSION + 1, "n": world.table},
-            )
-        with pytest.raises(ConfigurationError, match="newer than this"):
+            conn.execute(sa.text(f"UPDATE {world.table}_version SET version_num = 'outbox_9999'"))
+        with pytest.raises(SchemaVersionMismatch, match="newer than this"):
             migrate(world.engine, world.table)
-        with pytest.raises(ConfigurationError, match="schema version"):
+        with pytest.raises(SchemaVersionMismatch, match="outbox_9999") as refused:
             check_schema(world.engine, world.table)
+        assert refused.value.state == "ahead" and refused.value.command is None
     finally:
         world.close()
 

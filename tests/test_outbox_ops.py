@@ -268,7 +268,7 @@ def test_cli_operates_the_outbox(
     assert "no SQLite database" in capsys.readouterr().err
     db.touch()
     assert cli_main(["outbox", "status"]) == 2  # no table yet: told to migrate
-    assert "sagaguard outbox migrate" in capsys.readouterr().err
+    assert "sagaguard db upgrade" in capsys.readouterr().err
     assert cli_main(["outbox", "migrate"]) == 0
     assert f"schema version {SCHEMA_VERSION}" in capsys.readouterr().out
     from sagaguard.idempotency.stores.sql import make_engine

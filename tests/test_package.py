@@ -33,6 +33,7 @@ EXPORTED = [
     "OutcomeNotRecorded", "OutcomeUnknown",
     "Policy", "ReconcileRequest", "Record", "RecordNotFound", "RecoveryExhausted",
     "RecoveryReport", "RecoveryWorker", "Relay", "RelaySettings", "ReplayedFailure", "ResultUnavailable",
+    "SchemaVersionMismatch",
     "Retry", "Saga", "SagaCancelled", "SagaConflict", "SagaDeadlineExceeded", "SagaError",
     "SagaInProgress", "SagaJournal", "SagaNotFound", "SagaOutcome", "SagaRecord", "SagaRegistry",
     "SagaRunner", "SagaSnapshot", "SagaState", "SagaSuspended", "Scope", "SignalOutcome", "SignalTimeout",

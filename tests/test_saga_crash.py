@@ -231,7 +231,8 @@ def outcomes(
 
         with psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=5) as conn:
             for prefix in prefixes:
-                for table in ("sagas", "saga_steps", "saga_signals", "effects"):
+                tables = ("sagas", "saga_steps", "saga_signals", "effects")
+                for table in (*tables, "effects_version", "journal_version"):
                     name = sql.Identifier(prefix + table)
                     conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(name))
 

@@ -54,6 +54,7 @@ def test_an_old_sagas_table_gets_the_holder_column_at_open(engine: sa.Engine, cl
     table = f"{prefix}sagas"
     with engine.begin() as conn:  # back to schema 3: the column and what it held are gone
         conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN holder")
+        conn.exec_driver_sql(f"DROP TABLE {prefix}journal_version")  # made before versioned schemas
     try:
         reopened = SqlJournal(engine, clock=clock, table_prefix=prefix)
         SqlJournal(engine, clock=clock, table_prefix=prefix)  # a second open adds nothing
@@ -63,7 +64,7 @@ def test_an_old_sagas_table_gets_the_holder_column_at_open(engine: sa.Engine, cl
         _holderless_saga_waits_for_its_lease(reopened, clock)
     finally:
         with engine.begin() as conn:
-            for name in ("saga_signals", "saga_steps", "sagas"):
+            for name in ("saga_signals", "saga_steps", "sagas", "journal_version"):
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS {prefix}{name}")
 
 

@@ -51,7 +51,8 @@ def pg_table(pg_engine: sa.Engine) -> Iterator[str]:
     name = f"sg_shelf_{uuid.uuid4().hex[:10]}"
     yield name
     with pg_engine.begin() as conn:
-        conn.execute(sa.text(f'DROP TABLE IF EXISTS "{name}"'))
+        for dropped in (name, f"{name}_version"):
+            conn.execute(sa.text(f'DROP TABLE IF EXISTS "{dropped}"'))
 
 
 def _terminate_others(url: str) -> int:
@@ -213,7 +214,7 @@ def test_a_journal_of_its_own_keeps_connections_and_close_gives_them_back(
     finally:
         if backend == "postgres":
             with engine.begin() as conn:
-                for table in ("sagas", "saga_steps", "saga_signals"):
+                for table in ("sagas", "saga_steps", "saga_signals", "journal_version"):
                     conn.execute(sa.text(f'DROP TABLE IF EXISTS "{prefix}{table}"'))
         pool = engine.pool
         journal.close()
@@ -248,7 +249,7 @@ def test_journal_recovers_after_the_server_killed_its_connections(pg_engine: sa.
         assert engine.pool.checkedout() == 0
         engine.dispose()
         with pg_engine.begin() as conn:
-            for table in ("sagas", "saga_steps", "saga_signals"):
+            for table in ("sagas", "saga_steps", "saga_signals", "journal_version"):
                 conn.execute(sa.text(f'DROP TABLE IF EXISTS "{prefix}{table}"'))
 
 

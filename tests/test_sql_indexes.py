@@ -29,7 +29,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
     store = SqlStore(engine, table_name=table)
     yield store
     with engine.begin() as conn:
-        conn.execute(sa.text(f'DROP TABLE IF EXISTS "{table}"'))
+        for dropped in (table, f"{table}_version"):
+            conn.execute(sa.text(f'DROP TABLE IF EXISTS "{dropped}"'))
     store.close()
     engine.dispose()
 

@@ -43,7 +43,8 @@ def guarded_on(engine: Any) -> Iterator[Callable[[int], int]]:
     finally:
         store.close()
         with engine.begin() as connection:
-            connection.execute(sa.text(f'DROP TABLE IF EXISTS "{table}"'))
+            for dropped in (table, f"{table}_version"):
+                connection.execute(sa.text(f'DROP TABLE IF EXISTS "{dropped}"'))
         engine.dispose()
 
 

@@ -124,7 +124,8 @@ def pg_traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[SqlStore, list[
     yield store, sent
     store.close()
     with engine.begin() as conn:
-        conn.execute(sa.text(f'DROP TABLE IF EXISTS "{table}"'))
+        for dropped in (table, f"{table}_version"):
+            conn.execute(sa.text(f'DROP TABLE IF EXISTS "{dropped}"'))
     engine.dispose()
 
 

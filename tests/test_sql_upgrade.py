@@ -38,7 +38,8 @@ def old_table(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[
         )
     yield engine, table
     with engine.begin() as conn:
-        conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{table}"')
+        for dropped in (table, f"{table}_version"):
+            conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{dropped}"')
     engine.dispose()
 
 

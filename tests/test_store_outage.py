@@ -108,7 +108,8 @@ def postgres_outage() -> Iterator[Outage]:
         proxy.cut()
         store.close()
         with psycopg.connect(url, autocommit=True) as admin:
-            admin.execute(f'DROP TABLE IF EXISTS "{table}"')
+            for dropped in (table, f"{table}_version"):
+                admin.execute(f'DROP TABLE IF EXISTS "{dropped}"')
 
 
 @pytest.fixture(params=["postgres", "redis"])
@@ -242,4 +243,5 @@ def test_the_claim_left_by_a_lost_store_is_taken_over_in_doubt_later(clock: Fake
         import psycopg
 
         with psycopg.connect(url, autocommit=True) as admin:
-            admin.execute(f'DROP TABLE IF EXISTS "{table}"')
+            for dropped in (table, f"{table}_version"):
+                admin.execute(f'DROP TABLE IF EXISTS "{dropped}"')

@@ -23,7 +23,7 @@ class Order(SQLModel, table=True):
 
 
 SQLModel.metadata.create_all(engine)  # the application's own tables
-create_tables(engine)  # the outbox's table (or: sagaguard outbox migrate)
+create_tables(engine)  # the outbox's table (or: sagaguard db upgrade)
 
 outbox = Outbox()
 sent: list[str] = []  # stands in for the mail provider

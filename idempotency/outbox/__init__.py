@@ -5,7 +5,7 @@
     from sagaguard.idempotency.outbox import Outbox, create_tables
 
     outbox = Outbox()
-    create_tables(engine)                                  # once (or: sagaguard outbox migrate)
+    create_tables(engine)                                  # once (or: sagaguard db upgrade)
 
     @outbox.handler("email.receipt")
     def send_receipt(message): mailer.send(..., idempotency_key=message.provider_key)

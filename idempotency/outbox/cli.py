@@ -180,7 +180,8 @@ def _engine(url: str, action: str) -> sa.Engine:
         and not os.path.exists(database)
     ):
         engine.dispose()  # a typo must not create an empty database that shows nothing
-        raise ConfigurationError(f"no SQLite database at {database}: check --db (or run `outbox migrate`)")
+        hint = "check --db (or run `sagaguard db upgrade`)"
+        raise ConfigurationError(f"no SQLite database at {database}: {hint}")
     return engine
 
 

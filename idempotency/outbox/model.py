@@ -19,8 +19,9 @@ Times are seconds since the epoch on the database's clock (or an injected clock)
 they sort by creation time, and within one process strictly.
 
 The tables are never created behind the caller's back: call :func:`create_tables` (or run
-``sagaguard outbox migrate``). Each outbox table's schema version is recorded in
-``sagaguard_schema``; :func:`check_schema` refuses a table that is missing or of another version.
+``sagaguard db upgrade``). Each outbox table belongs to the ``outbox`` table set
+(:mod:`sagaguard.idempotency.migrations`): its Alembic revision is recorded in ``{table}_version``,
+and :func:`check_schema` refuses a table that is missing or at another revision.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from sqlalchemy.orm import registry
 from sqlalchemy.sql.expression import FunctionElement
 from sqlmodel import Field, SQLModel
 
-from sagaguard.idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
+from sagaguard.idempotency.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -51,27 +52,31 @@ __all__ = [
     "MessageStatus",
     "OutboxFields",
     "OutboxRow",
+    "adopt_outbox_table",
     "check_schema",
+    "create_outbox_table",
     "create_tables",
     "db_epoch",
     "migrate",
     "outbox_model",
+    "outbox_tables",
     "schema_version",
     "uuid7",
 ]
 
 SCHEMA_VERSION: Final = 2
-"""Version of the outbox table layout. A version that changes it ships a step in :func:`migrate`.
+"""Version of the outbox table layout (recorded as the Alembic revision ``outbox_0001``). A layout
+that changes it ships an Alembic revision in :mod:`sagaguard.idempotency.migrations.outbox`.
 
 1: the first layout. 2: adds ``dedup_key`` and its partial unique index (enqueue once per key)."""
 
 DEFAULT_TABLE: Final = "sagaguard_outbox"
 SCHEMA_TABLE: Final = "sagaguard_schema"
-"""One row per sagaguard table that records its schema version (``name``, ``version``)."""
+"""Where releases before versioned schemas recorded each outbox table's layout version (``name``,
+``version``); read by nobody now, left in place (an older relay still running reads it)."""
 
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
 _FILLFACTOR = 40  # room on each page for the claims' new row versions (HOT updates)
-_DDL_LOCK_ID = 0x5A6A_6F78  # serialises concurrent CREATE/ALTER of outbox tables on Postgres
 
 
 class MessageStatus:
@@ -276,15 +281,6 @@ def outbox_table(table_name: str = DEFAULT_TABLE) -> sa.Table:
     return cast(sa.Table, model.__table__)
 
 
-_schema_table = sa.Table(
-    SCHEMA_TABLE,
-    sa.MetaData(),
-    sa.Column("name", sa.String(64), primary_key=True),
-    sa.Column("version", sa.Integer, nullable=False),
-    sa.Column("updated_at", sa.Double, nullable=False),
-)
-
-
 def _notify_ddl(table: str, quoted: str) -> list[str]:
     """Postgres: a statement-level trigger that wakes listening relays when rows are inserted.
 
@@ -301,85 +297,77 @@ def _notify_ddl(table: str, quoted: str) -> list[str]:
     ]
 
 
-def _translate(exc: Exception) -> StoreError:
-    orig = getattr(exc, "orig", None) or exc
-    text = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError):
-        return StoreUnavailable(f"outbox database unavailable: {text}")
-    return StoreError(f"outbox database error: {text}")
-
-
-def _recorded_version(conn: sa.Connection, table_name: str) -> int | None:
-    if not sa.inspect(conn).has_table(SCHEMA_TABLE):
-        return None
-    row = conn.execute(sa.select(_schema_table.c.version).where(_schema_table.c.name == table_name)).first()
-    return None if row is None else int(row[0])
-
-
 def schema_version(engine: sa.Engine, table_name: str = DEFAULT_TABLE) -> int | None:
-    """The recorded schema version of the outbox table ``table_name``, or None if it has none.
+    """The layout version of the outbox table ``table_name``: :data:`SCHEMA_VERSION` when it is at
+    this code's revision, None when it does not exist, 0 otherwise (unversioned, older or newer:
+    ``sagaguard db status`` says which).
 
     Raises:
         StoreUnavailable, StoreError: the database cannot be reached or failed.
     """
+    from sagaguard.idempotency.migrations.outbox import TABLE_SET
+    from sagaguard.idempotency.migrations.runner import SchemaState, schema_status
+
     check_table_name(table_name)
-    try:
-        with engine.connect() as conn:
-            version = _recorded_version(conn, table_name)
-            if version is None and sa.inspect(conn).has_table(table_name):
-                return 0  # a table without a version: made by hand or by another tool
-            return version
-    except sa_exc.SQLAlchemyError as exc:
-        raise _translate(exc) from exc
+    status = schema_status(engine, [TABLE_SET], {TABLE_SET.name: table_name})[0]
+    if status.state is SchemaState.UP_TO_DATE:
+        return SCHEMA_VERSION
+    return None if status.state is SchemaState.EMPTY else 0
 
 
 def migrate(engine: sa.Engine, table_name: str = DEFAULT_TABLE) -> int:
-    """Create the outbox table, its indexes (and its NOTIFY trigger on Postgres) if missing, and
-    bring its schema to :data:`SCHEMA_VERSION`. Safe to run again, and from several processes.
+    """Create the outbox table, its indexes (and its NOTIFY trigger on Postgres) if missing, or
+    bring it to this code's revision (the ``outbox`` table set, as ``sagaguard db upgrade`` does).
+    Safe to run again, and from several processes.
 
     Returns:
-        The schema version now recorded.
+        The layout version now in place (:data:`SCHEMA_VERSION`).
 
     Raises:
-        ConfigurationError: the recorded version is newer than this code (downgrade refused), or
-            the database is neither SQLite nor Postgres.
+        SchemaVersionMismatch: the table is at a revision newer than this code (downgrade refused).
+        ConfigurationError: the database is neither SQLite nor Postgres, or the name is not valid.
         StoreUnavailable, StoreError: the database cannot be reached or failed.
     """
-    table = outbox_table(table_name)
+    from sagaguard.idempotency.migrations.outbox import TABLE_SET
+    from sagaguard.idempotency.migrations.runner import upgrade_schema
+
     dialect = engine.dialect.name
     if dialect not in ("postgresql", "sqlite"):
         raise ConfigurationError(f"the outbox serves SQLite and Postgres, not {dialect}")
-    try:
-        with engine.begin() as conn:
-            if dialect == "postgresql":
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _DDL_LOCK_ID})
-            _schema_table.create(conn, checkfirst=True)
-            recorded = _recorded_version(conn, table_name)
-            if recorded is not None and recorded > SCHEMA_VERSION:
-                raise ConfigurationError(
-                    f"outbox table {table_name!r} has schema version {recorded}, newer than this "
-                    f"sagaguard's {SCHEMA_VERSION}: upgrade sagaguard"
-                )
-            METADATA.create_all(conn, tables=[table])
-            quoted = engine.dialect.identifier_preparer.quote(table_name)
-            _upgrade(conn, table_name, quoted)
-            if dialect == "postgresql":
-                for statement in _notify_ddl(table_name, quoted):
-                    conn.exec_driver_sql(statement)
-                conn.exec_driver_sql(f"ALTER TABLE {quoted} SET (fillfactor = {_FILLFACTOR})")
-            values = {"name": table_name, "version": SCHEMA_VERSION, "updated_at": time.time()}
-            if recorded is None:
-                conn.execute(_schema_table.insert().values(values))
-            elif recorded != SCHEMA_VERSION:
-                conn.execute(_schema_table.update().where(_schema_table.c.name == table_name).values(values))
-    except sa_exc.SQLAlchemyError as exc:
-        raise _translate(exc) from exc
+    upgrade_schema(engine, TABLE_SET, check_table_name(table_name))
     return SCHEMA_VERSION
 
 
-def _upgrade(conn: sa.Connection, table_name: str, quoted: str) -> None:
-    """The upgrade steps, in order, each applied only where it is missing (so a table of any older
-    version, or one made by hand, ends at :data:`SCHEMA_VERSION`)."""
+def outbox_tables(table_name: str) -> list[sa.Table]:
+    """The outbox table named ``table_name``, as the ``outbox`` table set's one table.
+
+    Raises:
+        ConfigurationError: the name is not a plain identifier of at most 48 characters.
+    """
+    return [outbox_table(table_name)]
+
+
+def create_outbox_table(conn: sa.Connection, table_name: str) -> None:
+    """Create the outbox table ``table_name`` at this code's layout where missing: its indexes and,
+    on Postgres, its NOTIFY trigger and fillfactor."""
+    METADATA.create_all(conn, tables=[outbox_table(table_name)])
+    _postgres_extras(conn, table_name)
+
+
+def _postgres_extras(conn: sa.Connection, table_name: str) -> None:
+    if conn.dialect.name != "postgresql":
+        return
+    quoted = conn.dialect.identifier_preparer.quote(table_name)
+    for statement in _notify_ddl(table_name, quoted):
+        conn.exec_driver_sql(statement)
+    conn.exec_driver_sql(f"ALTER TABLE {quoted} SET (fillfactor = {_FILLFACTOR})")
+
+
+def adopt_outbox_table(conn: sa.Connection, table_name: str) -> None:
+    """Bring an outbox table made before versioned schemas (layout 1 or 2) to layout 2: each step
+    applied only where it is missing."""
+    METADATA.create_all(conn, tables=[outbox_table(table_name)])
+    quoted = conn.dialect.identifier_preparer.quote(table_name)
     # 1 -> 2: the dedup key. A nullable column without a default is a catalog change only (no
     # table rewrite); the partial index starts empty, since every older row has no key.
     columns = {column["name"] for column in sa.inspect(conn).get_columns(table_name)}
@@ -387,6 +375,7 @@ def _upgrade(conn: sa.Connection, table_name: str, quoted: str) -> None:
         conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN dedup_key TEXT")
     index = conn.dialect.identifier_preparer.quote(f"ux_{table_name}_dedup")
     conn.exec_driver_sql(f"CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {quoted} (dedup_key) WHERE {_KEYED}")
+    _postgres_extras(conn, table_name)
 
 
 create_tables = migrate
@@ -394,21 +383,15 @@ create_tables = migrate
 
 
 def check_schema(engine: sa.Engine, table_name: str = DEFAULT_TABLE) -> None:
-    """Make sure the outbox table exists at this code's schema version.
+    """Make sure the outbox table exists at this code's schema revision. Writes nothing.
 
     Raises:
-        ConfigurationError: the table is missing, unversioned or of another version (the message
-            says what to run).
+        SchemaVersionMismatch: the table is missing, unversioned or at another revision (the
+            message says what to run: ``sagaguard db upgrade --store URL``).
         StoreUnavailable, StoreError: the database cannot be reached or failed.
     """
-    version = schema_version(engine, table_name)
-    if version == SCHEMA_VERSION:
-        return
-    if version is None:
-        problem = "does not exist"
-    elif version == 0:
-        problem = "has no recorded schema version"
-    else:
-        problem = f"has schema version {version}, this sagaguard uses {SCHEMA_VERSION}"
-    hint = "run `sagaguard outbox migrate` or call sagaguard.idempotency.outbox.create_tables(engine)"
-    raise ConfigurationError(f"outbox table {table_name!r} {problem}: {hint}")
+    from sagaguard.idempotency.migrations.outbox import TABLE_SET
+    from sagaguard.idempotency.migrations.runner import ensure_schema, shown_url
+
+    check_table_name(table_name)
+    ensure_schema(engine, TABLE_SET, table_name, create=False, url=shown_url(engine))

@@ -7,9 +7,11 @@ each. A replay costs the claim. Reading, listing, purging and the schema go thro
 the SQLModel table (:mod:`~sagaguard.idempotency.stores.sql_schema`); the engine is SQLAlchemy's, set up by
 :func:`~sagaguard.idempotency.backends.sql_engine.make_engine`.
 
-The table is created when missing, with two partial indexes. A table made by an earlier version gets
-the columns added since (``holder``) when the store opens with ``create`` set: one ``ALTER TABLE ..
-ADD COLUMN`` of a nullable column, idempotent and safe to race.
+The table belongs to the ``effects`` table set (:mod:`sagaguard.idempotency.migrations`): its schema
+revision is recorded in ``{table}_version``. With ``create`` set (the default) a store creates a
+missing table at this code's revision, stamped, and upgrades an older one; without it, a table that
+is missing, older or newer makes the store refuse to open with a
+:class:`~sagaguard.idempotency.errors.SchemaVersionMismatch` naming ``sagaguard db upgrade``.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ import sqlalchemy as sa
 
 from sagaguard.idempotency import holder as _holder
 from sagaguard.idempotency.backends.sql_driver import SqlDriver, Statement
-from sagaguard.idempotency.backends.sql_engine import make_engine, retry_locked
+from sagaguard.idempotency.backends.sql_engine import make_engine
 from sagaguard.idempotency.checks import storable_text
 from sagaguard.idempotency.errors import ConfigurationError, LostOwnership, StoreError, StoreUnavailable
 from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.migrations.effects import TABLE_SET as EFFECTS
+from sagaguard.idempotency.migrations.runner import ensure_schema, shown_url, upgrade_schema
 from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from sagaguard.idempotency.store import first_token
 from sagaguard.idempotency.stores.sql_schema import (
-    ADDED_COLUMNS,
     COLUMNS,
     DEFAULT_TABLE,
     METADATA,
@@ -60,7 +63,6 @@ _CLAIM_ATTEMPTS = 5
 _HELD_MAX = 4096
 """Claimed records a store remembers for ``complete_held``; past this many (claims never completed
 nor failed, e.g. by code driving the store itself) it forgets them all and starts afresh."""
-_DDL_LOCK_ID = 0x5A6A_6775  # any constant: serialises concurrent CREATE TABLE on Postgres
 _STATES: Final = {state.value: state for state in State}
 _FINISHED: Final = ("succeeded", "failed")
 
@@ -96,9 +98,16 @@ class SqlStore:
         clock: seconds since the epoch; inject one to test lease expiry without sleeping.
             By default every time is the database's own, read inside the statement that uses it.
         table_name: the effects table; several stores may share one database under other names.
-        create: create the table (and its indexes) when missing.
+        create: create the table (and its indexes) when missing, at this code's schema revision,
+            and upgrade a table of an older revision (``sagaguard db upgrade`` does the same);
+            without it the store writes no DDL and refuses a table that is not at this code's
+            revision. Either way, a store at this code's revision costs one query to open.
+            Without ``create`` a database that cannot be reached at open is checked by the
+            first call that reaches it instead (that call raises what the open would have).
 
     Raises:
+        SchemaVersionMismatch: the table is newer than this code, or (without ``create``)
+            missing or older: the message names ``sagaguard db upgrade --store URL``.
         ConfigurationError: bad URL or table name.
         StoreUnavailable: ``create`` is set and the database cannot be reached.
     """
@@ -136,10 +145,28 @@ class SqlStore:
         quoted = engine.dialect.identifier_preparer.quote(table_name)
         statements = effect_statements(quoted, dialect, bound_now=self._now is not None)
         self._sql = {name: Statement(text, engine.dialect) for name, text in statements.items()}
-        if create:
-            self.create_tables()
+        self._url = url_or_engine if isinstance(url_or_engine, str) else shown_url(engine)
+        self._unchecked = False
+        try:
+            ensure_schema(engine, EFFECTS, table_name, create=create, url=self._url)
+        except StoreUnavailable:
+            if create:
+                self.close()
+                raise
+            # Without create a store opens while its database is away, as it always has: the
+            # revision is then checked by the first call that reaches it.
+            self._unchecked = True
+        except BaseException:
+            self.close()
+            raise
 
     # -- plumbing ----------------------------------------------------------------------------
+
+    def _verify(self) -> None:
+        """Check the table's revision if the database was away when the store opened."""
+        if self._unchecked:
+            ensure_schema(self._engine, EFFECTS, self._table.name, create=False, url=self._url)
+            self._unchecked = False
 
     def _run(self, cursor: Any, name: str, params: dict[str, Any]) -> list[Any]:
         """Statement ``name`` with ``params`` (and ``:now``, when the store binds the time)."""
@@ -149,12 +176,14 @@ class SqlStore:
 
     def _write(self, name: str, params: dict[str, Any]) -> list[Any]:
         """Statement ``name`` as a block of its own: one statement, one transaction."""
+        self._verify()
         with self._driver.block() as cursor:
             return self._run(cursor, name, params)
 
     @contextlib.contextmanager
     def _core(self) -> Iterator[sa.Connection]:
         """A SQLAlchemy Core connection in a transaction, the driver's errors made ours."""
+        self._verify()
         driver = self._driver
         with driver.lock, driver.translated(), self._engine.begin() as conn:
             yield conn
@@ -179,34 +208,14 @@ class SqlStore:
     # -- the schema --------------------------------------------------------------------------
 
     def create_tables(self) -> None:
-        """Create the effects table and its indexes if they are missing. Safe to race.
+        """Create the effects table and its indexes if missing, or upgrade it to this code's schema
+        revision (see :func:`~sagaguard.idempotency.migrations.upgrade_schema`). Safe to race.
 
         Raises:
+            SchemaVersionMismatch: the table is newer than this code.
             StoreUnavailable: the database cannot be reached.
         """
-        for attempt in range(2):
-            try:
-                if self._postgres:
-                    self._create()
-                else:  # several processes opening one new SQLite file at once
-                    retry_locked(self._create)
-                return
-            except StoreUnavailable:
-                raise
-            except StoreError:  # lost a creation race on an engine without BEGIN IMMEDIATE
-                if attempt:
-                    raise
-
-    def _create(self) -> None:
-        with self._core() as conn:
-            if self._postgres:  # two processes creating at once would collide
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _DDL_LOCK_ID})
-            METADATA.create_all(conn, tables=[self._table])
-            present = {column["name"] for column in sa.inspect(conn).get_columns(self._table.name)}
-            table = conn.dialect.identifier_preparer.quote(self._table.name)
-            for name in ADDED_COLUMNS:  # a table made by an earlier version
-                if name not in present:
-                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} TEXT")
+        upgrade_schema(self._engine, EFFECTS, self._table.name)
 
     # -- the contract ------------------------------------------------------------------------
 
@@ -239,6 +248,7 @@ class SqlStore:
             "first_token": first_token(),  # used only if no row is in the way
             "holder": _holder.current(),
         }
+        self._verify()
         for _ in range(_CLAIM_ATTEMPTS):
             with self._driver.block() as cursor:
                 rows = self._claim_rows(cursor, identity, params)

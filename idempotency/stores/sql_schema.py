@@ -4,7 +4,8 @@ One row per effect key (:class:`~sagaguard.idempotency.records.Record`). Both in
 writes of a guarded call that succeeds (a claim in progress with no expiry, then its success) write
 no entry into either: only the index on ``expires_at`` for the retention sweep, and the index on
 ``(state, key)`` for the rare states an operator lists (in doubt, failed). A table made by an earlier
-version gets the columns added since (:data:`ADDED_COLUMNS`) when a store opens with ``create`` set.
+version gets the columns added since (:data:`ADDED_COLUMNS`) by the ``effects`` table set's first
+migration (:mod:`sagaguard.idempotency.migrations.effects`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 import threading
 import types
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import registry
@@ -24,6 +25,9 @@ from sagaguard.idempotency.records import State
 __all__ = [
     "ADDED_COLUMNS",
     "COLUMNS",
+    "add_missing_columns",
+    "create_effects_table",
+    "effects_tables",
     "DEFAULT_TABLE",
     "METADATA",
     "RARE",
@@ -35,7 +39,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION: Final = 2
-"""Version of the effects table layout."""
+"""Version of the effects table layout (the Alembic revision that records it: ``effects_0001``)."""
 
 DEFAULT_TABLE: Final = "sagaguard_effects"
 """The effects table's name unless told otherwise."""
@@ -80,7 +84,7 @@ class EffectFields(_SagaguardModel):
 
 
 ADDED_COLUMNS: Final = ("holder",)
-"""Nullable text columns added since the first layout, added to an older table at open."""
+"""Nullable text columns added since the first layout (added to an older table by ``effects_0001``)."""
 
 RARE_STATES: Final = frozenset({State.IN_DOUBT.value, State.FAILED.value})
 """The states an operator lists and a guarded call that succeeds never writes: the one index on
@@ -132,3 +136,28 @@ def effect_model(table_name: str = DEFAULT_TABLE) -> type[EffectFields]:
             model = types.new_class(name, bases, {"table": True}, lambda ns: ns.update(namespace))
             _models[table_name] = cast(type[EffectFields], model)
         return _models[table_name]
+
+
+def effects_tables(table_name: str) -> list[sa.Table]:
+    """The effects table named ``table_name``, as the ``effects`` table set's one table.
+
+    Raises:
+        ConfigurationError: the name is not a plain identifier of at most 48 characters.
+    """
+    model: Any = effect_model(table_name)
+    return [model.__table__]
+
+
+def create_effects_table(conn: sa.Connection, table_name: str) -> None:
+    """Create the effects table named ``table_name`` and its indexes where missing."""
+    METADATA.create_all(conn, tables=effects_tables(table_name))
+
+
+def add_missing_columns(conn: sa.Connection, table_name: str, names: tuple[str, ...]) -> None:
+    """Add each nullable text column of ``names`` that the table ``table_name`` lacks (a table made
+    by an earlier layout)."""
+    present = {column["name"] for column in sa.inspect(conn).get_columns(table_name)}
+    quoted = conn.dialect.identifier_preparer.quote(table_name)
+    for name in names:
+        if name not in present:
+            conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN {name} TEXT")

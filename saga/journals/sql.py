@@ -33,7 +33,8 @@ import sqlalchemy as sa
 
 from sagaguard.idempotency.backends.sql_driver import SqlDriver, Statement
 from sagaguard.idempotency.backends.sql_engine import make_engine
-from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
+from sagaguard.idempotency.migrations.runner import ensure_schema, shown_url, upgrade_schema
 from sagaguard.saga import lease as _lease
 from sagaguard.saga.checks import check_saga_id
 from sagaguard.saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
@@ -43,8 +44,8 @@ from sagaguard.saga.journals.sql_schema import (
     SCHEMA_VERSION,
     Statements,
     journal_models,
-    metadata,
 )
+from sagaguard.saga.migrations import TABLE_SET as JOURNAL
 from sagaguard.saga.records import (
     LIVE_STATES,
     RESUMABLE_STATES,
@@ -141,11 +142,16 @@ class SqlJournal:
         clock: seconds since the epoch; inject one to test lease expiry without sleeping.
         table_prefix: the tables are ``{prefix}sagas``, ``{prefix}saga_steps`` and
             ``{prefix}saga_signals``.
-        create: create the tables when missing.
+        create: create the tables when missing, at this code's schema revision, and upgrade
+            tables of an older revision (``sagaguard db upgrade`` does the same); without it the
+            journal writes no DDL and refuses tables that are not at this code's revision.
 
     Raises:
+        SchemaVersionMismatch: the tables are newer than this code, or (without ``create``)
+            missing or older: the message names ``sagaguard db upgrade --store URL``.
         ConfigurationError: bad URL or prefix.
-        JournalUnavailable: ``create`` is set and the database cannot be reached.
+        JournalUnavailable: the database cannot be reached.
+        JournalError: the database failed while creating or upgrading the tables.
     """
 
     def __init__(
@@ -176,8 +182,25 @@ class SqlJournal:
             hot["start_with_step"] = self._sql.start_with_step()
         self._hot = {name: Statement(text, engine.dialect) for name, text in hot.items()}
         self._phases: dict[tuple[str, int], Statement] = {}
-        if create:
-            self.create_tables()
+        self._prefix = table_prefix
+        url = url_or_engine if isinstance(url_or_engine, str) else shown_url(engine)
+        try:
+            with self._journal_errors():
+                ensure_schema(engine, JOURNAL, table_prefix, create=create, url=url)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _journal_errors() -> Iterator[None]:
+        """The migrations' store errors as the journal's."""
+        try:
+            yield
+        except StoreUnavailable as exc:
+            raise JournalUnavailable(f"SQL journal unavailable: {exc}") from exc
+        except StoreError as exc:
+            raise JournalError(f"SQL journal error: {exc}") from exc
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sa.Connection]:
@@ -197,27 +220,16 @@ class SqlJournal:
         return conn.execute(self._sql.lock_saga, {"saga_id": saga_id}).first()
 
     def create_tables(self) -> None:
-        """Create the tables and their indexes if missing.
+        """Create the tables and their indexes if missing, or upgrade them to this code's schema
+        revision (see :func:`~sagaguard.idempotency.migrations.upgrade_schema`). Safe to race.
 
         Raises:
+            SchemaVersionMismatch: the tables are newer than this code.
             JournalUnavailable: the database cannot be reached.
+            JournalError: the database failed.
         """
-        with self._connect() as conn:
-            if self._postgres:  # two processes creating at once would collide
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": 0x5A6A_5A67})
-            metadata().create_all(conn, tables=self._tables)
-            self._upgrade(conn)
-
-    def _upgrade(self, conn: sa.Connection) -> None:
-        """Add the columns schemas 3 and 4 added to tables created by an older version (the steps'
-        ``trace`` and ``resolution``, the sagas' ``holder``)."""
-        sagas, steps = self._tables[0], self._tables[1]
-        quote = conn.dialect.identifier_preparer.quote
-        for table, names in ((steps, ("trace", "resolution")), (sagas, ("holder",))):
-            present = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
-            for name in names:
-                if name not in present:
-                    conn.execute(sa.text(f"ALTER TABLE {quote(table.name)} ADD COLUMN {name} TEXT"))
+        with self._journal_errors():
+            upgrade_schema(self._engine, JOURNAL, self._prefix)
 
     def now(self) -> float:
         """See :meth:`SagaJournal.now`."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import threading
 import types
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import registry
@@ -28,13 +28,16 @@ __all__ = [
     "SignalFields",
     "Statements",
     "StepFields",
+    "create_journal_tables",
     "journal_models",
+    "journal_tables",
 ]
 
 SCHEMA_VERSION: Final = 4
 """2 added deadlines, recovery counts, waits, cancellation and the signals table; 3 added the
-steps' ``trace`` and ``resolution`` columns; 4 the sagas' ``holder`` column (both added to existing
-tables by ``create_tables``; an older row's holder reads as None, unknown)."""
+steps' ``trace`` and ``resolution`` columns; 4 the sagas' ``holder`` column (3 and 4 are added to
+existing tables by the ``journal`` table set's first migration, ``journal_0001``; an older row's
+holder reads as None, unknown)."""
 DEFAULT_PREFIX: Final = "sagaguard_"
 
 _PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
@@ -152,6 +155,20 @@ def journal_models(prefix: str = DEFAULT_PREFIX) -> Models:
 def metadata() -> sa.MetaData:
     """The metadata every journal table is registered in."""
     return _JournalModel.metadata
+
+
+def journal_tables(prefix: str) -> list[sa.Table]:
+    """The tables ``{prefix}sagas``, ``{prefix}saga_steps`` and ``{prefix}saga_signals``.
+
+    Raises:
+        ConfigurationError: the prefix is not a plain identifier of at most 40 characters.
+    """
+    return [cast(sa.Table, getattr(model, "__table__")) for model in journal_models(prefix)]  # noqa: B009
+
+
+def create_journal_tables(conn: sa.Connection, prefix: str) -> None:
+    """Create the journal's tables under ``prefix`` and their indexes where missing."""
+    metadata().create_all(conn, tables=journal_tables(prefix))
 
 
 class Statements:
