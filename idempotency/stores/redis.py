@@ -1,7 +1,9 @@
 """The Redis store: every primitive is one Lua script, one round trip, one key.
 
 Each record is a hash named ``<prefix>:{<key>}``. Every script touches that one key, and the braces
-make it a hash tag, so the layout and the scripts suit Redis Cluster. The fields mirror
+make it a hash tag, so the layout and the scripts suit Redis Cluster: on a ``redis+cluster://`` URL
+or a ``RedisCluster`` client each script runs on the primary of its record's slot, and what scans
+(``list``, ``purge``) visits every primary. The fields mirror
 :class:`~sagaguard.idempotency.records.Record` except ``key`` (the hash's name): the state as its value,
 numbers as text that reads back as the exact float, None as an absent field.
 
@@ -25,11 +27,18 @@ import re
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
-import redis
 from redis.commands.core import Script
 
 from sagaguard.idempotency import holder as _holder
-from sagaguard.idempotency.backends.redis_client import MAX_CONNECTIONS, ScriptRunner, connect, store_error
+from sagaguard.idempotency.backends.redis_client import (
+    ERRORS,
+    MAX_CONNECTIONS,
+    RedisClient,
+    ScriptRunner,
+    connect,
+    load_scripts,
+    store_error,
+)
 from sagaguard.idempotency.backends.redis_persistence import check_persistence
 from sagaguard.idempotency.checks import storable_text
 from sagaguard.idempotency.errors import CodecError, LostOwnership, StoreError
@@ -111,13 +120,14 @@ class RedisStore:
     """An effect ledger in Redis, shared by any number of processes and machines.
 
     Args:
-        url_or_client: a ``redis://``, ``rediss://`` or ``unix://`` URL, or a ready ``redis.Redis``
-            (one server or a Sentinel master; a ``RedisCluster`` client is not supported yet).
-            From a URL the store builds a client that fails fast (connect timeout 2 s, read timeout
-            5 s), never retries on its own (a script whose reply was lost may have run, so
-            whether to try again is the guard's decision, not the driver's), and has a blocking
-            pool of ``max_connections``. A client you pass is used with its own settings and left
-            open by :meth:`close`.
+        url_or_client: a ``redis://``, ``rediss://`` or ``unix://`` URL, a
+            ``redis+cluster://host:port[,host:port...]`` (or ``rediss+cluster://``) URL of a Redis
+            Cluster, or a ready ``redis.Redis`` (one server or a Sentinel master) or
+            ``redis.cluster.RedisCluster``. From a URL the store builds a client that fails fast
+            (connect timeout 2 s, read timeout 5 s), never retries on its own (a script whose
+            reply was lost may have run, so whether to try again is the guard's decision, not the
+            driver's), and has a blocking pool of ``max_connections`` (per node on a cluster). A
+            client you pass is used with its own settings and left open by :meth:`close`.
         clock: seconds since the epoch; inject one to test leases without sleeping. By default
             every script reads Redis's ``TIME``.
         prefix: the first part of every key, so several ledgers can share one database. The store
@@ -139,13 +149,16 @@ class RedisStore:
 
     def __init__(
         self,
-        url_or_client: str | redis.Redis,
+        url_or_client: str | RedisClient,
         *,
         clock: Callable[[], float] | None = None,
         prefix: str = "sg",
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        client, self._owned = connect(url_or_client, prefix, max_connections=max_connections)
+        try:
+            client, self._owned = connect(url_or_client, prefix, max_connections=max_connections)
+        except ERRORS as exc:  # a cluster's nodes cannot be reached
+            raise store_error(exc) from exc
         self._client = client
         self._decoded = bool(client.get_encoder().decode_responses)
         self._clock = clock
@@ -155,12 +168,8 @@ class RedisStore:
         self._claim, self._complete, self._fail, self._heartbeat, self._purge, self._take_over = scripts
         self._scripts = ScriptRunner(client, keep=self._owned)
         try:
-            # One round trip that both checks Redis is there and spares the first calls a NOSCRIPT.
-            pipe = client.pipeline(transaction=False)
-            for script in scripts:
-                pipe.script_load(script.script)
-            pipe.execute()
-        except redis.RedisError as exc:
+            load_scripts(client, scripts)  # checks that Redis is there
+        except ERRORS as exc:
             if self._owned:
                 client.close()
             raise store_error(exc) from exc
@@ -183,7 +192,7 @@ class RedisStore:
             text = self._scripts(script, (self._name(key),), args)
         except UnicodeEncodeError as exc:  # redis-py encodes each argument as UTF-8
             raise CodecError(f"text cannot be stored in redis: {exc.reason}") from exc
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise store_error(exc) from exc
         try:
             reply: list[Any] = json.loads(text)
@@ -197,7 +206,7 @@ class RedisStore:
             return self._clock()
         try:
             seconds, micros = self._client.time()
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise store_error(exc) from exc
         return int(seconds) + int(micros) / 1000000
 
@@ -219,7 +228,7 @@ class RedisStore:
         storable_text("key", key, empty_ok=True)  # a lone surrogate would reach the driver
         try:
             values = self._client.hmget(self._name(key), FIELDS)
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise store_error(exc) from exc
         return self._from_hmget(key, values)
 
@@ -272,7 +281,8 @@ class RedisStore:
         return sum(int(n) for n in pipe.execute())
 
     def _scan(self) -> Iterator[str]:
-        """The keys of every record (``SCAN``, so O(n) in the database size, never blocking it)."""
+        """The keys of every record (``SCAN``, so O(n) in the database size, never blocking it; a
+        cluster client's ``scan_iter`` scans every primary)."""
         skip = len(self._kp)
         for name in self._client.scan_iter(match=self._match, count=1000, _type="hash"):
             yield (name if isinstance(name, str) else name.decode())[skip:-1]
@@ -313,7 +323,7 @@ class RedisStore:
                         found.append(rec)
                         if len(found) == limit:
                             return found
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise store_error(exc) from exc
         return found
 
@@ -341,7 +351,7 @@ class RedisStore:
                         return deleted
             if batch:
                 deleted += self._purge_batch(batch, now)
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise store_error(exc) from exc
         return deleted
 
