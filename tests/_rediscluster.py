@@ -4,8 +4,9 @@
 ports (each with its own directory and an explicit cluster-bus port, since the default bus port,
 the client port plus 10,000, may not exist for a high ephemeral port), joins them with
 ``redis-cli --cluster create ... --cluster-replicas 1``, and waits until every node reports
-``cluster_state:ok`` and every primary has its replica. ``conftest.py``'s session-scoped
-``redis_cluster`` fixture owns one; tests take it and use their own key prefixes.
+``cluster_state:ok`` and knows every replica, and every primary has its replica online (about four
+seconds here). ``conftest.py``'s session-scoped ``redis_cluster`` fixture owns one; tests take it
+and use their own key prefixes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ NODES = 6
 
 READY_TIMEOUT = 60.0
 """Seconds a cluster may take to come up before the fixture gives up (a bound, not an expectation:
-it takes about two and a half seconds here)."""
+it takes about four seconds here)."""
 
 
 class ClusterStartError(RuntimeError):
@@ -87,11 +88,15 @@ class LocalCluster:
         for port, bus in zip(self.ports, buses, strict=True):
             folder = self.root / str(port)
             folder.mkdir(parents=True, exist_ok=True)
+            # A replica syncs at once (by default a primary waits 5 s for more replicas to join), and
+            # is listed by CLUSTER SLOTS once its replication offset moved past 0, which on an idle
+            # cluster takes the primary's next ping (every 10 s by default).
             # fmt: off
             argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
                     "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                     "--cluster-port", str(bus), "--cluster-node-timeout", "2000",
-                    "--appendonly", "yes", "--save", ""]
+                    "--appendonly", "yes", "--save", "",
+                    "--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1"]
             # fmt: on
             self._procs[port] = subprocess.Popen(
                 argv,
@@ -140,23 +145,25 @@ class LocalCluster:
         proc.wait(timeout=10)
 
     def stop(self) -> None:
-        """Stop every node still running."""
+        """Kill every node still running: its data is thrown away with it, and a primary told to
+        shut down would wait up to ten seconds for replicas that are going away too."""
         for proc in self._procs.values():
             if proc.poll() is None:
-                proc.terminate()
-        for proc in self._procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(timeout=10)
+        for proc in self._procs.values():
+            proc.wait(timeout=10)
 
 
 def _ready(client: redis.Redis) -> bool:
-    """Whether a node sees the cluster ok and, if it is a primary, has a replica online."""
+    """Whether a node sees the cluster ok, knows a replica for each of the three slot ranges (what
+    a client learns the topology from: ``CLUSTER SLOTS``), and, if it is a primary, has a replica
+    online."""
     info = client.execute_command("CLUSTER", "INFO")  # the text of CLUSTER INFO (or its parse)
     text = info.decode() if isinstance(info, bytes) else str(info)
     if "cluster_state:ok" not in text and "'cluster_state': 'ok'" not in text:
+        return False
+    ranges = client.execute_command("CLUSTER SLOTS")
+    if len(ranges) != NODES // 2 or any(len(entry) < 4 for entry in ranges):
         return False
     role = client.info("replication")
     return role.get("role") != "master" or int(role.get("connected_slaves", 0)) >= 1
