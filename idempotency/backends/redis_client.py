@@ -143,7 +143,8 @@ def _cluster(url: str, max_connections: int) -> RedisCluster:
         raise ConfigurationError(f"malformed redis URL {masked(url)!r}: {exc}") from exc
     return RedisCluster(
         url=parsed.node_url,
-        startup_nodes=[ClusterNode(host, port) for host, port in parsed.nodes[1:]],
+        # redis-py leaves ClusterNode's constructor untyped.
+        startup_nodes=[ClusterNode(host, port) for host, port in parsed.nodes[1:]],  # type: ignore[no-untyped-call]
         # No retry of a command whose reply was lost (the client still follows MOVED and ASK,
         # which tell that nothing ran).
         retry=Retry(NoBackoff(), 0),

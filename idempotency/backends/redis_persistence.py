@@ -61,7 +61,7 @@ def check_persistence(client: redis.Redis | RedisCluster, what: str) -> None:
             server refused ``CONFIG GET`` so persistence could not be checked.
     """
     if isinstance(client, RedisCluster):
-        for node in client.get_nodes():
+        for node in client.get_nodes():  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
             _check_server(client.get_redis_connection(node), f"{what} (cluster node {node.name})")
         return
     _check_server(client, what)
