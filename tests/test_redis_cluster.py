@@ -8,9 +8,11 @@ check per node. The full contract suites and the crash tests run on the cluster 
 
 from __future__ import annotations
 
+import json
 import uuid
 import warnings
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from _rediscluster import LocalCluster
@@ -183,3 +185,25 @@ def test_the_persistence_check_reads_every_node(redis_cluster: LocalCluster) -> 
     messages = [str(w.message) for w in caught if issubclass(w.category, DurabilityWarning)]
     assert len(messages) == 1, messages  # that node, and only that one of the six
     assert replica.name in messages[0] and "no persistence" in messages[0]
+
+
+def test_the_docs_example_and_the_cli_run_on_the_cluster(
+    redis_cluster: LocalCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_docs_examples import run_example
+
+    from sagaguard.idempotency.cli import main
+
+    try:
+        first = run_example("redis_cluster.py", tmp_path, redis_cluster.url)
+        again = run_example("redis_cluster.py", tmp_path, redis_cluster.url)
+        capsys.readouterr()
+        code = main(["--store", redis_cluster.url, "effects", "list", "--state", "succeeded", "--json"])
+        listed = json.loads(capsys.readouterr().out)
+    finally:
+        delete_cluster_prefix(redis_cluster.url, "sg:{")
+    assert code == 0 and len(listed) == 6  # the CLI lists the records of every primary
+    assert first.returncode == 0, first.stderr
+    assert "6 records; invoices sent by this process: 6" in first.stdout
+    assert again.returncode == 0, again.stderr
+    assert "6 records; invoices sent by this process: 0" in again.stdout  # replayed from the cluster
