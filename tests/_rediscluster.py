@@ -138,6 +138,23 @@ class LocalCluster:
         finally:
             client.close()
 
+    def pause(self, port: int) -> None:
+        """SIGSTOP the node on ``port``: it neither answers nor acknowledges replication."""
+        self._procs[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        """SIGCONT the node on ``port``."""
+        self._procs[port].send_signal(signal.SIGCONT)
+
+    def replica_of(self, port: int) -> int:
+        """The port of the replica of the primary on ``port`` (from its ``INFO replication``)."""
+        client = redis.Redis(port=port, socket_timeout=2, decode_responses=True)
+        try:
+            info = client.info("replication")
+        finally:
+            client.close()
+        return int(info["slave0"]["port"])
+
     def kill(self, port: int) -> None:
         """SIGKILL the node on ``port``."""
         proc = self._procs[port]
@@ -149,6 +166,7 @@ class LocalCluster:
         shut down would wait up to ten seconds for replicas that are going away too."""
         for proc in self._procs.values():
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a paused node too
                 proc.kill()
         for proc in self._procs.values():
             proc.wait(timeout=10)

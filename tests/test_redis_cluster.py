@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from _rediscluster import LocalCluster
-from conftest import FakeClock, closed_port, delete_cluster_prefix
+from conftest import FakeClock, _delete_redis_prefix, closed_port, delete_cluster_prefix, require_redis
 from redis.cluster import RedisCluster
 
 from sagaguard.idempotency import Guard
@@ -24,6 +24,7 @@ from sagaguard.idempotency.backends.redis_client import connect
 from sagaguard.idempotency.backends.redis_persistence import DurabilityWarning, check_persistence
 from sagaguard.idempotency.backends.urls import check_url, cluster_url
 from sagaguard.idempotency.errors import ConfigurationError, StoreUnavailable
+from sagaguard.idempotency.keys import EffectIdentity
 from sagaguard.idempotency.records import State
 from sagaguard.idempotency.stores import open_store
 from sagaguard.idempotency.stores.redis import RedisStore
@@ -36,7 +37,9 @@ from sagaguard.saga.journals.redis import RedisJournal
 
 
 def test_a_cluster_url_lists_its_nodes_and_shares_its_options() -> None:
-    parsed = cluster_url("redis+cluster://app:s3cret@10.0.0.1:7000,10.0.0.2,[::1]:7002/?socket_keepalive=true")
+    parsed = cluster_url(
+        "redis+cluster://app:s3cret@10.0.0.1:7000,10.0.0.2,[::1]:7002/?socket_keepalive=true"
+    )
     assert parsed.nodes == (("10.0.0.1", 7000), ("10.0.0.2", 6379), ("::1", 7002))
     assert parsed.node_url == "redis://app:s3cret@10.0.0.1:7000/0?socket_keepalive=true"
     assert cluster_url("rediss+cluster://h:7000/0").node_url == "rediss://h:7000/0"
@@ -207,3 +210,56 @@ def test_the_docs_example_and_the_cli_run_on_the_cluster(
     assert "6 records; invoices sent by this process: 6" in first.stdout
     assert again.returncode == 0, again.stderr
     assert "6 records; invoices sent by this process: 0" in again.stdout  # replayed from the cluster
+
+
+# ------------------------------------------------------------------- a claim waits for a replica
+
+
+@pytest.mark.parametrize(
+    ("replicas", "timeout"), [(-1, 1.0), (True, 1.0), ("1", 1.0), (1, 0), (1, float("nan")), (1, "1")]
+)
+def test_bad_replica_settings_are_configuration_errors(replicas: object, timeout: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"wait_replicas|replica_timeout"):
+        RedisStore(
+            f"redis+cluster://127.0.0.1:{closed_port()}", wait_replicas=replicas, replica_timeout=timeout
+        )  # type: ignore[arg-type]
+
+
+def test_a_claim_no_replica_acknowledged_fails_closed_and_is_released(
+    redis_cluster: LocalCluster, prefix: str
+) -> None:
+    store = RedisStore(redis_cluster.url, prefix=prefix, replica_timeout=0.2)  # waits for 1 by default
+    guard = Guard(store, namespace="billing")
+    ran: list[str] = []
+    record = EffectIdentity.explicit("billing", "order-1", "charge").key
+    client, _ = connect(redis_cluster.url, "probe")
+    assert isinstance(client, RedisCluster)
+    try:
+        replica = redis_cluster.replica_of(client.get_node_from_key(f"{prefix}:{{{record}}}").port)
+    finally:
+        client.close()
+    redis_cluster.pause(replica)  # the replica of the record's primary stops acknowledging
+    try:
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas acknowledged"):
+            guard.run("charge", lambda: ran.append("charged"), key="order-1")
+    finally:
+        redis_cluster.resume(replica)
+    assert ran == []  # fail closed: the effect did not run on an unreplicated claim
+    assert store.get(record) is None  # the fresh claim was released: the next attempt claims afresh
+    guard.run("charge", lambda: ran.append("charged"), key="order-1")
+    assert ran == ["charged"]
+    store.close()
+
+
+def test_one_server_does_not_wait_by_default_and_waits_when_told() -> None:
+    url = require_redis()  # a server without replicas
+    prefix = f"sgcl-{uuid.uuid4().hex[:10]}"
+    plain = RedisStore(url, prefix=prefix)
+    assert Guard(plain).run("ping", lambda: 1, key="k") == 1  # no WAIT: it would find no replica
+    plain.close()
+    strict = RedisStore(url, prefix=prefix, wait_replicas=1, replica_timeout=0.05)
+    with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
+        Guard(strict, namespace="n").run("ping", lambda: 1, key="k2")
+    assert strict.get(EffectIdentity.explicit("n", "k2", "ping").key) is None
+    strict.close()
+    _delete_redis_prefix(url, prefix)

@@ -21,6 +21,7 @@ client and its pool are :mod:`sagaguard.idempotency.backends.redis_client`'s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -40,8 +41,9 @@ from sagaguard.idempotency.backends.redis_client import (
     store_error,
 )
 from sagaguard.idempotency.backends.redis_persistence import check_persistence
+from sagaguard.idempotency.backends.redis_replicas import ReplicaWait
 from sagaguard.idempotency.checks import storable_text
-from sagaguard.idempotency.errors import CodecError, LostOwnership, StoreError
+from sagaguard.idempotency.errors import CodecError, LostOwnership, StoreError, StoreUnavailable
 from sagaguard.idempotency.keys import EffectIdentity
 from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from sagaguard.idempotency.store import first_token
@@ -135,9 +137,17 @@ class RedisStore:
         max_connections: connections of the pool of a client built from a URL: one per call in
             flight, up to half of them kept by the threads that used them last; past them a call
             waits up to the read timeout for one (see :mod:`sagaguard.idempotency.backends.redis_client`).
+        wait_replicas: replicas that must hold a claim before ``claim`` (and ``take_over``) hand
+            it to the guard, so that a failover cannot lose a claim whose effect runs: ``WAIT``
+            after the claim's script, on the same connection. None (the default): 1 on a Redis
+            Cluster, 0 (no wait) on one server. A claim that fewer replicas acknowledged within
+            ``replica_timeout`` is :class:`~sagaguard.idempotency.errors.StoreUnavailable` and its
+            effect does not run (see :mod:`sagaguard.idempotency.backends.redis_replicas`).
+        replica_timeout: seconds ``WAIT`` waits for the replicas.
 
     Raises:
-        ConfigurationError: the URL, the prefix or ``max_connections`` is malformed.
+        ConfigurationError: the URL, the prefix, ``max_connections``, ``wait_replicas`` or
+            ``replica_timeout`` is malformed.
         StoreUnavailable: Redis cannot be reached (the scripts are loaded at once, which checks it).
         StoreError: Redis refused to load the scripts.
     """
@@ -154,12 +164,16 @@ class RedisStore:
         clock: Callable[[], float] | None = None,
         prefix: str = "sg",
         max_connections: int = MAX_CONNECTIONS,
+        wait_replicas: int | None = None,
+        replica_timeout: float = 1.0,
     ) -> None:
+        replicas = ReplicaWait.of(wait_replicas, replica_timeout)
         try:
             client, self._owned = connect(url_or_client, prefix, max_connections=max_connections)
         except ERRORS as exc:  # a cluster's nodes cannot be reached
             raise store_error(exc) from exc
         self._client = client
+        self._replicas = replicas.on(client)
         self._decoded = bool(client.get_encoder().decode_responses)
         self._clock = clock
         self._kp = prefix + ":{"
@@ -182,14 +196,22 @@ class RedisStore:
         # Empty tells the script to read Redis's TIME.
         return "" if self._clock is None else float(self._clock())
 
-    def _run(self, script: Script, key: str, *args: str | float | int) -> list[Any]:
-        """Run a script on one key and decode its JSON reply; one round trip.
+    def _run(
+        self, script: Script, key: str, *args: str | float | int, replicated: bool = False
+    ) -> list[Any]:
+        """Run a script on one key and decode its JSON reply; one round trip (two with
+        ``replicated`` and replicas to wait for: the script and ``WAIT``, pipelined).
 
         Raises:
             CodecError: a text has no UTF-8 form (a lone surrogate).
         """
         try:
-            text = self._scripts(script, (self._name(key),), args)
+            if replicated and self._replicas.count:
+                text, acked = self._replicas.run(self._client, script, self._name(key), args)
+                if acked < self._replicas.count:
+                    self._unreplicated(key, text, acked)
+            else:
+                text = self._scripts(script, (self._name(key),), args)
         except UnicodeEncodeError as exc:  # redis-py encodes each argument as UTF-8
             raise CodecError(f"text cannot be stored in redis: {exc.reason}") from exc
         except ERRORS as exc:
@@ -199,6 +221,26 @@ class RedisStore:
         except ValueError as exc:  # not UTF-8 or not JSON: the hash was written by someone else
             raise StoreError(f"redis holds a malformed record: {exc}") from exc
         return reply
+
+    def _unreplicated(self, key: str, text: Any, acked: int) -> None:
+        """Refuse a claim too few replicas acknowledged. A fresh claim (nothing ran under it) is
+        deleted again, best effort, so the next attempt claims afresh; a taken-over record stays in
+        doubt under its new token until its lease runs out, as a record whose worker died does.
+
+        Raises:
+            StoreUnavailable: always.
+        """
+        with contextlib.suppress(ValueError, TypeError, IndexError, *ERRORS):
+            reply = json.loads(text)
+            if reply[0] == "claimed":
+                self._scripts(
+                    self._fail, (self._name(key),),
+                    (self._now_arg(), str(reply[7]), Disposition.RETRYABLE.value, "", 0.0, ""),
+                )  # fmt: skip
+        raise StoreUnavailable(
+            f"redis: {acked} of {self._replicas.count} replicas acknowledged the claim of {key!r} "
+            f"within {self._replicas.timeout:g} s; the effect does not run (a failover could lose it)"
+        )
 
     def now(self) -> float:
         """The store's clock: the injected one, or Redis's ``TIME`` (one round trip)."""
@@ -220,6 +262,7 @@ class RedisStore:
         reply = self._run(
             self._claim, identity.key, self._now_arg(), float(lease), identity.namespace, identity.name,
             fingerprint, identity.scope, str(identity.ordinal), str(first_token()), _holder.current(),
+            replicated=True,
         )  # fmt: skip
         return ClaimResult(ClaimOutcome(reply[0]), _record(identity.key, reply))
 
@@ -264,7 +307,8 @@ class RedisStore:
 
     def take_over(self, key: str, token: int, lease: float) -> Record | None:
         """See :meth:`IdempotencyStore.take_over`: one script, one round trip."""
-        reply = self._run(self._take_over, key, self._now_arg(), str(token), float(lease), _holder.current())
+        args = (self._now_arg(), str(token), float(lease), _holder.current())
+        reply = self._run(self._take_over, key, *args, replicated=True)
         return None if reply[0] == "lost" else _record(key, reply)
 
     def heartbeat(self, key: str, token: int, lease: float) -> float:
