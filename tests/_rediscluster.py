@@ -70,6 +70,7 @@ class LocalCluster:
     root: Path
     ports: list[int] = field(default_factory=list)
     _procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+    _argv: dict[int, list[str]] = field(default_factory=dict, repr=False)
 
     @property
     def url(self) -> str:
@@ -98,6 +99,7 @@ class LocalCluster:
                     "--appendonly", "yes", "--save", "",
                     "--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1"]
             # fmt: on
+            self._argv[port] = argv
             self._procs[port] = subprocess.Popen(
                 argv,
                 stdout=subprocess.DEVNULL,
@@ -160,6 +162,14 @@ class LocalCluster:
         proc = self._procs[port]
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
+
+    def restart(self, port: int) -> None:
+        """Start the killed node on ``port`` again, on its own files: it rejoins the cluster (a
+        primary that was failed over comes back as a replica of the node promoted in its place)."""
+        self._procs[port] = subprocess.Popen(
+            self._argv[port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self._wait(port, time.monotonic() + READY_TIMEOUT, lambda c: bool(c.ping()))
 
     def stop(self) -> None:
         """Kill every node still running: its data is thrown away with it, and a primary told to

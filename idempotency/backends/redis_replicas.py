@@ -26,10 +26,10 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import AskError, NoScriptError
 
 from sagaguard.idempotency.backends.redis_client import ERRORS, RedisClient
-from sagaguard.idempotency.errors import ConfigurationError, StoreError
+from sagaguard.idempotency.errors import ConfigurationError, StoreUnavailable
 
 __all__ = ["ReplicaWait"]
 
@@ -80,30 +80,40 @@ class ReplicaWait:
 
         Raises:
             redis.RedisError: as the client raises them (a ``RedisClusterException`` too).
-            StoreError: the server keeps refusing the script (``NOSCRIPT`` after loading it).
+            StoreUnavailable: the server keeps refusing the script (``NOSCRIPT`` after loading it) or
+                redirecting it (``MOVED`` three times).
         """
-        cluster = isinstance(client, RedisCluster)
-        node = client
-        if isinstance(client, RedisCluster):
-            slot_primary = client.get_node_from_key(name)  # type: ignore[no-untyped-call]  # redis-py: untyped
-            node = client.get_redis_connection(slot_primary)
         wait_ms = max(1, math.ceil(self.timeout * 1000))
-        try:
-            for _ in range(2):
-                pipe = node.pipeline(transaction=False)  # one connection for both commands
-                pipe.evalsha(script.sha, 1, name, *args)
-                pipe.execute_command("WAIT", self.count, wait_ms)
-                try:
-                    reply, acked = pipe.execute()
-                except NoScriptError:  # a promoted replica or a restarted server: nothing ran
-                    node.script_load(script.script)
-                    continue
-                return reply, int(acked)
-        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
-            if cluster:
-                # The slot's primary is gone or moved: a command through the cluster client makes
-                # it refresh its view of the slots, so a later claim finds the new primary.
-                with contextlib.suppress(*ERRORS):
-                    client.exists(name)
-            raise
-        raise StoreError("redis keeps refusing the store's scripts (NOSCRIPT)")
+        for _ in range(3):
+            node: redis.Redis = client if not isinstance(client, RedisCluster) else _primary(client, name)
+            pipe = node.pipeline(transaction=False)  # one connection for both commands
+            pipe.evalsha(script.sha, 1, name, *args)
+            pipe.wait(self.count or 0, wait_ms)
+            try:
+                reply, acked = pipe.execute()
+            except NoScriptError:  # a promoted replica or a restarted server: nothing ran
+                node.script_load(script.script)
+                continue
+            except AskError:  # MOVED or ASK: the slot is served elsewhere now, nothing ran
+                _refresh(client, name)
+                continue
+            except (redis.ConnectionError, redis.TimeoutError):
+                _refresh(client, name)
+                raise
+            return reply, int(acked)
+        raise StoreUnavailable("redis keeps refusing (NOSCRIPT) or redirecting (MOVED) the claim")
+
+
+def _primary(client: RedisCluster, name: str) -> redis.Redis:
+    """The cluster client's own client of the primary that serves ``name``'s slot."""
+    node = client.get_node_from_key(name)  # type: ignore[no-untyped-call]  # redis-py: untyped
+    return client.get_redis_connection(node)
+
+
+def _refresh(client: RedisClient, name: str) -> None:
+    """After a node failed or redirected: one command on ``name`` through the cluster client, which
+    follows ``MOVED`` (and so learns the slot's new primary) or, on a dead node, has its view of the
+    slots refreshed by its next command. A single server has nothing to learn."""
+    if isinstance(client, RedisCluster):
+        with contextlib.suppress(*ERRORS):
+            client.exists(name)
