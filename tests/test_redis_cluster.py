@@ -12,6 +12,7 @@ import json
 import uuid
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,7 @@ def test_an_unreachable_cluster_is_unavailable() -> None:
 
 
 @pytest.fixture
-def prefix(redis_cluster: LocalCluster) -> object:
+def prefix(redis_cluster: LocalCluster) -> Iterator[str]:
     unique = f"sgcl-{uuid.uuid4().hex[:10]}"
     yield unique
     delete_cluster_prefix(redis_cluster.url, unique)

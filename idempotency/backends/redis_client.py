@@ -47,7 +47,7 @@ from sagaguard.idempotency.errors import ConfigurationError, StoreError, StoreUn
 
 __all__ = [
     "CONNECT_TIMEOUT", "ERRORS", "MAX_CONNECTIONS", "READ_TIMEOUT", "TRANSIENT", "RedisClient",
-    "ScriptRunner", "connect", "is_cluster", "load_scripts", "store_error",
+    "ScriptRunner", "connect", "load_scripts", "store_error",
 ]  # fmt: skip
 
 RedisClient: TypeAlias = "redis.Redis | RedisCluster"
@@ -82,11 +82,6 @@ def store_error(exc: redis.RedisError | RedisClusterException) -> StoreError:
     if isinstance(exc, TRANSIENT):
         return StoreUnavailable(f"redis is unavailable: {exc}")
     return StoreError(f"redis failed: {exc}")
-
-
-def is_cluster(client: RedisClient) -> bool:
-    """Whether ``client`` talks to a Redis Cluster."""
-    return isinstance(client, RedisCluster)
 
 
 def connect(
