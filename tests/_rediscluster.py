@@ -84,6 +84,13 @@ class LocalCluster:
             ClusterStartError: a node exited, ``redis-cli --cluster create`` failed, or the cluster
                 was not ok within :data:`READY_TIMEOUT`.
         """
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()  # whatever went wrong, no node outlives the attempt
+            raise
+
+    def _start(self) -> LocalCluster:
         ports = _free_ports(2 * NODES)
         self.ports, buses = ports[:NODES], ports[NODES:]
         for port, bus in zip(self.ports, buses, strict=True):
