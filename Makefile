@@ -10,7 +10,7 @@ CREW_STAMP := $(CREW_VENV)/.installed
 # own: mcp-server-sqlite needs the 1.x SDK, the mcp extra the 2.x one.
 MCPREF_STAMP := .venv-mcp-git/.installed .venv-mcp-sqlite/.installed
 
-.PHONY: demo agent-demo test lint typecheck docs bench clean slow sweep ci namespace
+.PHONY: demo agent-demo test lint typecheck docs bench clean slow sweep cluster ci namespace
 
 SHELL := bash
 
@@ -54,6 +54,10 @@ test: $(STAMP) $(CREW_STAMP) $(MCPREF_STAMP)
 
 slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The store and journal contract suites and the crash tests on a local Redis Cluster (tests/_rediscluster.py).
+cluster: $(STAMP)
+	$(PY) -m pytest -q -m cluster
 
 # The research agent killed at every point, each framework with and without sagaguard (docs/frameworks/research_agent.md).
 sweep: $(STAMP)

@@ -36,7 +36,8 @@ def open_backend(
     table_name: str | None = None,
     prefix: str | None = None,
 ) -> IdempotencyStore:
-    """Open one store instance of ``backend`` ("memory", "sqlite", "postgres" or "redis").
+    """Open one store instance of ``backend`` ("memory", "sqlite", "postgres", "redis" or "cluster":
+    Redis Cluster).
 
     ``table_name`` (SQL) and ``prefix`` (Redis) select the data set, so two calls with the same
     arguments, in this process or another, see the same records (memory excepted).
@@ -47,7 +48,7 @@ def open_backend(
         from sagaguard.idempotency.stores.sql import SqlStore
 
         return SqlStore(url, clock=clock, table_name=table_name)
-    if backend == "redis":
+    if backend in ("redis", "cluster"):
         from sagaguard.idempotency.stores.redis import RedisStore
 
         return RedisStore(url, clock=clock, prefix=prefix)

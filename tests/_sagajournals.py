@@ -1,6 +1,7 @@
 """Saga journals for the tests, on every backend, each test on its own data set; and a child process.
 
-``JournalFactory`` opens journals of one backend ("memory", "sqlite", "postgres", "redis") on one
+``JournalFactory`` opens journals of one backend ("memory", "sqlite", "postgres", "redis", and
+"cluster": Redis Cluster, with the ``redis_cluster`` fixture's cluster passed in) on one
 isolated data set (a SQLite file in ``tmp_path``, a unique Postgres table prefix, a unique Redis key
 prefix) and deletes it afterwards. ``open()`` gives another instance on the same data (a second
 worker); ``spec()`` tells a child process (``tests/_sagachild.py``) how to open it.
@@ -24,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conftest import FakeClock, require_postgres, require_redis
+from _rediscluster import LocalCluster
+from conftest import FakeClock, delete_cluster_prefix, require_postgres, require_redis
 
 from sagaguard.idempotency import Guard
 from sagaguard.idempotency.store import IdempotencyStore
@@ -47,7 +49,7 @@ def open_journal_backend(
         from sagaguard.saga.journals.sql import SqlJournal
 
         return SqlJournal(url, clock=clock, table_prefix=prefix or "sagaguard_")
-    if backend == "redis":
+    if backend in ("redis", "cluster"):
         from sagaguard.saga.journals.redis import RedisJournal
 
         return RedisJournal(url, clock=clock, prefix=prefix or "sgj")
@@ -126,6 +128,8 @@ class JournalFactory:
                     conn.execute(
                         sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(self.prefix + table))
                     )
+        elif self.backend == "cluster":
+            delete_cluster_prefix(self.url, self.prefix)
         elif self.backend == "redis":
             import redis
 
@@ -138,7 +142,9 @@ class JournalFactory:
                 client.close()
 
 
-def make_factory(backend: str, clock: FakeClock, tmp_path: Path) -> JournalFactory:
+def make_factory(
+    backend: str, clock: FakeClock, tmp_path: Path, cluster: LocalCluster | None = None
+) -> JournalFactory:
     unique = uuid.uuid4().hex[:10]
     if backend == "memory":
         return JournalFactory("memory", "memory://", clock, f"m{unique}_")
@@ -148,10 +154,14 @@ def make_factory(backend: str, clock: FakeClock, tmp_path: Path) -> JournalFacto
         return JournalFactory("postgres", require_postgres(), clock, f"sgt{unique}_")
     if backend == "redis":
         return JournalFactory("redis", require_redis(), clock, f"sgjt{unique}")
+    if backend == "cluster" and cluster is not None:
+        return JournalFactory("cluster", cluster.url, clock, f"sgjt{unique}")
     raise ValueError(backend)
 
 
-def factory_for(backend: str, clock: FakeClock, tmp_path: Path) -> Iterator[JournalFactory]:
+def factory_for(
+    backend: str, clock: FakeClock, tmp_path: Path, cluster: LocalCluster | None = None
+) -> Iterator[JournalFactory]:
     """The body of a ``journal_factory`` fixture: a factory for ``backend``, cleaned up after.
 
     Test modules define their fixtures with it (parametrised over :data:`JOURNALS` or
@@ -161,7 +171,7 @@ def factory_for(backend: str, clock: FakeClock, tmp_path: Path) -> Iterator[Jour
         def journal_factory(request, clock, tmp_path):
             yield from factory_for(request.param, clock, tmp_path)
     """
-    factory = make_factory(backend, clock, tmp_path)
+    factory = make_factory(backend, clock, tmp_path, cluster)
     try:
         yield factory
     finally:

@@ -18,6 +18,15 @@ Stores: one contract, every backend, real services (STYLE.md point 8)
 
     ``server_clock_store``: an instance with ``clock=None`` (the database's or Redis's own time).
 
+    :data:`CLUSTER` is one more parameter, ``cluster``: the Redis store on a local Redis Cluster
+    (``redis_cluster``), marked ``cluster`` and run only with ``-m cluster`` (CI's sweep stage).
+    The contract suites add it to their own parametrisation (:func:`store_factory_for`).
+
+Redis Cluster
+    ``redis_cluster``: a session's :class:`~_rediscluster.LocalCluster` (three primaries, three
+    replicas on free ports, started on first use, stopped at the end). Without redis-server or
+    redis-cli its tests skip; under ``CI=true`` a cluster that cannot start fails them.
+
 Hypothesis
     The ``sagaguard`` profile (loaded here) drops the per-example deadline, which only measures how
     busy the machine is, and prints a reproduction blob on failure. ``HYPOTHESIS_PROFILE`` selects
@@ -47,6 +56,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from _procs import open_backend
+from _rediscluster import ClusterStartError, LocalCluster, cluster_problem
 from hypothesis import settings
 
 from sagaguard.idempotency.store import IdempotencyStore
@@ -57,6 +67,16 @@ BACKENDS = ("memory", "sqlite", "postgres", "redis")
 
 SHARED_BACKENDS = ("sqlite", "postgres", "redis")
 """Backends whose data another process can open."""
+
+CLUSTER = pytest.param(
+    "cluster",
+    marks=[
+        pytest.mark.cluster,
+        pytest.mark.skipif("'cluster' not in config.getoption('markexpr')", reason="runs with -m cluster"),
+    ],
+    id="cluster",
+)
+"""The Redis store on a local Redis Cluster, as one more backend parameter (``-m cluster`` only)."""
 
 POSTGRES_URL = os.environ.get(
     "SAGAGUARD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -232,6 +252,21 @@ def redis_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
         proc.wait(timeout=10)
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A local Redis Cluster for the session (see :mod:`_rediscluster`); a test that takes it and
+    cannot have it is skipped, or fails under ``CI=true``."""
+    require_service("Redis Cluster", cluster_problem())
+    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+    except ClusterStartError as exc:
+        cluster.stop()
+        require_service("Redis Cluster", str(exc))
+    yield cluster
+    cluster.stop()
+
+
 def closed_port() -> int:
     """A local TCP port that nothing listens on (just released by the OS), for unreachable tests."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -313,6 +348,8 @@ class StoreFactory:
             _drop_postgres_table(self.url, self.table_name)
         elif self.backend == "redis" and self.prefix:
             _delete_redis_prefix(self.url, self.prefix)
+        elif self.backend == "cluster" and self.prefix:
+            delete_cluster_prefix(self.url, self.prefix)
         if errors:
             raise errors[0]
 
@@ -340,7 +377,25 @@ def _delete_redis_prefix(url: str, prefix: str) -> None:
         client.close()
 
 
-def _make_factory(backend: str, clock: FakeClock, tmp_path: Path) -> StoreFactory:
+def delete_cluster_prefix(url: str, prefix: str) -> None:
+    """Delete every key of ``prefix`` on every primary of the cluster at ``url``."""
+    from sagaguard.idempotency.backends.redis_client import connect
+
+    client, _ = connect(url, "cleanup")
+    try:
+        keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
+        pipe = client.pipeline(transaction=False)
+        for key in keys:  # one DEL per key: keys of different slots cannot share one
+            pipe.delete(key)
+        if keys:
+            pipe.execute()
+    finally:
+        client.close()
+
+
+def _make_factory(
+    backend: str, clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest | None = None
+) -> StoreFactory:
     unique = uuid.uuid4().hex[:12]
     if backend == "memory":
         return StoreFactory("memory", "memory://", clock)
@@ -352,7 +407,25 @@ def _make_factory(backend: str, clock: FakeClock, tmp_path: Path) -> StoreFactor
     if backend == "redis":
         url = require_redis()
         return StoreFactory("redis", url, clock, prefix=f"sgtest-{unique}")
+    if backend == "cluster" and request is not None:
+        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        return StoreFactory("cluster", cluster.url, clock, prefix=f"sgtest-{unique}")
     raise ValueError(f"unknown backend {backend!r}")
+
+
+def store_factory_for(
+    request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
+) -> Iterator[StoreFactory]:
+    """The body of a ``store_factory`` fixture over ``request.param`` (``cluster`` included): a
+    factory, cleaned up after. A module adds :data:`CLUSTER` to its backends with it::
+
+        @pytest.fixture(params=[*BACKENDS, CLUSTER])
+        def store_factory(request, clock, tmp_path):
+            yield from store_factory_for(request, clock, tmp_path)
+    """
+    factory = _make_factory(request.param, clock, tmp_path, request)
+    yield factory
+    factory.cleanup()
 
 
 @pytest.fixture(params=BACKENDS)

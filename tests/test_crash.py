@@ -1,7 +1,8 @@
 """Crash tests: a worker is SIGKILLed mid-charge, restarted, and the world is charged at most once.
 
 Each test runs ``tests/_crashchild.py`` (a guarded "charge" that POSTs to a :class:`CounterService`
-in its own process) against SQLite (a file), Postgres and Redis, and kills it with a real SIGKILL at
+in its own process) against SQLite (a file), Postgres and Redis (and, with ``-m cluster``, a local
+Redis Cluster), and kills it with a real SIGKILL at
 one point of the guard's life: before the claim, after the claim (before the effect), after the
 effect (before the record) and after the record. A fresh child then runs the same scope again.
 
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 from _crashchild import EFFECT, EXIT_OK, EXIT_UNKNOWN, NAMESPACE
-from conftest import StoreFactory
+from conftest import CLUSTER, SHARED_BACKENDS, FakeClock, StoreFactory, store_factory_for
 
 from sagaguard.idempotency.codec import Codec
 from sagaguard.idempotency.holder import HOST_ENV
@@ -43,6 +44,14 @@ ROOT = CHILD.parent.parent
 CHARGE = Codec(Charge)
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(params=[*SHARED_BACKENDS, CLUSTER])
+def shared_store_factory(
+    request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
+) -> Iterator[StoreFactory]:
+    """conftest's ``shared_store_factory``, and the Redis store on a local Redis Cluster (``-m cluster``)."""
+    yield from store_factory_for(request, clock, tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The SagaJournal contract, one suite for every backend: memory, SQLite, Postgres, Redis.
+"""The SagaJournal contract, one suite for every backend: memory, SQLite, Postgres, Redis (and, with
+``-m cluster``, Redis Cluster).
 
 Each primitive of :class:`sagaguard.saga.journal.SagaJournal` is held to its docstring here: what start,
 claim, commit, signal and cancel write, what they refuse, and that the fenced ones let exactly one
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from _holders import dead_holder, live_holder
 from _sagajournals import JOURNALS, JournalFactory, factory_for
-from conftest import FakeClock
+from conftest import CLUSTER, FakeClock
 
 from sagaguard.idempotency import holder
 from sagaguard.saga import (
@@ -39,11 +40,12 @@ T0 = FakeClock.START
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(params=JOURNALS)
+@pytest.fixture(params=[*JOURNALS, CLUSTER])
 def journal_factory(
     request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
 ) -> Iterator[JournalFactory]:
-    yield from factory_for(request.param, clock, tmp_path)
+    cluster = request.getfixturevalue("redis_cluster") if request.param == "cluster" else None
+    yield from factory_for(request.param, clock, tmp_path, cluster)
 
 
 @pytest.fixture

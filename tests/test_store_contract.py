@@ -1,7 +1,8 @@
 """The store contract (idempotency/store.py, docs/backends.md), run against every backend.
 
 Every test takes the ``store`` (or ``store_factory``) fixture, so it runs four times: memory, SQLite,
-Postgres and Redis (see conftest.py). Time is the injected ``clock``; nothing sleeps.
+Postgres and Redis (see conftest.py); with ``-m cluster`` a fifth, on a local Redis Cluster. Time is
+the injected ``clock``; nothing sleeps.
 """
 
 from __future__ import annotations
@@ -15,13 +16,22 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _procs import race_claims_in_processes
-from conftest import FakeClock, StoreFactory, closed_port, require_redis
+from conftest import (
+    BACKENDS,
+    CLUSTER,
+    SHARED_BACKENDS,
+    FakeClock,
+    StoreFactory,
+    closed_port,
+    require_redis,
+    store_factory_for,
+)
 
 from sagaguard.idempotency import holder
 from sagaguard.idempotency.errors import LostOwnership, StoreError, StoreUnavailable
@@ -37,6 +47,20 @@ OTHER_FP = fingerprint({"amount": 2000, "currency": "eur"})
 RESULT = json.dumps({"id": "pi_123", "status": "succeeded"})
 ERROR = json.dumps({"type": "stripe.CardError", "message": "card declined", "args": []})
 CLAIMED, TOOK_OVER, EXISTING = ClaimOutcome.CLAIMED, ClaimOutcome.TOOK_OVER, ClaimOutcome.EXISTING
+
+
+@pytest.fixture(params=[*BACKENDS, CLUSTER])
+def store_factory(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> Iterator[StoreFactory]:
+    """conftest's ``store_factory``, and the Redis store on a local Redis Cluster (``-m cluster``)."""
+    yield from store_factory_for(request, clock, tmp_path)
+
+
+@pytest.fixture(params=[*SHARED_BACKENDS, CLUSTER])
+def shared_store_factory(
+    request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
+) -> Iterator[StoreFactory]:
+    """conftest's ``shared_store_factory``, and the Redis Cluster (``-m cluster``)."""
+    yield from store_factory_for(request, clock, tmp_path)
 
 
 def ident(

@@ -4,9 +4,10 @@
 - :mod:`~sagaguard.idempotency.backends.sql_engine`: the SQLAlchemy engine every SQL backend uses.
 - :mod:`~sagaguard.idempotency.backends.sql_driver` and :mod:`~sagaguard.idempotency.backends.sql_pq`:
   the hot statements on the driver (sqlite3, and psycopg on Postgres).
-- :mod:`~sagaguard.idempotency.backends.redis_client`: the Redis client and its script runner;
-  :mod:`~sagaguard.idempotency.backends.redis_persistence`: the check that the server keeps what it
-  is told.
+- :mod:`~sagaguard.idempotency.backends.redis_client`: the Redis client (one server or a Redis
+  Cluster) and its script runner; :mod:`~sagaguard.idempotency.backends.redis_persistence`: the check
+  that every server keeps what it is told; :mod:`~sagaguard.idempotency.backends.redis_replicas`: a
+  claim that waits for a replica.
 - :mod:`~sagaguard.idempotency.backends.kept`: connections threads keep between calls.
 - :mod:`~sagaguard.idempotency.backends.offload`: blocking store calls from async code.
 

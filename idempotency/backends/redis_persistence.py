@@ -10,6 +10,10 @@ demos. To refuse such a server, turn the warning into an error::
 
     warnings.simplefilter("error", DurabilityWarning)
 
+On a Redis Cluster every node is checked, primaries and replicas alike (a replica becomes a
+primary at a failover), each through the cluster client's own client of that node
+(``RedisCluster.get_redis_connection``); a warning names the node.
+
 Each server is checked once per process.
 """
 
@@ -20,6 +24,7 @@ import warnings
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 __all__ = ["DurabilityWarning", "check_persistence"]
 
@@ -44,17 +49,25 @@ def _config(client: redis.Redis, name: str) -> str:
     return ""
 
 
-def check_persistence(client: redis.Redis, what: str) -> None:
+def check_persistence(client: redis.Redis | RedisCluster, what: str) -> None:
     """Warn once per server when ``client``'s Redis does not keep an append-only file.
 
     Args:
-        client: a connected client.
+        client: a connected client; on a cluster, every node the client knows is checked.
         what: what lives there ("effect store", "saga journal"), named in the warning.
 
     Warns:
         DurabilityWarning: ``appendonly`` is ``no`` (with or without ``save`` snapshots), or the
             server refused ``CONFIG GET`` so persistence could not be checked.
     """
+    if isinstance(client, RedisCluster):
+        for node in client.get_nodes():  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+            _check_server(client.get_redis_connection(node), f"{what} (cluster node {node.name})")
+        return
+    _check_server(client, what)
+
+
+def _check_server(client: redis.Redis, what: str) -> None:
     kwargs = client.connection_pool.connection_kwargs
     server = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db"), what)
     with _lock:
@@ -79,7 +92,7 @@ def check_persistence(client: redis.Redis, what: str) -> None:
             f"the Redis {what} runs on a server with {kept} would be lost on a restart, and their "
             "effects would run again; set appendonly yes (see docs/backends.md)"
         )
-    warnings.warn(message, DurabilityWarning, stacklevel=3)
+    warnings.warn(message, DurabilityWarning, stacklevel=4)
     # Only once the warning was let through: a filter that turns it into an error refuses every open.
     _remember(server)
 

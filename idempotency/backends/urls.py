@@ -11,13 +11,20 @@ password masked.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
 from sagaguard.idempotency.errors import ConfigurationError
 
-__all__ = ["check_url", "driver_hint", "masked"]
+__all__ = ["CLUSTER_SCHEMES", "ClusterURL", "check_url", "cluster_url", "driver_hint", "masked"]
 
-_EXAMPLES = "memory://, sqlite:///file.db, postgresql://user@host/db or redis://host:6379/0"
+_EXAMPLES = (
+    "memory://, sqlite:///file.db, postgresql://user@host/db, redis://host:6379/0 "
+    "or redis+cluster://host:7000,host:7001"
+)
+
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+"""The schemes of a Redis Cluster URL (``rediss+cluster``: TLS to every node)."""
 # A password in the query (libpq takes ?password=...).
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
@@ -68,11 +75,12 @@ def check_url(url: object, *, what: str = "store") -> str:
 
     Returns:
         The scheme: ``memory``, ``sqlite``, ``postgresql`` (any ``postgres`` spelling or driver),
-        ``redis``, ``rediss`` or ``unix``.
+        ``redis``, ``rediss``, ``unix``, ``redis+cluster`` or ``rediss+cluster``.
 
     Raises:
         ConfigurationError: ``url`` is not a string; its scheme is unknown; it cannot be parsed; a
-            Postgres URL names no host or no database; a Redis URL has a bad port or database number.
+            Postgres URL names no host or no database; a Redis URL has a bad port or database number;
+            a Redis Cluster URL names no node or a database other than 0 (see :func:`cluster_url`).
     """
     if not isinstance(url, str):
         raise ConfigurationError(
@@ -89,6 +97,9 @@ def check_url(url: object, *, what: str = "store") -> str:
         return "postgresql"
     if scheme in ("redis", "rediss", "unix"):
         _check_redis(url, scheme, what)
+        return scheme
+    if scheme in CLUSTER_SCHEMES:
+        cluster_url(url, what=what)
         return scheme
     raise ConfigurationError(f"unknown {what} URL scheme {scheme or masked(url)!r}: use {_EXAMPLES}")
 
@@ -133,3 +144,67 @@ def _check_redis(url: str, scheme: str, what: str) -> None:
         db = (path or "/").lstrip("/") or query.get("db", ["0"])[0]
     if not db.isdigit():
         raise ConfigurationError(f"the {what} URL {masked(url)!r}: the database must be a number, not {db!r}")
+
+
+@dataclass(frozen=True)
+class ClusterURL:
+    """A Redis Cluster URL taken apart: the nodes to discover the cluster from, and one plain Redis
+    URL that carries the connection options (credentials, TLS, query parameters) every node shares.
+
+    Attributes:
+        nodes: ``(host, port)`` of each node the URL lists, in its order (port 6379 when omitted).
+        node_url: ``redis://`` (or ``rediss://``) with the URL's user information and query, its
+            first node, and database 0.
+    """
+
+    nodes: tuple[tuple[str, int], ...]
+    node_url: str
+
+
+def cluster_url(url: str, *, what: str = "store") -> ClusterURL:
+    """Take a ``redis+cluster://[user:password@]host:port[,host:port...][/][?option=value...]`` URL
+    apart (``rediss+cluster://`` for TLS).
+
+    Any node of the cluster is enough to discover the others; listing more lets a client start
+    while some of them are down. A cluster has only database 0, so the path is empty, ``/`` or ``/0``.
+
+    Args:
+        url: the URL.
+        what: what the URL is for, named in errors.
+
+    Returns:
+        The nodes and the plain URL of the options they share.
+
+    Raises:
+        ConfigurationError: the scheme is not a cluster scheme, a node is empty or has a port that
+            is not a number from 1 to 65535, or the path names a database other than 0.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
+        raise ConfigurationError(
+            f"not a Redis Cluster URL: {masked(url)!r} (use redis+cluster://host:port,...)"
+        )
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]
+    path, _, query = tail.partition("?")
+    userinfo, at, hosts = netloc.rpartition("@")
+    nodes: list[tuple[str, int]] = []
+    for part in hosts.split(","):
+        try:
+            parsed = urlsplit("//" + part)
+            host, port = parsed.hostname, parsed.port
+        except ValueError as exc:
+            raise ConfigurationError(f"malformed {what} URL {masked(url)!r}: {exc}") from exc
+        if not host or parsed.path or parsed.username is not None:
+            raise ConfigurationError(
+                f"the {what} URL {masked(url)!r} has a malformed node {part!r}: use host:port"
+            )
+        nodes.append((host, port if port is not None else 6379))
+    if path.strip("/") not in ("", "0"):
+        raise ConfigurationError(
+            f"the {what} URL {masked(url)!r}: a Redis Cluster has only database 0, not {path.strip('/')!r}"
+        )
+    plain = "rediss" if scheme.lower() == "rediss+cluster" else "redis"
+    first = hosts.split(",")[0]
+    node_url = f"{plain}://{userinfo}{at}{first}/0" + (f"?{query}" if query else "")
+    return ClusterURL(tuple(nodes), node_url)

@@ -25,7 +25,8 @@ def open_store(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = No
     - ``memory://``: :class:`MemoryStore` (one process, nothing survives it).
     - ``sqlite:///path.db`` (or ``sqlite://`` for a private in-memory database),
       ``postgresql://user@host/db`` (psycopg 3; ``postgresql+psycopg://`` too): :class:`SqlStore`.
-    - ``redis://host:port/db`` or ``rediss://``: :class:`RedisStore`.
+    - ``redis://host:port/db`` or ``rediss://``, and a Redis Cluster's
+      ``redis+cluster://host:port[,host:port...]`` (``rediss+cluster://``): :class:`RedisStore`.
 
     Args:
         url: where the records live.
@@ -44,7 +45,7 @@ def open_store(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = No
         from sagaguard.idempotency.stores.sql import SqlStore
 
         return SqlStore(url, clock=clock)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         try:
             from sagaguard.idempotency.stores.redis import RedisStore
         except ImportError as exc:  # redis-py is not installed

@@ -1,7 +1,9 @@
 """The Redis store: every primitive is one Lua script, one round trip, one key.
 
 Each record is a hash named ``<prefix>:{<key>}``. Every script touches that one key, and the braces
-make it a hash tag, so the layout and the scripts suit Redis Cluster. The fields mirror
+make it a hash tag, so the layout and the scripts suit Redis Cluster: on a ``redis+cluster://`` URL
+or a ``RedisCluster`` client each script runs on the primary of its record's slot, and what scans
+(``list``, ``purge``) visits every primary. The fields mirror
 :class:`~sagaguard.idempotency.records.Record` except ``key`` (the hash's name): the state as its value,
 numbers as text that reads back as the exact float, None as an absent field.
 
@@ -19,20 +21,29 @@ client and its pool are :mod:`sagaguard.idempotency.backends.redis_client`'s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
-import redis
 from redis.commands.core import Script
 
 from sagaguard.idempotency import holder as _holder
-from sagaguard.idempotency.backends.redis_client import MAX_CONNECTIONS, ScriptRunner, connect, store_error
+from sagaguard.idempotency.backends.redis_client import (
+    ERRORS,
+    MAX_CONNECTIONS,
+    RedisClient,
+    ScriptRunner,
+    connect,
+    load_scripts,
+    store_error,
+)
 from sagaguard.idempotency.backends.redis_persistence import check_persistence
+from sagaguard.idempotency.backends.redis_replicas import ReplicaWait
 from sagaguard.idempotency.checks import storable_text
-from sagaguard.idempotency.errors import CodecError, LostOwnership, StoreError
+from sagaguard.idempotency.errors import CodecError, LostOwnership, StoreError, StoreUnavailable
 from sagaguard.idempotency.keys import EffectIdentity
 from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from sagaguard.idempotency.store import first_token
@@ -111,13 +122,14 @@ class RedisStore:
     """An effect ledger in Redis, shared by any number of processes and machines.
 
     Args:
-        url_or_client: a ``redis://``, ``rediss://`` or ``unix://`` URL, or a ready ``redis.Redis``
-            (one server or a Sentinel master; a ``RedisCluster`` client is not supported yet).
-            From a URL the store builds a client that fails fast (connect timeout 2 s, read timeout
-            5 s), never retries on its own (a script whose reply was lost may have run, so
-            whether to try again is the guard's decision, not the driver's), and has a blocking
-            pool of ``max_connections``. A client you pass is used with its own settings and left
-            open by :meth:`close`.
+        url_or_client: a ``redis://``, ``rediss://`` or ``unix://`` URL, a
+            ``redis+cluster://host:port[,host:port...]`` (or ``rediss+cluster://``) URL of a Redis
+            Cluster, or a ready ``redis.Redis`` (one server or a Sentinel master) or
+            ``redis.cluster.RedisCluster``. From a URL the store builds a client that fails fast
+            (connect timeout 2 s, read timeout 5 s), never retries on its own (a script whose
+            reply was lost may have run, so whether to try again is the guard's decision, not the
+            driver's), and has a blocking pool of ``max_connections`` (per node on a cluster). A
+            client you pass is used with its own settings and left open by :meth:`close`.
         clock: seconds since the epoch; inject one to test leases without sleeping. By default
             every script reads Redis's ``TIME``.
         prefix: the first part of every key, so several ledgers can share one database. The store
@@ -125,9 +137,17 @@ class RedisStore:
         max_connections: connections of the pool of a client built from a URL: one per call in
             flight, up to half of them kept by the threads that used them last; past them a call
             waits up to the read timeout for one (see :mod:`sagaguard.idempotency.backends.redis_client`).
+        wait_replicas: replicas that must hold a claim before ``claim`` (and ``take_over``) hand
+            it to the guard, so that a failover cannot lose a claim whose effect runs: ``WAIT``
+            after the claim's script, on the same connection. None (the default): 1 on a Redis
+            Cluster, 0 (no wait) on one server. A claim that fewer replicas acknowledged within
+            ``replica_timeout`` is :class:`~sagaguard.idempotency.errors.StoreUnavailable` and its
+            effect does not run (see :mod:`sagaguard.idempotency.backends.redis_replicas`).
+        replica_timeout: seconds ``WAIT`` waits for the replicas.
 
     Raises:
-        ConfigurationError: the URL, the prefix or ``max_connections`` is malformed.
+        ConfigurationError: the URL, the prefix, ``max_connections``, ``wait_replicas`` or
+            ``replica_timeout`` is malformed.
         StoreUnavailable: Redis cannot be reached (the scripts are loaded at once, which checks it).
         StoreError: Redis refused to load the scripts.
     """
@@ -139,14 +159,21 @@ class RedisStore:
 
     def __init__(
         self,
-        url_or_client: str | redis.Redis,
+        url_or_client: str | RedisClient,
         *,
         clock: Callable[[], float] | None = None,
         prefix: str = "sg",
         max_connections: int = MAX_CONNECTIONS,
+        wait_replicas: int | None = None,
+        replica_timeout: float = 1.0,
     ) -> None:
-        client, self._owned = connect(url_or_client, prefix, max_connections=max_connections)
+        replicas = ReplicaWait.of(wait_replicas, replica_timeout)
+        try:
+            client, self._owned = connect(url_or_client, prefix, max_connections=max_connections)
+        except ERRORS as exc:  # a cluster's nodes cannot be reached
+            raise store_error(exc) from exc
         self._client = client
+        self._replicas = replicas.on(client)
         self._decoded = bool(client.get_encoder().decode_responses)
         self._clock = clock
         self._kp = prefix + ":{"
@@ -155,12 +182,8 @@ class RedisStore:
         self._claim, self._complete, self._fail, self._heartbeat, self._purge, self._take_over = scripts
         self._scripts = ScriptRunner(client, keep=self._owned)
         try:
-            # One round trip that both checks Redis is there and spares the first calls a NOSCRIPT.
-            pipe = client.pipeline(transaction=False)
-            for script in scripts:
-                pipe.script_load(script.script)
-            pipe.execute()
-        except redis.RedisError as exc:
+            load_scripts(client, scripts)  # checks that Redis is there
+        except ERRORS as exc:
             if self._owned:
                 client.close()
             raise store_error(exc) from exc
@@ -173,17 +196,25 @@ class RedisStore:
         # Empty tells the script to read Redis's TIME.
         return "" if self._clock is None else float(self._clock())
 
-    def _run(self, script: Script, key: str, *args: str | float | int) -> list[Any]:
-        """Run a script on one key and decode its JSON reply; one round trip.
+    def _run(
+        self, script: Script, key: str, *args: str | float | int, replicated: bool = False
+    ) -> list[Any]:
+        """Run a script on one key and decode its JSON reply; one round trip (two with
+        ``replicated`` and replicas to wait for: the script and ``WAIT``, pipelined).
 
         Raises:
             CodecError: a text has no UTF-8 form (a lone surrogate).
         """
         try:
-            text = self._scripts(script, (self._name(key),), args)
+            if replicated and self._replicas.count:
+                text, acked = self._replicas.run(self._client, script, self._name(key), args)
+                if acked < self._replicas.count:
+                    self._unreplicated(key, text, acked)
+            else:
+                text = self._scripts(script, (self._name(key),), args)
         except UnicodeEncodeError as exc:  # redis-py encodes each argument as UTF-8
             raise CodecError(f"text cannot be stored in redis: {exc.reason}") from exc
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise store_error(exc) from exc
         try:
             reply: list[Any] = json.loads(text)
@@ -191,13 +222,33 @@ class RedisStore:
             raise StoreError(f"redis holds a malformed record: {exc}") from exc
         return reply
 
+    def _unreplicated(self, key: str, text: Any, acked: int) -> None:
+        """Refuse a claim too few replicas acknowledged. A fresh claim (nothing ran under it) is
+        deleted again, best effort, so the next attempt claims afresh; a taken-over record stays in
+        doubt under its new token until its lease runs out, as a record whose worker died does.
+
+        Raises:
+            StoreUnavailable: always.
+        """
+        with contextlib.suppress(ValueError, TypeError, IndexError, *ERRORS):
+            reply = json.loads(text)
+            if reply[0] == "claimed":
+                self._scripts(
+                    self._fail, (self._name(key),),
+                    (self._now_arg(), str(reply[7]), Disposition.RETRYABLE.value, "", 0.0, ""),
+                )  # fmt: skip
+        raise StoreUnavailable(
+            f"redis: {acked} of {self._replicas.count} replicas acknowledged the claim of {key!r} "
+            f"within {self._replicas.timeout:g} s; the effect does not run (a failover could lose it)"
+        )
+
     def now(self) -> float:
         """The store's clock: the injected one, or Redis's ``TIME`` (one round trip)."""
         if self._clock is not None:
             return self._clock()
         try:
             seconds, micros = self._client.time()
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise store_error(exc) from exc
         return int(seconds) + int(micros) / 1000000
 
@@ -211,6 +262,7 @@ class RedisStore:
         reply = self._run(
             self._claim, identity.key, self._now_arg(), float(lease), identity.namespace, identity.name,
             fingerprint, identity.scope, str(identity.ordinal), str(first_token()), _holder.current(),
+            replicated=True,
         )  # fmt: skip
         return ClaimResult(ClaimOutcome(reply[0]), _record(identity.key, reply))
 
@@ -219,7 +271,7 @@ class RedisStore:
         storable_text("key", key, empty_ok=True)  # a lone surrogate would reach the driver
         try:
             values = self._client.hmget(self._name(key), FIELDS)
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise store_error(exc) from exc
         return self._from_hmget(key, values)
 
@@ -255,7 +307,8 @@ class RedisStore:
 
     def take_over(self, key: str, token: int, lease: float) -> Record | None:
         """See :meth:`IdempotencyStore.take_over`: one script, one round trip."""
-        reply = self._run(self._take_over, key, self._now_arg(), str(token), float(lease), _holder.current())
+        args = (self._now_arg(), str(token), float(lease), _holder.current())
+        reply = self._run(self._take_over, key, *args, replicated=True)
         return None if reply[0] == "lost" else _record(key, reply)
 
     def heartbeat(self, key: str, token: int, lease: float) -> float:
@@ -272,7 +325,8 @@ class RedisStore:
         return sum(int(n) for n in pipe.execute())
 
     def _scan(self) -> Iterator[str]:
-        """The keys of every record (``SCAN``, so O(n) in the database size, never blocking it)."""
+        """The keys of every record (``SCAN``, so O(n) in the database size, never blocking it; a
+        cluster client's ``scan_iter`` scans every primary)."""
         skip = len(self._kp)
         for name in self._client.scan_iter(match=self._match, count=1000, _type="hash"):
             yield (name if isinstance(name, str) else name.decode())[skip:-1]
@@ -313,7 +367,7 @@ class RedisStore:
                         found.append(rec)
                         if len(found) == limit:
                             return found
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise store_error(exc) from exc
         return found
 
@@ -341,7 +395,7 @@ class RedisStore:
                         return deleted
             if batch:
                 deleted += self._purge_batch(batch, now)
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise store_error(exc) from exc
         return deleted
 

@@ -25,7 +25,8 @@ def open_journal(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = 
 
     - ``memory://``: :class:`MemoryJournal` (one process, nothing survives it).
     - ``sqlite:///path.db``, ``postgresql://user@host/db``: :class:`~sagaguard.saga.journals.sql.SqlJournal`.
-    - ``redis://host:port/db``, ``rediss://``, ``unix://``:
+    - ``redis://host:port/db``, ``rediss://``, ``unix://``, and a Redis Cluster's
+      ``redis+cluster://host:port[,host:port...]`` (``rediss+cluster://``):
       :class:`~sagaguard.saga.journals.redis.RedisJournal`.
 
     Raises:
@@ -41,7 +42,7 @@ def open_journal(url: str = DEFAULT_URL, *, clock: Callable[[], float] | None = 
         from sagaguard.saga.journals.sql import SqlJournal
 
         return SqlJournal(url, clock=clock)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         try:
             from sagaguard.saga.journals.redis import RedisJournal
         except ImportError as exc:  # redis-py is not installed

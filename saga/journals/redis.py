@@ -1,7 +1,8 @@
 """The Redis journal: every primitive is one Lua script over the keys of one saga.
 
 A saga lives in three keys that share the hash tag ``{<saga id>}``, so every script touches one hash
-slot and the layout suits Redis Cluster:
+slot and the layout suits Redis Cluster (a ``redis+cluster://`` URL or a ``RedisCluster`` client;
+``list`` scans every primary):
 
 - ``<prefix>:{<id>}``: a hash of the saga row (:class:`~sagaguard.saga.records.SagaRecord`'s fields; numbers
   as text that reads back as the exact float, None as an absent field);
@@ -35,7 +36,14 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from sagaguard.idempotency.backends.redis_client import ScriptRunner, connect
+from sagaguard.idempotency.backends.redis_client import (
+    ERRORS,
+    TRANSIENT,
+    RedisClient,
+    ScriptRunner,
+    connect,
+    load_scripts,
+)
 from sagaguard.idempotency.backends.redis_persistence import check_persistence
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga import lease as _lease
@@ -72,17 +80,9 @@ from sagaguard.saga.records import (
 
 __all__ = ["RedisJournal"]
 
-_TRANSIENT = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
-)
 
-
-def _error(exc: redis.RedisError) -> JournalError:
-    if isinstance(exc, _TRANSIENT):
+def _error(exc: redis.RedisError | redis.exceptions.RedisClusterException) -> JournalError:
+    if isinstance(exc, TRANSIENT):
         return JournalUnavailable(f"redis journal unavailable: {exc}")
     return JournalError(f"redis journal failed: {exc}")
 
@@ -176,8 +176,10 @@ class RedisJournal:
     """A :class:`~sagaguard.saga.journal.SagaJournal` in Redis, shared by any number of processes.
 
     Args:
-        url_or_client: a ``redis://``, ``rediss://`` or ``unix://`` URL, or a ready ``redis.Redis``
-            (left open by :meth:`close`). From a URL the client fails fast (connect timeout 2 s,
+        url_or_client: a ``redis://``, ``rediss://`` or ``unix://`` URL, a
+            ``redis+cluster://host:port[,host:port...]`` (or ``rediss+cluster://``) URL of a Redis
+            Cluster, or a ready ``redis.Redis`` or ``redis.cluster.RedisCluster`` (left open by
+            :meth:`close`). From a URL the client fails fast (connect timeout 2 s,
             read timeout 5 s) and never retries on its own: whether to retry a script whose reply
             was lost is the caller's decision.
         clock: seconds since the epoch; inject one to test leases without sleeping. By default every
@@ -191,12 +193,15 @@ class RedisJournal:
 
     def __init__(
         self,
-        url_or_client: str | redis.Redis,
+        url_or_client: str | RedisClient,
         *,
         clock: Callable[[], float] | None = None,
         prefix: str = "sgj",
     ) -> None:
-        client, self._owned = connect(url_or_client, prefix)
+        try:
+            client, self._owned = connect(url_or_client, prefix)
+        except ERRORS as exc:  # a cluster's nodes cannot be reached
+            raise _error(exc) from exc
         self._client = client
         self._clock = clock
         self._prefix = prefix
@@ -207,11 +212,8 @@ class RedisJournal:
          self._reopen, self._take_over) = scripts  # fmt: skip
         self._scripts = ScriptRunner(client, keep=self._owned)
         try:
-            pipe = client.pipeline(transaction=False)
-            for script in scripts:
-                pipe.script_load(script.script)
-            pipe.execute()
-        except redis.RedisError as exc:
+            load_scripts(client, scripts)
+        except ERRORS as exc:
             if self._owned:
                 client.close()
             raise _error(exc) from exc
@@ -243,7 +245,7 @@ class RedisJournal:
                 except NoScriptError:  # Redis restarted or flushed its scripts: NOSCRIPT did not run
                     self._client.script_load(script.script)
             raise JournalError("redis keeps refusing the journal's scripts (NOSCRIPT)")
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise _error(exc) from exc
 
     def _snapshot(self, saga_id: str, reply: Sequence[Any]) -> SagaSnapshot:
@@ -257,7 +259,7 @@ class RedisJournal:
             return float(self._clock())
         try:
             seconds, micros = self._client.time()
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise _error(exc) from exc
         return int(seconds) + int(micros) / 1_000_000
 
@@ -363,7 +365,7 @@ class RedisJournal:
 
     def _unindex(self, saga_id: str) -> None:
         # Best effort: an ended saga never becomes resumable again; a sweep removes it otherwise.
-        with contextlib.suppress(redis.RedisError):
+        with contextlib.suppress(*ERRORS):
             self._client.zrem(self._due_key, saga_id)
 
     def signal(self, saga_id: str, name: str, payload: str) -> SignalOutcome:
@@ -414,7 +416,7 @@ class RedisJournal:
             found.sort(key=lambda r: (r.lease_until, r.saga_id))
             if len(found) < limit:
                 found += self._dead_held(now)
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise _error(exc) from exc
         return found[:limit]
 
@@ -499,7 +501,7 @@ class RedisJournal:
                         found.append(record)
                         if len(found) == limit:
                             return found
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise _error(exc) from exc
         return found
 
