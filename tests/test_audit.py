@@ -127,7 +127,8 @@ def test_a_live_lease_is_refused_and_recorded(clock: FakeClock) -> None:
     assert [(e.outcome, e.error) for e in log.list()] == [(Outcome.REFUSED, "EffectBusy")]
     resolve_effect(store, key, applied=False, force=True, actor="ana", audit=log)
     assert store.get(key) is None
-    assert log.list()[0].args == {"applied": False, "name": "stripe.charge", "token": claimed.token, "force": True}
+    expected = {"applied": False, "name": "stripe.charge", "token": claimed.token, "force": True}
+    assert log.list()[0].args == expected
 
 
 def test_audited_tags_a_returned_refusal_and_records_nothing_without_a_log() -> None:
