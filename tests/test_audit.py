@@ -135,7 +135,12 @@ def test_audited_tags_a_returned_refusal_and_records_nothing_without_a_log() -> 
     log = open_audit("memory://")
     common = {"at": 5.0, "actor": "ana", "action": "saga.cancel", "kind": TargetKind.SAGA, "args": {}}
     value = audited(
-        log, target="s", source="api", act=lambda: "too_late", refusal=lambda v: v, **common  # type: ignore[arg-type]
+        log,
+        target="s",
+        source="api",
+        act=lambda: "too_late",
+        refusal=lambda v: v,
+        **common,  # type: ignore[arg-type]
     )
     assert value == "too_late"
     assert [(e.outcome, e.error) for e in log.list()] == [(Outcome.REFUSED, "too_late")]
