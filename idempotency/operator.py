@@ -19,6 +19,7 @@ from typing import Any
 from sagaguard.idempotency.audit import AuditLog, TargetKind, audited
 from sagaguard.idempotency.cliutil import duration
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
+from sagaguard.idempotency.holder import is_dead_on_this_host
 from sagaguard.idempotency.records import Disposition, Record, State
 from sagaguard.idempotency.store import IdempotencyStore
 
@@ -30,6 +31,7 @@ __all__ = [
     "OperatorRefused",
     "ResolveConflict",
     "find_effect",
+    "holder_gone",
     "needs_resolution",
     "resolve_effect",
     "result_json",
@@ -82,11 +84,18 @@ def find_effect(store: IdempotencyStore, key: str) -> Record:
     raise RecordNotFound(key)
 
 
+def holder_gone(record: Record, now: float) -> bool:
+    """Whether ``record`` is held under a live lease by a process provably dead on this host (as a
+    claimant on this host would take it over at once; see :mod:`sagaguard.idempotency.holder`)."""
+    return record.state in LIVE and record.lease_live(now) and is_dead_on_this_host(record.holder)
+
+
 def needs_resolution(record: Record, now: float) -> bool:
-    """Whether an operator may settle ``record``: in doubt, or in progress with its lease run out."""
-    return record.state is State.IN_DOUBT or (
-        record.state is State.IN_PROGRESS and not record.lease_live(now)
-    )
+    """Whether an operator may settle ``record`` without forcing it: in doubt, or in progress with
+    its lease run out or its holder gone."""
+    if record.state is State.IN_DOUBT:
+        return True
+    return record.state is State.IN_PROGRESS and (not record.lease_live(now) or holder_gone(record, now))
 
 
 def result_json(text: str) -> str:
@@ -115,7 +124,7 @@ def _settle(
         raise NothingToResolve(
             f"effect {record.name!r} ({short}) is already {record.state.value}: nothing to resolve"
         )
-    if record.lease_live(now) and not force:
+    if record.lease_live(now) and not force and not holder_gone(record, now):
         holder = "is running it" if record.state is State.IN_PROGRESS else "is resolving it"
         raise EffectBusy(
             f"effect {record.name!r} ({short}) is {record.state.value} and a worker {holder} "
@@ -162,7 +171,8 @@ def resolve_effect(
         applied: whether the effect happened.
         result: with ``applied``: the result's JSON text (``"null"`` for nothing).
         retention: how long the result is kept.
-        force: settle even though a worker's lease is live.
+        force: settle even though a worker's lease is live (not needed when the worker holding it
+            is provably dead on this host).
         token: the fencing token the operator saw (the CLI's read, the console's page): when the
             record has another one now, someone else acted in between and nothing is done.
         actor: who acts (recorded).

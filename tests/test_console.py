@@ -227,3 +227,9 @@ def test_ui_command_refuses_a_ledger_that_does_not_exist(
     assert "does not exist" in capsys.readouterr().err
     assert main(["ui", "--store", "memory://", "--token", "short"]) == 2
     assert "16 characters" in capsys.readouterr().err
+
+
+def test_the_confirmation_page_posts_to_its_action(world: World) -> None:
+    page = world.client(token=TOKEN).get("/confirm/saga.retry?target=refund-1&fresh=true")
+    assert 'action="/act/saga.retry"' in page.text and 'value="refund-1"' in page.text
+    assert "checked" in page.text  # fresh, as the link asked

@@ -214,7 +214,7 @@ class Console:
             return self.error(request, 404, "ConfigurationError", "no such action")
         fields = {name: request.query_params.get(name, "") for name in action.fields}
         data = {"action": action.name, "target": request.query_params.get("target", ""), "fields": fields}
-        return self.page(request, "confirm.html", {"json": data, "action": action, **data})
+        return self.page(request, "confirm.html", {"json": data, **data, "action": action})
 
     async def act(self, request: Request) -> Response:
         action = ACTIONS.get(request.path_params["action"])
