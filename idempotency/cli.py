@@ -453,7 +453,9 @@ def cmd_resolve(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) 
     finally:
         audit.close()
     if result is not None:
-        print(f"resolved {record.name!r} ({short}) as applied: later runs replay its result", file=out)
+        print(
+            f"resolved {record.name!r} ({short}) as applied: later runs replay the recorded result", file=out
+        )
     else:
         print(
             f"resolved {record.name!r} ({short}) as not applied: the record is removed and the "
