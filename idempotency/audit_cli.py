@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -91,11 +92,15 @@ def cmd_audit(url: str, args: argparse.Namespace, out: TextIO) -> int:
     file = sqlite_file(url)
     if file is not None and not file.exists():
         raise SchemaMissing(f"no SQLite database at {file} (the file does not exist): check --store")
-    store = open_existing_store(url)  # the ledger's clock; and a mistyped URL is an error
     try:
-        now = store.now()
-    finally:
-        store.close()
+        store = open_existing_store(url)  # the ledger's clock
+    except SchemaMissing:  # a database with the outbox alone: this machine's clock
+        now = time.time()
+    else:
+        try:
+            now = store.now()
+        finally:
+            store.close()
     log = open_audit(url, create=False)
     try:
         where = AuditFilter(
