@@ -233,3 +233,50 @@ def test_the_confirmation_page_posts_to_its_action(world: World) -> None:
     page = world.client(token=TOKEN).get("/confirm/saga.retry?target=refund-1&fresh=true")
     assert 'action="/act/saga.retry"' in page.text and 'value="refund-1"' in page.text
     assert "checked" in page.text  # fresh, as the link asked
+
+
+def test_a_bulk_action_previews_its_count_and_acts_once_per_action_id(world: World) -> None:
+    client = world.client(token=TOKEN)
+    csrf = _login(client)
+    page = client.get("/bulk/saga.cancel?view=waiting&prefix=trip-")
+    assert page.status_code == 200 and "<strong>2</strong> items" in page.text
+    action_id = re.search(r'name="action_id" value="([0-9a-f]{32})"', page.text)
+    assert action_id
+    # A saga that starts waiting after the preview is not touched: the form carries the ids.
+    form = {"csrf": csrf, "action_id": action_id.group(1), "targets": ["trip-1", "trip-2"], "reason": "bulk"}
+    response = client.post("/bulk/saga.cancel", data=form)
+    assert response.status_code == 303
+    assert "2 done, 0 refused" in client.get(response.headers["location"]).text
+    for saga_id in ("trip-1", "trip-2"):
+        assert world.journal.load(saga_id).saga.cancel_requested is True  # type: ignore[union-attr]
+    # The same form again (a reload, a double click): nothing is done again.
+    again = client.post("/bulk/saga.cancel", data=form)
+    assert "already done, nothing done again" in client.get(again.headers["location"]).text
+    cancels = world.audit.list(AuditFilter(action="saga.cancel"))
+    assert len(cancels) == 2 and {e.args["reason"] for e in cancels} == {"bulk"}
+    (bulk,) = world.audit.list(AuditFilter(action="bulk.saga.cancel"))
+    assert (bulk.target, bulk.args, bulk.actor) == (action_id.group(1), {"count": 2}, "ana")
+
+
+def test_the_bulk_json_api_and_its_refusals(world: World) -> None:
+    client = world.client(token=TOKEN)
+    preview = client.get("/bulk/effect.resolve?view=in_doubt&prefix=stripe.", headers=JSON).json()
+    assert preview["count"] == 1 and preview["targets"] == [world.ids["doubt"]]
+    body = {
+        "action_id": preview["action_id"],
+        "targets": [*preview["targets"], "f" * 64],
+        "verdict": "applied",
+    }
+    done = client.post("/bulk/effect.resolve", json=body, headers=BEARER).json()
+    # Bulk resolves are "not applied" whatever is sent; an unknown key is refused, the rest goes on.
+    assert (done["done"], done["refused"], done["refusals"]) == (1, 1, {"f" * 64: "RecordNotFound"})
+    assert world.store.get(world.ids["doubt"]) is None
+    assert client.post("/bulk/effect.resolve", json=body, headers=BEARER).json()["repeated"] is True
+    assert (
+        client.post("/bulk/effect.resolve", json={**body, "action_id": "x"}, headers=BEARER).status_code
+        == 400
+    )
+    assert client.post("/bulk/saga.skip", json=body, headers=BEARER).status_code == 400  # no bulk form
+    assert client.get("/bulk/saga.retry?view=nope", headers=JSON).status_code == 400
+    read_only = world.client()
+    assert read_only.post("/bulk/saga.retry", json=body, headers=BEARER).status_code == 403

@@ -35,6 +35,8 @@ class TargetKind(enum.StrEnum):
     EFFECT = "effect"
     SAGA = "saga"
     MESSAGE = "message"
+    BULK = "bulk"
+    """A bulk action: its target is the action id."""
 
 
 @dataclass(frozen=True)

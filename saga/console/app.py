@@ -32,6 +32,7 @@ from sagaguard.idempotency.operator import needs_resolution
 from sagaguard.idempotency.records import Record
 from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.saga.console.actions import ACTIONS, Context, perform
+from sagaguard.saga.console.bulk import BULK, MAX_ITEMS, new_action_id, preview, run_bulk
 from sagaguard.saga.console.data import (
     EFFECT_LISTS,
     SAGA_LISTS,
@@ -249,6 +250,61 @@ class Console:
         request.session["flash"] = f"{action.title} {target}: {done.outcome}"
         return RedirectResponse(done.back, status_code=303)
 
+    def bulk_preview(self, request: Request) -> Response:
+        name = request.path_params["action"]
+        q = request.query_params
+        view = q.get("view", "")
+        try:
+            targets = preview(
+                self.store, self.journal, name, view=view, prefix=q.get("prefix", ""), name=q.get("name", "")
+            )
+        except ConfigurationError as exc:
+            return self.error(request, 400, type(exc).__name__, str(exc))
+        action_id = new_action_id()
+        data = {
+            "action": name,
+            "action_id": action_id,
+            "count": len(targets),
+            "targets": targets,
+            "capped": len(targets) >= MAX_ITEMS,
+        }
+        return self.page(
+            request, "bulk.html",
+            {"json": data, **data, "action": ACTIONS[name], "view": view, "fixed": BULK[name][1]},
+        )  # fmt: skip
+
+    async def bulk_run(self, request: Request) -> Response:
+        name = request.path_params["action"]
+        form: dict[str, Any]
+        try:
+            if request.headers.get("content-type", "").startswith("application/json"):
+                body = await request.json()
+                form = dict(body) if isinstance(body, dict) else {}
+            else:
+                raw = await request.form()
+                form = {**dict(raw), "targets": raw.getlist("targets")}
+            actor = self._actor(request, form)
+        except Refused as exc:
+            return self.error(request, exc.status, "Refused", exc.reason)
+        except ValueError:
+            return self.error(request, 400, "ConfigurationError", "the body is not a JSON object")
+        targets = form.get("targets")
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            return self.error(request, 400, "ConfigurationError", "targets must be a list of ids")
+        ctx = Context(self.store, self.journal, self.audit, actor)
+        try:
+            result = run_bulk(ctx, name, str(form.get("action_id", "")), targets, form)
+        except ConfigurationError as exc:
+            return self.error(request, 400, type(exc).__name__, str(exc))
+        if _wants_json(request):
+            return JSONResponse({"ok": True, "action": name, **result.to_json()})
+        if result.repeated:
+            request.session["flash"] = f"bulk {name} {result.action_id[:8]}: already done, nothing done again"
+        else:
+            done, refused = len(result.outcomes), len(result.refused)
+            request.session["flash"] = f"bulk {name} {result.action_id[:8]}: {done} done, {refused} refused"
+        return RedirectResponse(f"/audit?target={result.action_id}", status_code=303)
+
     def _actor(self, request: Request, form: Mapping[str, Any]) -> str:
         actor = bearer_actor(request, self.settings)
         if actor is not None:
@@ -323,6 +379,8 @@ def create_app(
         Route("/audit", console.audit_page),
         Route("/confirm/{action}", console.confirm),
         Route("/act/{action}", console.act, methods=["POST"]),
+        Route("/bulk/{action}", console.bulk_preview, methods=["GET"]),
+        Route("/bulk/{action}", console.bulk_run, methods=["POST"]),
         Route("/login", console.login, methods=["GET", "POST"]),
         Route("/logout", console.logout, methods=["POST"]),
         Mount(
