@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -280,3 +282,62 @@ def test_the_bulk_json_api_and_its_refusals(world: World) -> None:
     assert client.get("/bulk/saga.retry?view=nope", headers=JSON).status_code == 400
     read_only = world.client()
     assert read_only.post("/bulk/saga.retry", json=body, headers=BEARER).status_code == 403
+
+
+def test_the_outbox_page_replays_and_discards_dead_letters(world: World, tmp_path: Path) -> None:
+    from sqlalchemy.orm import Session
+
+    from sagaguard.idempotency.outbox import Outbox, Relay
+    from sagaguard.idempotency.outbox.control import OutboxControl
+    from sagaguard.idempotency.outbox.model import migrate
+    from sagaguard.idempotency.stores.sql import make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path}/outbox.db")
+    migrate(engine)
+    outbox = Outbox(max_attempts=1)
+    delivered: list[Any] = []
+
+    def send(message: Any) -> None:
+        if message.payload["n"] < 2:
+            raise RuntimeError("smtp down")
+        delivered.append(message.payload)
+
+    outbox.register("email", send)
+    with Session(engine) as session:
+        ids = [outbox.enqueue(session, "email", {"n": n}, aggregate_id=f"user-{n}") for n in range(3)]
+        session.commit()
+    relay = Relay(outbox, engine)
+    try:
+        relay.run_once()
+        app = create_app(
+            ConsoleSettings(SHOWN_URL, token=TOKEN), store=world.store, journal=world.journal,
+            audit=world.audit, outbox=OutboxControl(engine),
+        )  # fmt: skip
+        client = TestClient(app, follow_redirects=False)
+        home = client.get("/", headers=JSON).json()
+        assert home["outbox"]["dead"] == 2
+        page = client.get("/outbox")
+        assert ids[0] in page.text and "RuntimeError: smtp down" in page.text and "Replay…" in page.text
+        letters = client.get("/outbox", headers=JSON).json()["dead_letters"]
+        assert {d["id"] for d in letters} == {ids[0], ids[1]}
+        assert client.post("/act/outbox.discard", json={"target": ids[1]}, headers=BEARER).json()["ok"]
+        assert client.post("/act/outbox.discard", json={"target": ids[1]}, headers=BEARER).status_code == 409
+        preview = client.get("/bulk/outbox.replay?view=dead", headers=JSON).json()
+        assert preview["targets"] == [ids[0]]
+        body = {"action_id": preview["action_id"], "targets": preview["targets"]}
+        assert client.post("/bulk/outbox.replay", json=body, headers=BEARER).json()["done"] == 1
+        assert client.get("/", headers=JSON).json()["outbox"]["dead"] == 0
+        entries = [
+            (e.action, e.target, e.outcome) for e in reversed(world.audit.list(AuditFilter(action="outbox.")))
+        ]
+        assert entries == [
+            ("outbox.discard", ids[1], Outcome.OK), ("outbox.discard", ids[1], Outcome.REFUSED),
+            ("outbox.replay", ids[0], Outcome.OK),
+        ]  # fmt: skip
+    finally:
+        relay.close()
+        engine.dispose()
+    # A console without an outbox says so, and refuses its actions.
+    assert "no outbox table" in world.client().get("/outbox").text
+    refused = world.client(token=TOKEN).post("/act/outbox.replay", json={"target": ids[0]}, headers=BEARER)
+    assert refused.status_code == 400

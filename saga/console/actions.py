@@ -15,6 +15,8 @@ from typing import Any
 from sagaguard.idempotency.audit import AuditLog
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.operator import resolve_effect
+from sagaguard.idempotency.outbox.control import OutboxControl
+from sagaguard.idempotency.outbox.operator import discard_dead, replay_dead
 from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.operator import cancel_saga, reject_run, retry_saga, signal_saga, skip_compensation
@@ -38,6 +40,7 @@ class Context:
     journal: SagaJournal
     audit: AuditLog
     actor: str
+    outbox: OutboxControl | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,22 @@ def _reject(ctx: Context, target: str, form: Mapping[str, str]) -> Done:
     return Done(outcome.value, f"/sagas/{target}")
 
 
+def _outbox(ctx: Context) -> OutboxControl:
+    if ctx.outbox is None:
+        raise ConfigurationError("this console has no outbox (start it on the outbox's database)")
+    return ctx.outbox
+
+
+def _replay(ctx: Context, target: str, form: Mapping[str, str]) -> Done:
+    replay_dead(_outbox(ctx), target, actor=ctx.actor, audit=ctx.audit, source="console")
+    return Done("replayed", "/outbox")
+
+
+def _discard(ctx: Context, target: str, form: Mapping[str, str]) -> Done:
+    discard_dead(_outbox(ctx), target, actor=ctx.actor, audit=ctx.audit, source="console")
+    return Done("discarded", "/outbox")
+
+
 ACTIONS: dict[str, Action] = {
     action.name: action
     for action in (
@@ -192,6 +211,18 @@ ACTIONS: dict[str, Action] = {
             "reverse order at the next recovery sweep.",
             ("reason",),
             _reject,
+        ),
+        Action(
+            "outbox.replay", "Replay", "message",
+            "Give this dead letter back to the relays, its attempts counted from zero: its handler "
+            "runs again (under the same provider key), and the messages blocked behind it drain.",
+            (), _replay,
+        ),
+        Action(
+            "outbox.discard", "Discard", "message",
+            "Give up on this dead letter for good: it is never delivered, and the messages blocked "
+            "behind it drain.",
+            (), _discard,
         ),
     )
 }

@@ -29,12 +29,14 @@ from sagaguard.idempotency.backends.urls import masked
 from sagaguard.idempotency.cliutil import duration
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, RecordNotFound
 from sagaguard.idempotency.operator import needs_resolution
+from sagaguard.idempotency.outbox.control import OutboxControl
 from sagaguard.idempotency.records import Record
 from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.saga.console.actions import ACTIONS, Context, perform
 from sagaguard.saga.console.bulk import BULK, MAX_ITEMS, new_action_id, preview, run_bulk
 from sagaguard.saga.console.data import (
     EFFECT_LISTS,
+    PAGE,
     SAGA_LISTS,
     effect_counts,
     effect_page,
@@ -82,8 +84,10 @@ class Console:
     """The routes, bound to one ledger and journal."""
 
     def __init__(
-        self, settings: ConsoleSettings, store: IdempotencyStore, journal: SagaJournal, audit: AuditLog
-    ) -> None:
+        self, settings: ConsoleSettings, store: IdempotencyStore, journal: SagaJournal, audit: AuditLog,
+        outbox: OutboxControl | None = None,
+    ) -> None:  # fmt: skip
+        self.outbox = outbox
         self.settings = settings
         self.store = store
         self.journal = journal
@@ -117,13 +121,17 @@ class Console:
 
     def home(self, request: Request) -> Response:
         effects, sagas = effect_counts(self.store), saga_counts(self.journal)
+        outbox = None if self.outbox is None else self.outbox.status()
         data = {
+            "outbox": None if outbox is None else {**dataclasses.asdict(outbox), "depth": outbox.depth},
             "store": masked(self.settings.store_url),
             "effects": [dataclasses.asdict(c) | {"shown": c.shown} for c in effects],
             "sagas": [dataclasses.asdict(c) | {"shown": c.shown} for c in sagas],
             "read_only": not self.settings.can_act,
         }
-        return self.page(request, "home.html", {"json": data, "effects": effects, "sagas": sagas})
+        return self.page(
+            request, "home.html", {"json": data, "effects": effects, "sagas": sagas, "outbox": outbox}
+        )
 
     def effects(self, request: Request) -> Response:
         view = request.query_params.get("view", "in_doubt")
@@ -197,6 +205,24 @@ class Console:
         }  # fmt: skip
         return self.page(request, "saga.html", {"json": data, "view": view})
 
+    def outbox_page(self, request: Request) -> Response:
+        if self.outbox is None:
+            data: dict[str, Any] = {"outbox": None}
+            empty: dict[str, Any] = {"json": data, "status": None, "letters": [], "after": None}
+            return self.page(request, "outbox.html", empty)
+        after = request.query_params.get("after") or None
+        status = self.outbox.status()
+        letters = self.outbox.dead_letters(limit=PAGE + 1, after=after)
+        more = letters[PAGE - 1].id if len(letters) > PAGE else None
+        letters = letters[:PAGE]
+        data = {
+            "status": {**dataclasses.asdict(status), "depth": status.depth},
+            "dead_letters": [dataclasses.asdict(d) for d in letters],
+            "next_after": more,
+        }
+        shown = {"json": data, "status": status, "letters": letters, "after": more}
+        return self.page(request, "outbox.html", shown)
+
     def audit_page(self, request: Request) -> Response:
         q = request.query_params
         where = AuditFilter(
@@ -234,7 +260,7 @@ class Console:
         except ValueError:
             return self.error(request, 400, "ConfigurationError", "the body is not a JSON object")
         target = str(form.get("target", ""))
-        ctx = Context(self.store, self.journal, self.audit, actor)
+        ctx = Context(self.store, self.journal, self.audit, actor, self.outbox)
         try:
             done = perform(action, ctx, target, form)
         except ConfigurationError as exc:
@@ -256,8 +282,9 @@ class Console:
         view = q.get("view", "")
         try:
             targets = preview(
-                self.store, self.journal, name, view=view, prefix=q.get("prefix", ""), name=q.get("name", "")
-            )
+                self.store, self.journal, name, view=view, prefix=q.get("prefix", ""), name=q.get("name", ""),
+                outbox=self.outbox,
+            )  # fmt: skip
         except ConfigurationError as exc:
             return self.error(request, 400, type(exc).__name__, str(exc))
         action_id = new_action_id()
@@ -291,7 +318,7 @@ class Console:
         targets = form.get("targets")
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
             return self.error(request, 400, "ConfigurationError", "targets must be a list of ids")
-        ctx = Context(self.store, self.journal, self.audit, actor)
+        ctx = Context(self.store, self.journal, self.audit, actor, self.outbox)
         try:
             result = run_bulk(ctx, name, str(form.get("action_id", "")), targets, form)
         except ConfigurationError as exc:
@@ -347,7 +374,7 @@ class Console:
 
 def create_app(
     settings: ConsoleSettings, *, store: IdempotencyStore, journal: SagaJournal, audit: AuditLog,
-    close: bool = False,
+    outbox: OutboxControl | None = None, close: bool = False,
 ) -> Starlette:  # fmt: skip
     """The console as an ASGI application.
 
@@ -356,9 +383,10 @@ def create_app(
         store: the ledger it reads and acts on.
         journal: the saga journal.
         audit: the audit log actions are recorded in.
+        outbox: the outbox's control, when the ledger's database holds one (its pages and actions).
         close: close the three when the application shuts down.
     """
-    console = Console(settings, store, journal, audit)
+    console = Console(settings, store, journal, audit, outbox)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -377,6 +405,7 @@ def create_app(
         Route("/sagas", console.sagas),
         Route("/sagas/{saga_id:path}", console.saga),
         Route("/audit", console.audit_page),
+        Route("/outbox", console.outbox_page),
         Route("/confirm/{action}", console.confirm),
         Route("/act/{action}", console.act, methods=["POST"]),
         Route("/bulk/{action}", console.bulk_preview, methods=["GET"]),

@@ -19,6 +19,7 @@ from typing import Any
 
 from sagaguard.idempotency.audit import AuditEntry, AuditFilter, TargetKind
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, RecordNotFound
+from sagaguard.idempotency.outbox.control import OutboxControl
 from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.saga.console.actions import ACTIONS, Context, perform
 from sagaguard.saga.console.data import effect_page, saga_page
@@ -35,6 +36,7 @@ BULK: dict[str, tuple[str, Mapping[str, str]]] = {
     "saga.retry": ("sagas", {}),
     "saga.cancel": ("sagas", {}),
     "saga.reject": ("sagas", {}),
+    "outbox.replay": ("outbox", {}),
 }
 """The actions that have a bulk form: the list they act on, and the fields they fix (a bulk
 resolve is only ever *not applied*: an applied one needs each effect's own result)."""
@@ -49,8 +51,9 @@ def new_action_id() -> str:
 
 
 def preview(
-    store: IdempotencyStore, journal: SagaJournal, action: str, *, view: str, prefix: str = "", name: str = ""
-) -> list[str]:
+    store: IdempotencyStore, journal: SagaJournal, action: str, *, view: str, prefix: str = "",
+    name: str = "", outbox: OutboxControl | None = None,
+) -> list[str]:  # fmt: skip
     """The ids of the items the bulk ``action`` would touch now, at most :data:`MAX_ITEMS`.
 
     Raises:
@@ -59,6 +62,11 @@ def preview(
     if action not in BULK:
         raise ConfigurationError(f"no bulk form for {action!r}")
     try:
+        if BULK[action][0] == "outbox":
+            if outbox is None:
+                raise ConfigurationError("this console has no outbox")
+            letters = outbox.dead_letters(limit=MAX_ITEMS)
+            return [d.id for d in letters if (d.aggregatetype + "/" + d.aggregateid).startswith(prefix)]
         if BULK[action][0] == "effects":
             return [r.key for r in effect_page(store, view, prefix=prefix, size=MAX_ITEMS).items]
         return [r.saga_id for r in saga_page(journal, view, prefix=prefix, name=name, size=MAX_ITEMS).items]

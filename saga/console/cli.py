@@ -2,7 +2,7 @@
 
 ::
 
-    sagaguard ui [--store URL] [--journal URL] [--host 127.0.0.1] [--port 8089]
+    sagaguard ui [--store URL] [--journal URL] [--outbox URL] [--host 127.0.0.1] [--port 8089]
                  [--token TOKEN] [--read-only] [--show-payloads] [--trace-url TEMPLATE]
 
 Safe by default: it binds 127.0.0.1, and nobody acts without the token. The token is ``--token``,
@@ -27,8 +27,9 @@ from typing import Any
 
 from sagaguard.idempotency.audit import open_audit
 from sagaguard.idempotency.backends.urls import check_url, masked
-from sagaguard.idempotency.cliutil import open_existing_store, require_schema
+from sagaguard.idempotency.cliutil import SchemaMissing, open_existing_store, require_schema
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
+from sagaguard.idempotency.outbox.model import DEFAULT_TABLE as OUTBOX_TABLE
 from sagaguard.idempotency.stores import DEFAULT_URL
 from sagaguard.saga.errors import SagaError
 from sagaguard.saga.journal import SagaJournal
@@ -57,6 +58,10 @@ def add_commands(subparsers: Any) -> None:
     ui.add_argument("--store", metavar="URL", default=argparse.SUPPRESS,
                     help=f"the ledger (default: ${ENV_STORE}, else {DEFAULT_URL})")  # fmt: skip
     ui.add_argument("--journal", metavar="URL", help="the saga journal (default: the store)")
+    ui.add_argument(
+        "--outbox", metavar="URL", help="the outbox's database (default: the store's, if it has one)"
+    )
+    ui.add_argument("--outbox-table", default=OUTBOX_TABLE, metavar="T", help="the outbox table")
     ui.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=8089, help="the port (default 8089)")
     ui.add_argument(
@@ -83,6 +88,29 @@ def _journal(url: str) -> SagaJournal:
 
     require_schema(url, [str(m.__tablename__) for m in journal_models(DEFAULT_PREFIX)], what="sagas")
     return SqlJournal(url, create=False)
+
+
+def _outbox(url: str, table: str, explicit: bool) -> Any:
+    """The outbox's control on ``url`` when its table is there; None otherwise (an ``--outbox`` URL
+    given explicitly without the table is an error).
+
+    Raises:
+        SchemaMissing: ``explicit`` and no outbox table (or no SQLite file) at ``url``.
+    """
+    if check_url(url, what="outbox") not in ("sqlite", "postgresql"):
+        if explicit:
+            raise ConfigurationError("the outbox lives in SQLite or Postgres: --outbox needs such a URL")
+        return None
+    try:
+        require_schema(url, [table], what="outbox", option="--outbox")
+    except SchemaMissing:
+        if explicit:
+            raise
+        return None
+    from sagaguard.idempotency.outbox.control import OutboxControl
+    from sagaguard.idempotency.stores.sql import make_engine
+
+    return OutboxControl(make_engine(url), table)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,13 +143,14 @@ def run(args: argparse.Namespace) -> int:
         opened.append(journal)
         audit = open_audit(url)
         opened.append(audit)
+        outbox = _outbox(args.outbox or url, args.outbox_table, args.outbox is not None)
     except (ConfigurationError, IdempotencyError, SagaError) as exc:
         for thing in reversed(opened):
             with contextlib.suppress(Exception):
                 thing.close()
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigurationError) else EXIT_FAILED
-    app = create_app(settings, store=store, journal=journal, audit=audit, close=True)
+    app = create_app(settings, store=store, journal=journal, audit=audit, outbox=outbox, close=True)
     print(f"{PROG} ui: {masked(url)} at http://{args.host}:{args.port}/", flush=True)
     if args.read_only:
         print(f"{PROG} ui: read-only (no actions)", flush=True)
@@ -129,5 +158,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG} ui: log in with the token {token} (or set ${ENV_TOKEN})", flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"{PROG} ui: warning: listening on {args.host}, not only this machine", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        if outbox is not None:
+            outbox.db.engine.dispose()
     return EXIT_OK
