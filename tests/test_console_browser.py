@@ -121,7 +121,10 @@ def console(tmp_path: Path) -> Iterator[tuple[str, Callable[[], str]]]:
             proc.kill()
 
 
-@pytest.mark.slow  # about 20 s: three Python processes, a browser, a worker pass
+# About 20 s (three Python processes, a browser, worker passes): it runs with the long sweeps
+# (-m slow, `make slow`, CI), not in `make test`.
+@pytest.mark.slow
+@pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow")
 def test_the_console_in_a_browser(
     api: LocalIdempotentApi, console: tuple[str, Callable[[], str]], tmp_path: Path
 ) -> None:
