@@ -341,3 +341,41 @@ def test_the_outbox_page_replays_and_discards_dead_letters(world: World, tmp_pat
     assert "no outbox table" in world.client().get("/outbox").text
     refused = world.client(token=TOKEN).post("/act/outbox.replay", json={"target": ids[0]}, headers=BEARER)
     assert refused.status_code == 400
+
+
+def test_lists_filter_by_age(world: World) -> None:
+    client = world.client()
+    assert client.get("/sagas?view=waiting&older=1h", headers=JSON).json()["items"] == []
+    world.clock.advance(7200.0)
+    older = client.get("/sagas?view=waiting&older=1h", headers=JSON).json()["items"]
+    assert [s["saga_id"] for s in older] == ["trip-1", "trip-2"]
+    assert client.get("/sagas?view=waiting&newer=90m", headers=JSON).json()["items"] == []
+    effects = client.get("/effects?view=in_doubt&older=3600&newer=1d", headers=JSON).json()["items"]
+    assert world.ids["doubt"] in [e["key"] for e in effects]
+    page = client.get("/sagas?view=waiting&older=1h")
+    assert 'value="1h"' in page.text
+    assert client.get("/sagas?view=waiting&older=soon").status_code == 400
+    assert client.get("/effects?view=in_doubt&newer=-5").status_code == 400
+
+
+def test_trace_ids_link_to_the_trace_viewer(world: World) -> None:
+    from _consolekit import Order, sagas
+    from _guardutil import span_exporter
+
+    from sagaguard.idempotency import Guard
+    from sagaguard.saga import SagaRunner
+
+    if span_exporter() is None:
+        pytest.skip("another test set a non-SDK tracer provider")
+    trip, _ = sagas(Psp())
+    runner = SagaRunner(world.journal, Guard(world.store), lease=30, wait=0)
+    try:
+        runner.run(trip, "trip-traced", Order("9"))
+    finally:
+        runner.close()
+    steps = world.client().get("/sagas/trip-traced", headers=JSON).json()["steps"]
+    trace_id = steps[0]["trace_id"]
+    assert trace_id and len(trace_id) == 32
+    page = world.client(trace_url="http://traces.example/trace/{trace_id}").get("/sagas/trip-traced")
+    assert f'href="http://traces.example/trace/{trace_id}"' in page.text
+    assert "traces.example" not in world.client().get("/sagas/trip-traced").text

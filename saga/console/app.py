@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from importlib.resources import files
@@ -53,6 +54,25 @@ from sagaguard.saga.records import SagaRecord
 __all__ = ["create_app"]
 
 _HIDDEN = "hidden (start the console with --show-payloads to see it)"
+
+
+def _seconds(request: Request, name: str) -> float | None:
+    """The query parameter ``name`` as seconds (``3600``, ``90m``, ``2h``, ``1d``), or None.
+
+    Raises:
+        ConfigurationError: not a number of seconds, minutes, hours or days.
+    """
+    text = request.query_params.get(name, "").strip().lower()
+    if not text:
+        return None
+    unit = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}.get(text[-1])
+    try:
+        value = float(text[:-1] if unit else text) * (unit or 1.0)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number of seconds, or with m, h or d: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigurationError(f"{name} must be a finite, non-negative duration")
+    return value
 
 
 def _wants_json(request: Request) -> bool:
@@ -138,14 +158,24 @@ class Console:
         if view not in EFFECT_LISTS:
             return self.error(request, 400, "ConfigurationError", f"no effect list {view!r}")
         prefix = request.query_params.get("prefix", "")
-        page = effect_page(self.store, view, prefix=prefix, after=request.query_params.get("after") or None)
+        try:
+            older, newer = _seconds(request, "older"), _seconds(request, "newer")
+        except ConfigurationError as exc:
+            return self.error(request, 400, type(exc).__name__, str(exc))
+        after = request.query_params.get("after") or None
+        page = effect_page(self.store, view, prefix=prefix, after=after, older=older, newer=newer)
         now = self.store.now()
         show = self.settings.show_payloads
         data = {"items": [_effect_json(r, show, now) for r in page.items], "next_after": page.next_after}
         return self.page(
             request, "effects.html",
-            {"json": data, "page": page, "view": view, "prefix": prefix, "views": list(EFFECT_LISTS)},
+            {"json": data, "page": page, "view": view, "prefix": prefix, "views": list(EFFECT_LISTS),
+             "ages": self._ages(request)},
         )  # fmt: skip
+
+    @staticmethod
+    def _ages(request: Request) -> dict[str, str]:
+        return {name: request.query_params.get(name, "") for name in ("older", "newer")}
 
     def effect(self, request: Request) -> Response:
         key = request.path_params["key"]
@@ -169,12 +199,17 @@ class Console:
             return self.error(request, 400, "ConfigurationError", f"no saga list {view!r}")
         prefix, name = request.query_params.get("prefix", ""), request.query_params.get("name", "")
         after = request.query_params.get("after") or None
-        page = saga_page(self.journal, view, prefix=prefix, name=name, after=after)
+        try:
+            older, newer = _seconds(request, "older"), _seconds(request, "newer")
+        except ConfigurationError as exc:
+            return self.error(request, 400, type(exc).__name__, str(exc))
+        page = saga_page(self.journal, view, prefix=prefix, name=name, after=after, older=older, newer=newer)
         show = self.settings.show_payloads
         data = {"items": [_saga_json(r, show) for r in page.items], "next_after": page.next_after}
         return self.page(
             request, "sagas.html",
             {"json": data, "page": page, "view": view, "prefix": prefix, "name": name,
+             "ages": self._ages(request),
              "views": list(SAGA_LISTS)},
         )  # fmt: skip
 

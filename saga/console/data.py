@@ -113,13 +113,34 @@ def _sagas(journal: SagaJournal, states: Sequence[SagaState], after: str | None)
         after = page[-1].saga_id
 
 
-def effect_matches(record: Record, prefix: str) -> bool:
-    """Whether the effect's name, scope or key starts with ``prefix``."""
+@dataclass(frozen=True)
+class Age:
+    """A time range by age: items created at least ``older`` and at most ``newer`` seconds ago
+    (None: no bound), against ``now``."""
+
+    now: float
+    older: float | None = None
+    newer: float | None = None
+
+    def holds(self, created_at: float) -> bool:
+        age = self.now - created_at
+        return (self.older is None or age >= self.older) and (self.newer is None or age <= self.newer)
+
+
+def effect_matches(record: Record, prefix: str, age: Age | None = None) -> bool:
+    """Whether the effect's name, scope or key starts with ``prefix`` and its age is in ``age``."""
+    if age is not None and not age.holds(record.created_at):
+        return False
     return not prefix or any(part.startswith(prefix) for part in (record.name, record.scope, record.key))
 
 
-def saga_matches(record: SagaRecord, prefix: str, name: str, view: str, now: float) -> bool:
-    """Whether the saga is in the list ``view`` and its id starts with ``prefix`` and name with ``name``."""
+def saga_matches(
+    record: SagaRecord, prefix: str, name: str, view: str, now: float, *, age: Age | None = None
+) -> bool:
+    """Whether the saga is in the list ``view``, its id starts with ``prefix``, its name with
+    ``name``, and its age is in ``age``."""
+    if age is not None and not age.holds(record.created_at):
+        return False
     if view == "running_past_lease" and not (record.lease_until < FOREVER and record.lease_until <= now):
         return False
     return record.saga_id.startswith(prefix) and record.name.startswith(name)
@@ -141,12 +162,14 @@ def _page(
 
 
 def effect_page(
-    store: IdempotencyStore, view: str, *, prefix: str = "", after: str | None = None, size: int = PAGE
-) -> Page[Record]:
-    """One page of the effect list ``view`` (:data:`EFFECT_LISTS`), in key order."""
-    return _page(
-        _effects(store, EFFECT_LISTS[view], after), lambda r: effect_matches(r, prefix), lambda r: r.key, size
-    )
+    store: IdempotencyStore, view: str, *, prefix: str = "", after: str | None = None, size: int = PAGE,
+    older: float | None = None, newer: float | None = None,
+) -> Page[Record]:  # fmt: skip
+    """One page of the effect list ``view`` (:data:`EFFECT_LISTS`), in key order, filtered by a
+    prefix of the name, scope or key and by age (seconds since it was created)."""
+    age = Age(store.now(), older, newer)
+    found = _effects(store, EFFECT_LISTS[view], after)
+    return _page(found, lambda r: effect_matches(r, prefix, age), lambda r: r.key, size)
 
 
 def _past(saga_id: str, prefix: str) -> bool:
@@ -156,15 +179,17 @@ def _past(saga_id: str, prefix: str) -> bool:
 
 def saga_page(
     journal: SagaJournal, view: str, *, prefix: str = "", name: str = "", after: str | None = None,
-    size: int = PAGE,
+    size: int = PAGE, older: float | None = None, newer: float | None = None,
 ) -> Page[SagaRecord]:  # fmt: skip
-    """One page of the saga list ``view`` (:data:`SAGA_LISTS`), in id order."""
+    """One page of the saga list ``view`` (:data:`SAGA_LISTS`), in id order, filtered by a prefix of
+    the id and of the name and by age (seconds since it was created)."""
     now = journal.now()
+    age = Age(now, older, newer)
     # Ids that start with the prefix sort after any shorter prefix of it, and end the range once
     # one sorts past it without starting with it: scan only that range.
     start = after if after is not None else (prefix[:-1] or None)
     return _page(
-        _sagas(journal, SAGA_LISTS[view], start), lambda r: saga_matches(r, prefix, name, view, now),
+        _sagas(journal, SAGA_LISTS[view], start), lambda r: saga_matches(r, prefix, name, view, now, age=age),
         lambda r: r.saga_id, size, stop=lambda r: _past(r.saga_id, prefix),
     )  # fmt: skip
 
