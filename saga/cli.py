@@ -330,17 +330,8 @@ def _show(
     if snapshot.signals:
         print(f"signals: {', '.join(sorted(snapshot.signals))}", file=out)
     print("timeline:", file=out)
-    for event in timeline(snapshot, found):
+    for event in timeline(snapshot, found, audit):
         print(f"  {event}", file=out)
-    if audit:
-        print("operator actions:", file=out)
-        for entry in audit:
-            done = entry.outcome.value + (f" ({entry.error})" if entry.error else "")
-            print(
-                f"  {duration(max(0.0, now - entry.at))} ago: {entry.actor} ({entry.source}) "
-                f"{entry.action} {json.dumps(dict(entry.args), separators=(',', ':'))}: {done}",
-                file=out,
-            )
     if r.error is not None:
         print("error:", file=out)
         for line in _pretty(r.error).splitlines():

@@ -161,6 +161,10 @@ def test_an_action_needs_the_token_and_the_csrf_token(world: World) -> None:
     )  # fmt: skip
     page = client.get("/sagas/trip-1")
     assert "cancel requested" in page.text and "saga.cancel" in page.text  # the audit on its page
+    # ...and in its timeline, among the saga's own events.
+    timeline = client.get("/sagas/trip-1", headers=JSON).json()["timeline"]
+    assert [e["what"] for e in timeline if e["operator"]] == ["saga.cancel ok"]
+    assert "operator ana (console)" in page.text
     assert "Cancel trip-1: requested" in page.text  # the flash
 
 

@@ -232,7 +232,8 @@ class Console:
                 for s in view.steps
             ],
             "timeline": [
-                {"at": e.at, "time": rfc3339(e.at), "step": e.step, "what": e.what, "detail": e.detail}
+                {"at": e.at, "time": rfc3339(e.at), "step": e.step, "what": e.what, "detail": e.detail,
+                 "operator": e.operator}
                 for e in view.events
             ],
             "signals": sorted(view.snapshot.signals),

@@ -301,4 +301,4 @@ def saga_view(
             )
         )
     entries = [] if audit is None else list(reversed(audit.list(AuditFilter(target=saga_id), limit=200)))
-    return SagaView(snapshot, steps, timeline(snapshot, outcomes), entries, journal.now())
+    return SagaView(snapshot, steps, timeline(snapshot, outcomes, entries), entries, journal.now())
