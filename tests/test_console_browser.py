@@ -231,6 +231,7 @@ def test_the_console_in_a_browser(
             expect(page.locator("#saga-state")).to_contain_text("compensated")
             # Both tool calls undone (the refund, then the booking's cancellation), then the run.
             expect(page.locator(".timeline li", has_text="compensated")).to_have_count(3)
+            expect(page.locator("table.steps td", has_text="charge: undone")).to_have_count(1)
             expect(page.locator("table.audit")).to_contain_text("saga.cancel")
             page.screenshot(path=str(IMAGES / "console-saga.png"), full_page=True)
             assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}

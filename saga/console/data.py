@@ -20,7 +20,7 @@ from sagaguard.saga.agent.call import ToolCall
 from sagaguard.saga.agent.definition import tool_outcomes
 from sagaguard.saga.decisions import CallOutcome
 from sagaguard.saga.journal import SagaJournal
-from sagaguard.saga.records import FOREVER, SagaRecord, SagaSnapshot, SagaState
+from sagaguard.saga.records import FOREVER, SagaRecord, SagaSnapshot, SagaState, StepRecord, StepState
 from sagaguard.saga.timeline import Event, timeline
 
 __all__ = [
@@ -252,6 +252,13 @@ class SagaView:
     now: float
 
 
+def _call_outcome(row: StepRecord, outcome: CallOutcome | None) -> str | None:
+    """A tool call's outcome as ``sagas show`` says it: ``undone`` once its undo ran."""
+    if outcome is None:
+        return None
+    return CallOutcome.UNDONE.value if row.state is StepState.COMPENSATED else outcome.value
+
+
 def _trace_id(trace: str | None) -> str | None:
     parts = (trace or "").split("-")
     return parts[1] if len(parts) == 4 else None
@@ -293,7 +300,7 @@ def saga_view(
                 kind=row.kind.value,
                 state=row.state.value,
                 tool=None if call is None else call.tool,
-                call_outcome=outcomes[row.index].value if row.index in outcomes else None,
+                call_outcome=_call_outcome(row, outcomes.get(row.index)),
                 effects=effects,
                 arguments=row.compensation,
                 result=row.result,
