@@ -25,15 +25,18 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, TextIO
 
+from sagaguard.idempotency.audit import default_actor, open_audit
+from sagaguard.idempotency.audit_cli import add_audit_command, cmd_audit
 from sagaguard.idempotency.backends.urls import masked
 from sagaguard.idempotency.cliutil import duration, install_hint, open_existing_store, piped, positive
-from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
+from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.keys import provider_key
-from sagaguard.idempotency.records import Disposition, Record, State
+from sagaguard.idempotency.operator import AmbiguousKey, EffectBusy, find_effect, resolve_effect, result_json
+from sagaguard.idempotency.records import Record, State
 from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.idempotency.stores import DEFAULT_URL
 
@@ -48,7 +51,6 @@ ORDER = (State.IN_DOUBT, State.IN_PROGRESS, State.FAILED, State.SUCCEEDED)
 """The listing order: what needs an operator first."""
 _LIVE = (State.IN_DOUBT, State.IN_PROGRESS)
 _SHORT_KEY = 16
-_MIN_PREFIX = 8
 _PAGE = 500
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -186,6 +188,9 @@ def _build(
     resolve.add_argument(
         "--force", action="store_true", help="resolve even though a worker's lease is still live"
     )
+    resolve.add_argument(
+        "--actor", metavar="NAME", help="who resolves it, as the audit trail records (default: the OS user)"
+    )
 
     purge = actions.add_parser(
         "purge",
@@ -197,6 +202,8 @@ def _build(
     purge.add_argument(
         "--page", type=positive(int), default=1000, metavar="N", help="records per page (default 1000)"
     )
+
+    add_audit_command(commands, store_option)
 
     commands.add_parser(
         "demo",
@@ -349,17 +356,10 @@ def _open(url: str) -> IdempotencyStore:
 
 def _find(store: IdempotencyStore, key: str) -> Record:
     """The record under ``key``, or the one record whose key starts with it."""
-    record = store.get(key)
-    if record is not None:
-        return record
-    if len(key) >= _MIN_PREFIX:
-        # Keys sort lexicographically and every key that starts with ``key`` sorts after it.
-        found = [r for r in store.list(after=key, limit=2) if r.key.startswith(key)]
-        if len(found) == 1:
-            return found[0]
-        if len(found) > 1:
-            raise CliError(f"key prefix {key!r} is ambiguous: give more characters")
-    raise RecordNotFound(key)
+    try:
+        return find_effect(store, key)
+    except AmbiguousKey as exc:
+        raise CliError(str(exc)) from None
 
 
 def _collect(
@@ -421,14 +421,10 @@ def _result_text(text: str | None) -> str:
             EXIT_USAGE,
         )
 
-    def refuse(constant: str) -> Any:
-        raise ValueError(f"{constant} is not valid JSON")
-
     try:
-        value = json.loads(text, parse_constant=refuse)
-    except ValueError as exc:
-        raise CliError(f"--result is not valid JSON: {exc}", EXIT_USAGE) from None
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        return result_json(text)
+    except ConfigurationError as exc:
+        raise CliError(f"--result is not valid JSON: {str(exc).split(': ', 1)[-1]}", EXIT_USAGE) from None
 
 
 def cmd_resolve(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) -> int:
@@ -436,7 +432,6 @@ def cmd_resolve(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) 
         raise CliError("--result goes with --applied", EXIT_USAGE)
     result = _result_text(args.result) if args.applied else None
     record = _find(store, args.key)
-    now = store.now()
     short = record.key[:_SHORT_KEY]
     check = None if result is None else _result_check(record.name)
     if check is not None:
@@ -446,43 +441,27 @@ def cmd_resolve(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) 
             raise CliError(
                 f"--result is not the shape effect {record.name!r} records: {exc}", EXIT_USAGE
             ) from None
-    if record.state not in _LIVE:
-        raise CliError(
-            f"effect {record.name!r} ({short}) is already {record.state.value}: nothing to resolve"
-        )
-    if record.lease_live(now) and not args.force:
-        holder = "is running it" if record.state is State.IN_PROGRESS else "is resolving it"
-        raise CliError(
-            f"effect {record.name!r} ({short}) is {record.state.value} and a worker {holder} "
-            f"(token {record.token}, lease {duration(record.lease_until - now)} left); "
-            "wait for the lease to run out, or pass --force if that worker is gone"
-        )
+    audit = open_audit(_url(args))
     try:
-        if result is not None:
-            store.complete(record.key, record.token, result, args.retention)
-            print(
-                f"resolved {record.name!r} ({short}) as applied: later runs replay the recorded result",
-                file=out,
-            )
-        else:
-            note = json.dumps(
-                {
-                    "type": "sagaguard.operator",
-                    "message": "resolved as not applied by an operator",
-                    "args": [],
-                }
-            )
-            store.fail(record.key, record.token, Disposition.RETRYABLE, note, args.retention)
-            print(
-                f"resolved {record.name!r} ({short}) as not applied: the record is removed and the "
-                "next run executes the effect",
-                file=out,
-            )
-    except LostOwnership as exc:
-        raise CliError(
-            f"effect {record.name!r} ({short}) changed while resolving (token {record.token} is stale): "
-            "another worker took it over; run `effects show` again"
-        ) from exc
+        resolve_effect(
+            store, record.key, applied=result is not None, result=result, retention=args.retention,
+            force=args.force, token=record.token, actor=args.actor or default_actor(), audit=audit,
+            source="cli",
+        )  # fmt: skip
+    except EffectBusy as exc:
+        raise CliError(f"{exc} (--force)") from exc
+    finally:
+        audit.close()
+    if result is not None:
+        print(
+            f"resolved {record.name!r} ({short}) as applied: later runs replay the recorded result", file=out
+        )
+    else:
+        print(
+            f"resolved {record.name!r} ({short}) as not applied: the record is removed and the "
+            "next run executes the effect",
+            file=out,
+        )
     return EXIT_OK
 
 
@@ -561,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in owners:
         owner = owners[args.command]
         return piped(lambda: int(owner.run(args)), gone=EXIT_FAILED)
+    if args.command == "audit":
+        return piped(lambda: _audit(args), gone=EXIT_FAILED)
     if args.command != "effects" or args.action is None:
         (parser if args.command is None else effects).print_help(sys.stderr)
         return EXIT_USAGE
@@ -568,14 +549,37 @@ def main(argv: list[str] | None = None) -> int:
     return piped(lambda: _effects(args), gone=EXIT_FAILED)
 
 
+def _url(args: argparse.Namespace) -> str:
+    """The store URL: ``--store``, else ``$SAGAGUARD_STORE``, else the default."""
+    return str(getattr(args, "store", None) or os.environ.get(ENV_STORE) or DEFAULT_URL)
+
+
+def _audit(args: argparse.Namespace) -> int:
+    """Run ``sagaguard audit``."""
+    return _guarded(lambda: cmd_audit(_url(args), args, sys.stdout))
+
+
 def _effects(args: argparse.Namespace) -> int:
     """Run the ``effects`` command ``args`` names."""
-    url = getattr(args, "store", None) or os.environ.get(ENV_STORE) or DEFAULT_URL
-    out = sys.stdout
     store: IdempotencyStore | None = None
+
+    def command() -> int:
+        nonlocal store
+        store = _open(_url(args))
+        return _EFFECT_COMMANDS[args.action](store, args, sys.stdout)
+
     try:
-        store = _open(url)
-        return _EFFECT_COMMANDS[args.action](store, args, out)
+        return _guarded(command)
+    finally:
+        if store is not None:
+            with contextlib.suppress(IdempotencyError):
+                store.close()
+
+
+def _guarded(command: Callable[[], int]) -> int:
+    """Run ``command``, its expected errors as one line on stderr and an exit status."""
+    try:
+        return command()
     except CliError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.code
@@ -588,7 +592,3 @@ def _effects(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    finally:
-        if store is not None:
-            with contextlib.suppress(IdempotencyError):
-                store.close()

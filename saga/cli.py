@@ -8,6 +8,7 @@
     sagaguard sagas cancel SAGA_ID [--reason TEXT]
     sagaguard sagas retry SAGA_ID [--fresh]
     sagaguard sagas resolve SAGA_ID STEP [--note TEXT]
+    sagaguard sagas reject RUN_ID [--reason TEXT]
     sagaguard sagas worker --app MODULE:ATTR [--guard MODULE:ATTR] [--interval S] [--once] ...
 
 The store is the one every ``sagaguard`` command uses: ``--store`` (before ``sagas`` or after its
@@ -23,6 +24,10 @@ guard on ``--store``) for compensations.
 parsed namespace carries ``saga_command``, which :func:`run` dispatches. :func:`main` runs the
 commands on their own (``python -m sagaguard.saga.cli``).
 
+The actions (signal, cancel, retry, resolve, reject) go through :mod:`sagaguard.saga.operator` and
+are recorded in the ledger's audit trail under ``--actor`` (default: the OS user); ``sagas show``
+lists the actions recorded on the saga, and ``sagaguard audit`` all of them.
+
 Exit status: 0 done; 1 the journal refused or failed (no such saga, unreachable); 2 bad usage.
 """
 
@@ -35,9 +40,10 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
+from sagaguard.idempotency.audit import AuditEntry, AuditFilter, AuditLog, default_actor, open_audit
 from sagaguard.idempotency.backends.urls import check_url, masked
 from sagaguard.idempotency.cliutil import duration, install_hint, piped, positive, require_schema
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
@@ -45,12 +51,12 @@ from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.stores import open_store
 from sagaguard.saga.agent.call import ToolCall
 from sagaguard.saga.agent.definition import tool_outcomes
-from sagaguard.saga.control import cancel, resolve, retry, signal
 from sagaguard.saga.decisions import CallOutcome
 from sagaguard.saga.definition import Saga
 from sagaguard.saga.errors import SagaError, SagaNotFound
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.journals import DEFAULT_URL, open_journal
+from sagaguard.saga.operator import cancel_saga, reject_run, retry_saga, signal_saga, skip_compensation
 from sagaguard.saga.records import (
     FOREVER,
     RESUMABLE_STATES,
@@ -86,7 +92,7 @@ class CliError(Exception):
 
 
 def add_commands(subparsers: Any) -> None:
-    """Add the ``sagas`` command (list, show, signal, cancel, retry, resolve, worker) to ``subparsers``.
+    """Add ``sagas`` (list, show, signal, cancel, retry, resolve, reject, worker) to ``subparsers``.
 
     Args:
         subparsers: what ``ArgumentParser.add_subparsers()`` returned.
@@ -100,6 +106,10 @@ def add_commands(subparsers: Any) -> None:
     )
     where.add_argument(
         "--journal", metavar="URL", default=argparse.SUPPRESS, help="deprecated alias of --store"
+    )
+    who = argparse.ArgumentParser(add_help=False)
+    who.add_argument(
+        "--actor", metavar="NAME", help="who acts, as the audit trail records it (default: the OS user)"
     )
     sagas = subparsers.add_parser("sagas", help="list, inspect, signal, cancel and recover sagas")
     sagas.set_defaults(saga_command=None, saga_parser=sagas)
@@ -126,7 +136,7 @@ def add_commands(subparsers: Any) -> None:
 
     sig = actions.add_parser(
         "signal",
-        parents=[where],
+        parents=[where, who],
         help="deliver a signal to a saga (a waiting saga resumes)",
         description="Record the signal durably; a saga waiting for it is resumed by the next "
         "recovery sweep (sagaguard sagas worker). Each name is delivered once per saga.",
@@ -138,7 +148,7 @@ def add_commands(subparsers: Any) -> None:
 
     stop = actions.add_parser(
         "cancel",
-        parents=[where],
+        parents=[where, who],
         help="undo a saga that has not reached its pivot",
         description="Ask the saga to stop and run its compensations: its runner does at its next "
         "step boundary; a waiting saga, or one nobody holds, the next recovery sweep.",
@@ -149,7 +159,7 @@ def add_commands(subparsers: Any) -> None:
 
     again = actions.add_parser(
         "retry",
-        parents=[where],
+        parents=[where, who],
         help="try again what made a saga need attention",
         description="A failed compensation is due again (the saga compensates on); a step after "
         "the pivot that ran out of retries runs again. The next recovery sweep continues the saga.",
@@ -165,7 +175,7 @@ def add_commands(subparsers: Any) -> None:
 
     settle = actions.add_parser(
         "resolve",
-        parents=[where],
+        parents=[where, who],
         help="mark a step's failed compensation as done by hand, then compensate on",
         description="The step counts as compensated (with your note); the compensations of the "
         "steps before it run at the next recovery sweep.",
@@ -174,6 +184,17 @@ def add_commands(subparsers: Any) -> None:
     settle.add_argument("step", metavar="STEP", help="the step whose compensation failed")
     settle.add_argument("--note", default="resolved by an operator", help="recorded on the step")
     settle.set_defaults(saga_command=cmd_resolve)
+
+    refuse = actions.add_parser(
+        "reject",
+        parents=[where, who],
+        help="reject an agent run waiting at an approval (its tool calls are undone)",
+        description="The run is cancelled with the cause 'rejected'; the next recovery sweep undoes "
+        "its tool calls in reverse order.",
+    )
+    refuse.add_argument("saga_id", metavar="RUN_ID")
+    refuse.add_argument("--reason", default="rejected", help="recorded as the cause")
+    refuse.set_defaults(saga_command=cmd_reject)
 
     worker = actions.add_parser(
         "worker",
@@ -280,7 +301,8 @@ def _step_state(row: StepRecord, outcome: CallOutcome | None) -> str:
 
 
 def _show(
-    snapshot: SagaSnapshot, now: float, out: TextIO, outcomes: Mapping[int, CallOutcome] | None = None
+    snapshot: SagaSnapshot, now: float, out: TextIO, outcomes: Mapping[int, CallOutcome] | None = None,
+    audit: Sequence[AuditEntry] = (),
 ) -> None:
     r = snapshot.saga
     fields = [
@@ -308,7 +330,7 @@ def _show(
     if snapshot.signals:
         print(f"signals: {', '.join(sorted(snapshot.signals))}", file=out)
     print("timeline:", file=out)
-    for event in timeline(snapshot, found):
+    for event in timeline(snapshot, found, audit):
         print(f"  {event}", file=out)
     if r.error is not None:
         print("error:", file=out)
@@ -395,10 +417,11 @@ def cmd_show(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int
             for s in snapshot.steps
         ]  # fmt: skip
         data["signals"] = dict(snapshot.signals)
+        data["audit"] = [entry.to_json() for entry in _audit_entries(args, args.saga_id)]
         json.dump(data, out, indent=2, ensure_ascii=False)
         print(file=out)
     else:
-        _show(snapshot, journal.now(), out, _outcomes(args, snapshot))
+        _show(snapshot, journal.now(), out, _outcomes(args, snapshot), _audit_entries(args, args.saga_id))
     return EXIT_OK
 
 
@@ -408,34 +431,75 @@ def cmd_signal(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> i
         payload = None if args.payload is None else json.loads(args.payload)
     except ValueError as exc:
         raise CliError(f"--payload is not valid JSON: {exc}", EXIT_USAGE) from None
-    outcome = signal(journal, args.saga_id, args.name, payload)
+    with _audit_log(args) as log:
+        outcome = signal_saga(journal, args.saga_id, args.name, payload, **_who(args, log))
     print(f"signal {args.name!r} to saga {args.saga_id!r}: {outcome.value}", file=out)
     return EXIT_OK if outcome.value != "too_late" else EXIT_FAILED
 
 
 def cmd_cancel(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int:
     """``sagas cancel``."""
-    outcome = cancel(journal, args.saga_id, reason=args.reason)
+    with _audit_log(args) as log:
+        outcome = cancel_saga(journal, args.saga_id, reason=args.reason, **_who(args, log))
     print(f"cancel saga {args.saga_id!r}: {outcome.value}", file=out)
     return EXIT_OK if outcome.value != "too_late" else EXIT_FAILED
 
 
 def cmd_retry(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int:
     """``sagas retry``."""
-    record = retry(journal, args.saga_id, fresh=args.fresh)
+    with _audit_log(args) as log:
+        record = retry_saga(journal, args.saga_id, fresh=args.fresh, **_who(args, log))
     print(f"retry saga {args.saga_id!r}: {record.state.value}, due now (the worker continues it)", file=out)
     return EXIT_OK
 
 
 def cmd_resolve(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int:
     """``sagas resolve``."""
-    record = resolve(journal, args.saga_id, args.step, note=args.note)
+    with _audit_log(args) as log:
+        record = skip_compensation(journal, args.saga_id, args.step, note=args.note, **_who(args, log))
     print(
         f"resolve step {args.step!r} of saga {args.saga_id!r}: {record.state.value}, due now "
         "(the worker runs the remaining compensations)",
         file=out,
     )
     return EXIT_OK
+
+
+def cmd_reject(journal: SagaJournal, args: argparse.Namespace, out: TextIO) -> int:
+    """``sagas reject``."""
+    with _audit_log(args) as log:
+        outcome = reject_run(journal, args.saga_id, reason=args.reason, **_who(args, log))
+    print(f"reject run {args.saga_id!r}: {outcome.value} (the worker undoes its tool calls)", file=out)
+    return EXIT_OK if outcome.value != "too_late" else EXIT_FAILED
+
+
+@contextlib.contextmanager
+def _audit_log(args: argparse.Namespace) -> Iterator[AuditLog]:
+    """The audit log on the store URL, closed afterwards."""
+    log = open_audit(store_url(args))
+    try:
+        yield log
+    finally:
+        log.close()
+
+
+def _who(args: argparse.Namespace, log: AuditLog) -> dict[str, Any]:
+    """The audit keywords of an operator action from the CLI."""
+    return {"actor": getattr(args, "actor", None) or default_actor(), "audit": log, "source": "cli"}
+
+
+def _audit_entries(args: argparse.Namespace, saga_id: str) -> list[AuditEntry]:
+    """The audit entries on ``saga_id``, oldest first; none when the audit cannot be read."""
+    try:
+        log = open_audit(store_url(args), create=False)
+    except (IdempotencyError, ConfigurationError):
+        return []
+    try:
+        return list(reversed(log.list(AuditFilter(target=saga_id), limit=200)))
+    except IdempotencyError:
+        return []
+    finally:
+        log.close()
 
 
 def _import(ref: str) -> Any:

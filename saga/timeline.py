@@ -14,15 +14,16 @@ them: a step's outcome is reported at its latest write, or at its start once it 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from sagaguard.idempotency.audit.records import AuditEntry
 from sagaguard.idempotency.codec import decode_error
 from sagaguard.saga.agent.call import ToolCall
 from sagaguard.saga.decisions import CallOutcome
 from sagaguard.saga.records import SagaSnapshot, SagaState, StepRecord, StepState
 
-__all__ = ["Event", "render", "timeline"]
+__all__ = ["Event", "operator_event", "render", "timeline"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +46,15 @@ class Event:
     step: str | None
     what: str
     detail: str = ""
+    operator: str | None = None
+    """For an operator's action from the audit trail: who, and from where (``ana (console)``)."""
 
     def __str__(self) -> str:
         when = dt.datetime.fromtimestamp(self.at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-        who = "saga" if self.step is None else f"step {self.step}"
+        if self.operator:
+            who = f"operator {self.operator}"
+        else:
+            who = "saga" if self.step is None else f"step {self.step}"
         tail = f"  ({self.detail})" if self.detail else ""
         return f"{when}  {who}: {self.what}{tail}"
 
@@ -125,8 +131,20 @@ def _step_events(row: StepRecord, outcome: CallOutcome | None) -> list[Event]:
     return events
 
 
-def timeline(snapshot: SagaSnapshot, outcomes: Mapping[int, CallOutcome] | None = None) -> list[Event]:
-    """The saga's events in time order (ties keep step order: a step's start before its outcome).
+def operator_event(entry: AuditEntry) -> Event:
+    """An operator's action on the saga, from the audit trail, as a timeline event."""
+    args = ", ".join(f"{k}={v!r}" for k, v in entry.args.items())
+    done = entry.outcome.value + (f": {entry.error}" if entry.error else "")
+    return Event(entry.at, None, f"{entry.action} {done}", args, operator=f"{entry.actor} ({entry.source})")
+
+
+def timeline(
+    snapshot: SagaSnapshot,
+    outcomes: Mapping[int, CallOutcome] | None = None,
+    audit: Sequence[AuditEntry] = (),
+) -> list[Event]:
+    """The saga's events in time order (ties keep step order: a step's start before its outcome),
+    with the operators' actions on it from the audit trail (``audit``) among them.
 
     Args:
         snapshot: the saga as its journal holds it.
@@ -134,6 +152,7 @@ def timeline(snapshot: SagaSnapshot, outcomes: Mapping[int, CallOutcome] | None 
             record says (:func:`sagaguard.saga.agent.tool_outcomes`): a tool row holds the call from
             its start, so without them a call that did not return is reported as ``no result
             recorded``.
+        audit: the audit trail's entries on this saga (any order).
     """
     saga = snapshot.saga
     events = [Event(saga.created_at, None, "created", f"{saga.name} v{saga.version}")]
@@ -148,6 +167,8 @@ def timeline(snapshot: SagaSnapshot, outcomes: Mapping[int, CallOutcome] | None 
         _error(saga.error) if saga.state is not SagaState.COMPLETED else "",
     )
     events.append(Event(saga.updated_at, None, saga.state.value, detail))
+    # An action at the same instant as the saga's write it caused comes first: it caused it.
+    events[-1:-1] = [operator_event(entry) for entry in sorted(audit, key=lambda e: e.at)]
     order = {id(e): i for i, e in enumerate(events)}
     return sorted(events, key=lambda e: (e.at, order[id(e)]))
 

@@ -309,6 +309,18 @@ def test_cli_operates_the_outbox(
     assert cli_main(["outbox", "purge", "--retention", "0.001"]) == 0
     assert "purged 4 messages" in capsys.readouterr().out
     assert cli_main(["outbox", "discard", "nope"]) == 2
+    capsys.readouterr()
+    from sagaguard.idempotency.cli import main as sagaguard_main
+
+    assert sagaguard_main(["audit", "--store", url, "--action", "outbox.", "--json"]) == 0
+    audit = json.loads(capsys.readouterr().out)
+    assert [(e["action"], e["target"], e["outcome"], e["error"]) for e in reversed(audit)] == [
+        ("outbox.replay", bad_id, "ok", None),
+        ("outbox.replay", bad_id, "refused", "NotDead"),
+        ("outbox.replay_all", "*", "ok", None),
+        ("outbox.discard", bad_id, "ok", None),
+        ("outbox.discard", "nope", "refused", "ConfigurationError"),
+    ]
     assert cli_main(["relay", "--app", "nowhere:outbox", "--until-idle"]) == 2
     assert cli_main(["outbox", "status", "--db", "memory://"]) == 2
     engine.dispose()

@@ -137,3 +137,32 @@ def test_add_commands_plugs_into_another_parser(app: tuple[ModuleType, str]) -> 
     args = parser.parse_args(["sagas", "list", "--limit", "5"])
     assert args.command == "sagas" and args.limit == 5 and callable(args.saga_command)
     assert run(args) == 0
+
+
+def test_actions_are_audited_and_shown_on_the_saga(
+    app: tuple[ModuleType, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    module, name = app
+    _start(module, "order-9")
+    _start(module, "order-10")
+    secret = ["--payload", '{"by": "secret"}']
+    assert main(["sagas", "signal", "order-9", "approval", *secret, "--actor", "ana"]) == 0
+    assert main(["sagas", "signal", "order-9", "approval", "--actor", "ana"]) == 0  # duplicate: not done
+    assert main(["sagas", "reject", "order-10", "--reason", "wrong customer", "--actor", "bob"]) == 0
+    assert main(["sagas", "retry", "order-10"]) == 1  # not parked: refused, and recorded
+    capsys.readouterr()
+    assert main(["sagas", "show", "order-9"]) == 0
+    out = capsys.readouterr().out
+    # The timeline shows the operators' actions among the saga's own events.
+    assert "operator ana (cli): saga.signal ok  (name='approval')" in out
+    assert "operator ana (cli): saga.signal refused: duplicate" in out
+    assert "secret" not in out  # a payload is never audited
+    assert main(["sagas", "show", "order-10", "--json"]) == 0
+    audit = json.loads(capsys.readouterr().out)["audit"]
+    assert [(e["actor"], e["action"], e["outcome"], e["error"]) for e in audit] == [
+        ("bob", "saga.reject", "ok", None),
+        (audit[1]["actor"], "saga.retry", "refused", "NotParked"),
+    ]
+    assert audit[1]["actor"]  # the OS user by default
+    assert main(["sagas", "worker", "--app", f"{name}:registry", "--once"]) == 0
+    assert "order-10: failed" in capsys.readouterr().out  # rejected before anything to undo

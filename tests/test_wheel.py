@@ -77,7 +77,10 @@ def test_wheel_and_sdist_carry_the_metadata(dist: Path) -> None:
     assert not [n for n in names if n.startswith(("tests/", "docs/", "bench/"))]
     assert "License-Expression: Apache-2.0" in meta
     assert "Project-URL: Documentation, https://" in meta
-    assert "Provides-Extra: demo" in meta
+    assert "Provides-Extra: demo" in meta and "Provides-Extra: ui" in meta
+    # The console's templates and stylesheet travel with it (package data, not packages).
+    assert "sagaguard/saga/console/templates/base.html" in names
+    assert "sagaguard/saga/console/static/console.css" in names
     assert "Classifier: Typing :: Typed" in meta
     # The README is the package's description on the index: no link may be relative there.
     assert not re.findall(r"\]\((?!https?://|#)[^)]+\)", meta)

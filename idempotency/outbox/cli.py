@@ -5,8 +5,8 @@
     sagaguard outbox status  [--db URL] [--table T] [--json]
     sagaguard outbox dead    [--limit N] [--after ID] [--json]
     sagaguard outbox show    ID [--json]
-    sagaguard outbox replay  (ID | --all)
-    sagaguard outbox discard ID
+    sagaguard outbox replay  (ID | --all) [--actor NAME]
+    sagaguard outbox discard ID [--actor NAME]
     sagaguard outbox purge   [--retention SECONDS] [--page N]
     sagaguard outbox migrate
     sagaguard relay --app MODULE:ATTR [--batch N] [--concurrency N] [--lease S] [--poll S]
@@ -37,10 +37,12 @@ from typing import Any, TextIO
 
 import sqlalchemy as sa
 
+from sagaguard.idempotency.audit import default_actor, open_audit
 from sagaguard.idempotency.cliutil import duration, piped, positive
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
 from sagaguard.idempotency.outbox.model import DEFAULT_TABLE, check_schema, migrate
+from sagaguard.idempotency.outbox.operator import discard_dead, replay_all_dead, replay_dead
 from sagaguard.idempotency.outbox.records import OutboxStatus
 from sagaguard.idempotency.outbox.relay import Relay, RelaySettings, RelayStats
 
@@ -77,11 +79,13 @@ def add_commands(subparsers: Any) -> None:
     show = actions.add_parser("show", parents=[common], help="one message in full")
     show.add_argument("id", metavar="ID")
     show.add_argument("--json", action="store_true")
-    replay = actions.add_parser("replay", parents=[common], help="give dead letters back to the relays")
+    who = argparse.ArgumentParser(add_help=False)
+    who.add_argument("--actor", metavar="NAME", help="who acts, for the audit trail (default: the OS user)")
+    replay = actions.add_parser("replay", parents=[common, who], help="give dead letters back to the relays")
     which = replay.add_mutually_exclusive_group(required=True)
     which.add_argument("id", nargs="?", metavar="ID")
     which.add_argument("--all", action="store_true", help="every dead letter")
-    discard = actions.add_parser("discard", parents=[common], help="give up on a dead letter for good")
+    discard = actions.add_parser("discard", parents=[common, who], help="give up on a dead letter for good")
     discard.add_argument("id", metavar="ID")
     purge = actions.add_parser("purge", parents=[common], help="delete old delivered messages, in pages")
     purge.add_argument("--retention", type=positive(float), default=DEFAULT_RETENTION, metavar="SECONDS")
@@ -232,18 +236,28 @@ def _outbox(args: argparse.Namespace, engine: sa.Engine, out: TextIO) -> int:
         else:
             for name, value in info.items():
                 print(f"{name.ljust(14)}  {'-' if value is None else value}", file=out)
-    elif action == "replay":
-        if args.all:
-            print(f"replayed {control.replay_all()} dead letters", file=out)
-        else:
-            control.replay(args.id)
-            print(f"replayed {args.id}", file=out)
-    elif action == "discard":
-        control.discard(args.id)
-        print(f"discarded {args.id}", file=out)
+    elif action in ("replay", "discard"):
+        _act(args, control, out)
     elif action == "purge":
         print(f"purged {control.purge(args.retention, page=args.page):,} messages", file=out)
     return EXIT_OK
+
+
+def _act(args: argparse.Namespace, control: OutboxControl, out: TextIO) -> None:
+    """``outbox replay`` and ``outbox discard``, through the audited operator API."""
+    log = open_audit(_url(args))
+    who: dict[str, Any] = {"actor": args.actor or default_actor(), "audit": log, "source": "cli"}
+    try:
+        if args.outbox_action == "discard":
+            discard_dead(control, args.id, **who)
+            print(f"discarded {args.id}", file=out)
+        elif args.all:
+            print(f"replayed {replay_all_dead(control, **who)} dead letters", file=out)
+        else:
+            replay_dead(control, args.id, **who)
+            print(f"replayed {args.id}", file=out)
+    finally:
+        log.close()
 
 
 def _relay(args: argparse.Namespace, engine: sa.Engine, out: TextIO) -> int:
