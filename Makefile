@@ -50,7 +50,7 @@ agent-demo: $(STAMP)
 # most of its time is spent waiting for child processes and servers.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(CREW_STAMP) $(MCPREF_STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
