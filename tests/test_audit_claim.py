@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,7 +82,8 @@ def test_two_racing_claimers_one_wins_each_action_id(two_logs: tuple[AuditLog, A
         except BaseException as exc:  # shown by the assertion below
             errors.append(exc)
 
-    threads = [threading.Thread(target=claimer, args=(log, actor)) for log, actor in zip(two_logs, won)]
+    pairs = zip(two_logs, won, strict=True)
+    threads = [threading.Thread(target=claimer, args=pair) for pair in pairs]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -137,7 +138,10 @@ def test_db_upgrade_takes_the_audit_table_and_a_read_refuses_until_then(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite:///{tmp_path}/db.sqlite"
-    opening: Callable[[], AuditLog] = lambda: open_audit(url, create=False, effects_table="shop_effects")
+
+    def opening() -> AuditLog:
+        return open_audit(url, create=False, effects_table="shop_effects")
+
     with pytest.raises(SchemaVersionMismatch, match="--audit-table shop_audit") as missing:
         opening()
     assert missing.value.state == "empty" and missing.value.table_set == "audit"
@@ -157,7 +161,9 @@ def test_an_audit_table_made_before_versioned_schemas_gets_the_unique_claim(tmp_
     """The console's first release created the table at open, without a revision and without the
     unique index on bulk action ids: reading refuses it, ``create`` (or ``db upgrade``) adopts it."""
     url = f"sqlite:///{tmp_path}/old.db"
-    SqlAudit(url).record(AuditEntry(at=1.0, actor="ana", action="saga.cancel", kind=TargetKind.SAGA, target="s"))
+    SqlAudit(url).record(
+        AuditEntry(at=1.0, actor="ana", action="saga.cancel", kind=TargetKind.SAGA, target="s")
+    )
     engine = make_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP INDEX ux_sagaguard_audit_bulk")
@@ -175,5 +181,7 @@ def test_an_audit_table_made_before_versioned_schemas_gets_the_unique_claim(tmp_
         log.close()
     engine = make_engine(url)
     with engine.connect() as conn:
-        assert "ux_sagaguard_audit_bulk" in {i["name"] for i in sa.inspect(conn).get_indexes("sagaguard_audit")}
+        assert "ux_sagaguard_audit_bulk" in {
+            i["name"] for i in sa.inspect(conn).get_indexes("sagaguard_audit")
+        }
     engine.dispose()

@@ -484,7 +484,8 @@ def test_two_consoles_racing_on_one_bulk_action_id_act_once(world: World, tmp_pa
         barrier.wait()
         results.append(run_bulk(ctx, "saga.cancel", action_id, ["trip-1", "trip-2"], {"reason": "race"}))
 
-    threads = [threading.Thread(target=console, args=(log, actor)) for log, actor in zip(logs, ("ana", "bob"))]
+    pairs = zip(logs, ("ana", "bob"), strict=True)
+    threads = [threading.Thread(target=console, args=pair) for pair in pairs]
     try:
         for thread in threads:
             thread.start()

@@ -125,7 +125,7 @@ def test_the_previous_release_upgrades_with_nothing_lost(
         SqlJournal(old_url, create=False)
     with pytest.raises(SchemaVersionMismatch, match="before versioned schemas"):
         check_schema(sa.create_engine(old_url.replace("postgresql://", "postgresql+psycopg://")))
-    with pytest.raises(SchemaVersionMismatch, match="audit trail tables .* do not exist") as missing:
+    with pytest.raises(SchemaVersionMismatch, match=r"audit trail tables .* do not exist") as missing:
         open_audit(old_url, create=False)  # that release had no audit table
     assert missing.value.state == "empty"
 

@@ -3,7 +3,8 @@
 Every operator action (resolving an effect in doubt, retrying, cancelling, signalling a saga,
 replaying a dead letter), whether from the CLI, the console or the Python API, goes through
 :func:`audited`, which records an :class:`AuditEntry` in the ledger's :class:`AuditLog`: a table
-beside the effects table on SQL (named after it, versioned as the ``audit`` table set), a list under the store's prefix on Redis, a list in memory.
+beside the effects table on SQL (named after it, versioned as the ``audit`` table set), a list
+under the store's prefix on Redis, a list in memory.
 
 ::
 

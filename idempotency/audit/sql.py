@@ -81,7 +81,9 @@ class SqlAudit:
             raise ConfigurationError("a bulk action's entry is recorded by claim()")
         table = self._table
         with self._begin() as conn:
-            row_id = conn.execute(sa.insert(table).values(**self._values(entry)).returning(table.c.id)).scalar_one()
+            row_id = conn.execute(
+                sa.insert(table).values(**self._values(entry)).returning(table.c.id)
+            ).scalar_one()
         return AuditEntry.from_json({**entry.to_json(), "id": str(row_id)})
 
     def claim(self, entry: AuditEntry) -> AuditEntry | None:

@@ -73,9 +73,7 @@ class AuditFields(_SagaguardModel):
 
 def _bulk_index(table_name: str) -> sa.Index:
     bulk = sa.text(f"kind = '{BULK_KIND}'")
-    return sa.Index(
-        f"ux_{table_name}_bulk", "target", unique=True, sqlite_where=bulk, postgresql_where=bulk
-    )
+    return sa.Index(f"ux_{table_name}_bulk", "target", unique=True, sqlite_where=bulk, postgresql_where=bulk)
 
 
 def _indexes(table_name: str) -> tuple[sa.Index, ...]:

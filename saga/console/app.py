@@ -169,7 +169,9 @@ class Console:
             return self.error(request, 400, "ConfigurationError", message)
         after = request.query_params.get("after") or None
         dead = holder == "dead"
-        page = effect_page(self.store, view, prefix=prefix, after=after, older=older, newer=newer, dead_holder=dead)
+        page = effect_page(
+            self.store, view, prefix=prefix, after=after, older=older, newer=newer, dead_holder=dead
+        )
         now = self.store.now()
         show = self.settings.show_payloads
         data = {"items": [_effect_json(r, show, now) for r in page.items], "next_after": page.next_after}
