@@ -383,3 +383,116 @@ def test_trace_ids_link_to_the_trace_viewer(world: World) -> None:
     page = world.client(trace_url="http://traces.example/trace/{trace_id}").get("/sagas/trip-traced")
     assert f'href="http://traces.example/trace/{trace_id}"' in page.text
     assert "traces.example" not in world.client().get("/sagas/trip-traced").text
+
+
+def test_the_effects_held_by_a_dead_process(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from _holders import dead_holder
+
+    from sagaguard.idempotency import holder
+    from sagaguard.idempotency.keys import EffectIdentity
+
+    gone = dead_holder()  # a real process on this host, SIGKILLed and reaped
+
+    def claim(scope: str, who: str | None) -> str:
+        identity = EffectIdentity.of("default", scope, "mail.send", 0)
+        with monkeypatch.context() as patched:
+            if who is not None:
+                patched.setattr(holder, "current", lambda: who)
+            return world.store.claim(identity, "fp", 300.0).record.key
+
+    orphan, alive = claim("held-by-the-dead", gone), claim("held-by-me", None)
+    client = world.client()
+    everything = client.get("/effects?view=in_progress", headers=JSON).json()["items"]
+    assert {orphan, alive} <= {e["key"] for e in everything}
+    dead = client.get("/effects?view=in_progress&holder=dead", headers=JSON).json()["items"]
+    assert [(e["key"], e["holder"], e["holder_dead"]) for e in dead] == [(orphan, gone, True)]
+    assert dead[0]["needs_resolution"]  # an operator settles it without forcing
+    page = client.get("/effects?view=in_progress&holder=dead")
+    assert orphan[:16] in page.text and alive[:16] not in page.text
+    assert 'data-holder="dead"' in page.text and 'value="dead" checked' in page.text
+    assert client.get("/effects?view=in_progress&holder=alive").status_code == 400
+    world.clock.advance(301.0)  # the lease ran out: nobody holds it any more
+    assert client.get("/effects?view=in_progress&holder=dead", headers=JSON).json()["items"] == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_the_outbox_lists_the_messages_blocked_behind_a_dead_letter(
+    world: World, tmp_path: Path, backend: str
+) -> None:
+    from sqlalchemy.orm import Session
+    from test_schema_upgrade import fresh_database
+
+    from sagaguard.idempotency.outbox import Outbox, Relay
+    from sagaguard.idempotency.outbox.control import OutboxControl
+    from sagaguard.idempotency.outbox.model import migrate
+    from sagaguard.idempotency.stores.sql import make_engine
+
+    database = fresh_database(backend, tmp_path, fixture=False)
+    engine = make_engine(next(database))
+    migrate(engine)
+    outbox = Outbox(max_attempts=1)
+    outbox.register("email", lambda message: None)
+    outbox.register("poison", lambda message: (_ for _ in ()).throw(RuntimeError("bad address")))
+    with Session(engine) as session:
+        user = {"aggregate_type": "user"}
+        poison = outbox.enqueue(session, "poison", {}, aggregate_id="u1", **user)
+        later = [outbox.enqueue(session, "email", {"n": n}, aggregate_id="u1", **user) for n in range(2)]
+        other = outbox.enqueue(session, "email", {"n": 9}, aggregate_id="u2", **user)
+        session.commit()
+    relay = Relay(outbox, engine)
+    try:
+        relay.run_once()
+        relay.run_once()  # the dead letter's aggregate stays blocked; the other one drains
+        app = create_app(
+            ConsoleSettings(SHOWN_URL, token=TOKEN), store=world.store, journal=world.journal,
+            audit=world.audit, outbox=OutboxControl(engine),
+        )  # fmt: skip
+        client = TestClient(app, follow_redirects=False)
+        data = client.get("/outbox", headers=JSON).json()
+        blocked = [(b["id"], b["aggregateid"], b["blocked_by"]) for b in data["blocked_messages"]]
+        assert blocked == [(later[0], "u1", poison), (later[1], "u1", poison)]
+        assert other not in str(blocked) and data["status"]["blocked"] == 2
+        page = client.get("/outbox")
+        assert "Blocked behind a dead letter" in page.text and later[1] in page.text
+        paged = OutboxControl(engine).blocked_messages(limit=1, after=later[0])
+        assert [b.id for b in paged] == [later[1]]
+        assert client.get("/outbox?blocked_after=nope", headers=JSON).status_code == 400
+        assert client.post("/act/outbox.discard", json={"target": poison}, headers=BEARER).json()["ok"]
+        assert client.get("/outbox", headers=JSON).json()["blocked_messages"] == []
+    finally:
+        relay.close()
+        engine.dispose()
+        database.close()
+
+
+def test_two_consoles_racing_on_one_bulk_action_id_act_once(world: World, tmp_path: Path) -> None:
+    """Two console processes share the ledger, not a lock: the action id is claimed in the audit
+    table (each console with its own connections), so one acts and the other finds it done."""
+    import threading
+
+    from sagaguard.idempotency.audit.sql import SqlAudit
+    from sagaguard.saga.console.actions import Context
+    from sagaguard.saga.console.bulk import BulkResult, new_action_id, run_bulk
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    logs = [SqlAudit(url), SqlAudit(url, create=False)]
+    action_id, barrier = new_action_id(), threading.Barrier(2)
+    results: list[BulkResult] = []
+
+    def console(log: SqlAudit, actor: str) -> None:
+        ctx = Context(world.store, world.journal, log, actor)
+        barrier.wait()
+        results.append(run_bulk(ctx, "saga.cancel", action_id, ["trip-1", "trip-2"], {"reason": "race"}))
+
+    pairs = zip(logs, ("ana", "bob"), strict=True)
+    threads = [threading.Thread(target=console, args=pair) for pair in pairs]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted((r.repeated, len(r.outcomes)) for r in results) == [(False, 2), (True, 0)]
+        assert len(logs[0].list(AuditFilter(action="saga.cancel"))) == 2  # each saga cancelled once
+    finally:
+        for log in logs:
+            log.close()

@@ -352,7 +352,7 @@ def test_public_names() -> None:
     assert sorted(sagaguard.idempotency.outbox.__all__) == sorted(
         [
             "DEFAULT_MAX_ATTEMPTS", "DEFAULT_RETENTION", "DEFAULT_TABLE", "MAX_PAYLOAD_BYTES", "METADATA",
-            "SCHEMA_VERSION", "BlockedAggregate", "DeadLetter", "DeferredEffect", "Message",
+            "SCHEMA_VERSION", "BlockedAggregate", "BlockedMessage", "DeadLetter", "DeferredEffect", "Message",
             "MessageNotFound", "MessageStatus", "NotDead", "Outbox", "OutboxControl", "OutboxDb",
             "OutboxError", "OutboxRow", "OutboxStatus", "Relay", "RelaySettings", "RelayStats",
             "aenqueue", "check_schema", "create_tables", "current_message", "default_backoff",

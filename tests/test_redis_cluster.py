@@ -264,3 +264,26 @@ def test_one_server_does_not_wait_by_default_and_waits_when_told() -> None:
     assert strict.get(EffectIdentity.explicit("n", "k2", "ping").key) is None
     strict.close()
     _delete_redis_prefix(url, prefix)
+
+
+def test_the_audit_claims_a_bulk_action_id_in_one_slot(redis_cluster: LocalCluster, prefix: str) -> None:
+    """The claim's script touches the audit list and the claims' hash: its hash tag puts the hash
+    in the list's slot, so the script runs on a cluster and one claim of an id wins."""
+    from sagaguard.idempotency.audit import AuditEntry, TargetKind
+    from sagaguard.idempotency.audit.redis import RedisAudit
+
+    log = RedisAudit(redis_cluster.url, prefix=prefix)
+    claims = f"{{{prefix}:audit}}:bulk"
+    try:
+        action_id = uuid.uuid4().hex
+        entry = AuditEntry(
+            at=1.0, actor="ana", action="bulk.saga.cancel", kind=TargetKind.BULK, target=action_id
+        )
+        assert log.claim(entry) is not None
+        assert log.claim(entry) is None
+        assert [e.target for e in log.list()] == [action_id]
+        client: RedisCluster = log._client  # type: ignore[attr-defined]
+        assert client.keyslot(claims) == client.keyslot(f"{prefix}:audit")
+    finally:
+        log._client.delete(claims)  # type: ignore[attr-defined]
+        log.close()

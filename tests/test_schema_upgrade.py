@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import require_postgres
 
+from sagaguard.idempotency.audit import open_audit
 from sagaguard.idempotency.cli import main as cli_main
 from sagaguard.idempotency.errors import SchemaVersionMismatch
 from sagaguard.idempotency.outbox import OutboxControl, check_schema
@@ -93,7 +94,7 @@ def rows(url: str) -> dict[str, list[tuple[object, ...]]]:
         engine.dispose()
 
 
-def layout(url: str) -> dict[str, tuple[object, ...]]:
+def layout(url: str, tables: tuple[str, ...] = (*TABLES, "sagaguard_audit")) -> dict[str, tuple[object, ...]]:
     """Each sagaguard table's columns (name, type, nullable) and index names."""
     engine = make_engine(url)
     try:
@@ -104,7 +105,7 @@ def layout(url: str) -> dict[str, tuple[object, ...]]:
                     sorted((c["name"], str(c["type"]), c["nullable"]) for c in inspector.get_columns(table)),
                     sorted(str(i["name"]) for i in inspector.get_indexes(table)),
                 )
-                for table in TABLES
+                for table in tables
             }
     finally:
         engine.dispose()
@@ -124,6 +125,9 @@ def test_the_previous_release_upgrades_with_nothing_lost(
         SqlJournal(old_url, create=False)
     with pytest.raises(SchemaVersionMismatch, match="before versioned schemas"):
         check_schema(sa.create_engine(old_url.replace("postgresql://", "postgresql+psycopg://")))
+    with pytest.raises(SchemaVersionMismatch, match=r"audit trail tables .* do not exist") as missing:
+        open_audit(old_url, create=False)  # that release had no audit table
+    assert missing.value.state == "empty"
 
     for command in (["effects", "list"], ["sagas", "list"], ["outbox", "status"]):
         assert cli_main(["--store", old_url, *command]) == 2  # the operators' commands refuse too
@@ -133,7 +137,8 @@ def test_the_previous_release_upgrades_with_nothing_lost(
     assert cli_main(["db", "upgrade", "--store", old_url]) == 0  # again: nothing to do
     assert cli_main(["db", "status", "--store", old_url]) == 0
     out = capsys.readouterr().out
-    assert out.count("upgraded from unversioned") == 3 and out.count("already at") == 3
+    assert out.count("upgraded from unversioned") == 3 and out.count("already at") == 4
+    assert "audit (sagaguard_audit): created at audit_0001" in out  # that release had no audit
 
     assert rows(old_url) == before  # every row, every column, as it was
     # The tables are now what a new database gets.
@@ -184,6 +189,12 @@ def test_the_previous_release_upgrades_with_nothing_lost(
         assert done is not None and [s.result for s in done.steps] == ['{"ok": 0}', '{"ok": 1}']
     finally:
         journal.close()
+
+    audit = open_audit(old_url, create=False)  # created by the upgrade, at this revision, empty
+    try:
+        assert audit.list() == []
+    finally:
+        audit.close()
 
     engine = make_engine(old_url)
     try:

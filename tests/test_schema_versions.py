@@ -43,7 +43,7 @@ def test_each_table_set_is_registered_with_its_head_and_branch_label() -> None:
     from alembic.script import ScriptDirectory
 
     sets = {ts.name: ts for ts in table_sets()}
-    assert sorted(sets) == ["effects", "journal", "outbox"]  # the journal comes from the saga side
+    assert sorted(sets) == ["audit", "effects", "journal", "outbox"]  # the journal from the saga side
     for ts in sets.values():
         script = ScriptDirectory.from_config(alembic_config(ts, ts.default))
         assert script.get_heads() == [ts.head]
@@ -56,7 +56,8 @@ def test_db_status_and_upgrade_exit_codes(
     assert cli_main(["db", "status", "--store", sqlite_url, "--json"]) == EXIT_BEHIND
     report = json.loads(capsys.readouterr().out)
     assert {(r["table_set"], r["state"], r["current"]) for r in report} == {
-        ("effects", "empty", None), ("journal", "empty", None), ("outbox", "empty", None),
+        ("audit", "empty", None), ("effects", "empty", None), ("journal", "empty", None),
+        ("outbox", "empty", None),
     }  # fmt: skip
     assert not (tmp_path / "db.sqlite").exists()  # looking created nothing
 
@@ -125,7 +126,8 @@ def test_a_store_refuses_tables_at_another_revision_and_names_the_command(
         try:
             states = {s.table_set: s.state for s in schema_status(engine, table_sets())}
             up = SchemaState.UP_TO_DATE
-            assert states == {"effects": up, "journal": up, "outbox": SchemaState.EMPTY}
+            empty = SchemaState.EMPTY
+            assert states == {"audit": empty, "effects": up, "journal": up, "outbox": empty}
             SqlStore(url, create=False).close()
             with engine.begin() as conn:  # a newer sagaguard's revision
                 conn.exec_driver_sql("UPDATE sagaguard_journal_version SET version_num = 'journal_0042'")
@@ -244,5 +246,5 @@ def test_two_processes_run_db_upgrade_at_once_on_postgres(pg_url: str) -> None:
     results = [proc.communicate(timeout=120) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], results
     out = "".join(stdout for stdout, _ in results)
-    assert out.count("created at") == 3 and out.count("already at") == 3
+    assert out.count("created at") == 4 and out.count("already at") == 4
     assert cli_main(["db", "status", "--store", pg_url]) == 0

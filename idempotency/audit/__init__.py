@@ -3,7 +3,8 @@
 Every operator action (resolving an effect in doubt, retrying, cancelling, signalling a saga,
 replaying a dead letter), whether from the CLI, the console or the Python API, goes through
 :func:`audited`, which records an :class:`AuditEntry` in the ledger's :class:`AuditLog`: a table
-beside the effects table on SQL, a list under the store's prefix on Redis, a list in memory.
+beside the effects table on SQL (named after it, versioned as the ``audit`` table set), a list
+under the store's prefix on Redis, a list in memory.
 
 ::
 
@@ -46,16 +47,25 @@ def default_actor() -> str:
         return "unknown"
 
 
-def open_audit(url: str, *, create: bool = True, prefix: str = "sg") -> AuditLog:
+def open_audit(
+    url: str, *, create: bool = True, prefix: str = "sg", effects_table: str | None = None
+) -> AuditLog:
     """The audit log of the ledger at ``url`` (the store's URL).
 
     Args:
         url: ``memory://`` (a new, empty log), ``sqlite:///..``, ``postgresql://..`` or ``redis://..``.
-        create: on SQL, create the audit table when missing.
-        prefix: on Redis, the store's key prefix.
+        create: on SQL, create the audit table when missing (or upgrade it when older); without
+            it, a table not at this code's revision is refused.
+        prefix: on Redis, the store's key prefix (the log is ``<prefix>:audit``).
+        effects_table: on SQL, the store's effects table (the default ``sagaguard_effects``): the
+            audit table is named after it (``shop_effects`` -> ``shop_audit``; see
+            :func:`~sagaguard.idempotency.audit.sql_schema.audit_table_for`).
 
     Raises:
-        ConfigurationError: a malformed URL, an unknown scheme, or its driver is not installed.
+        ConfigurationError: a malformed URL, an unknown scheme, its driver is not installed, or a
+            table name that is not valid.
+        SchemaVersionMismatch: on SQL, the audit table is newer than this code, or (without
+            ``create``) missing or older; the message names ``sagaguard db upgrade``.
         StoreUnavailable: the backend cannot be reached.
     """
     scheme = check_url(url, what="store")
@@ -63,8 +73,10 @@ def open_audit(url: str, *, create: bool = True, prefix: str = "sg") -> AuditLog
         return MemoryAudit()
     if scheme in ("sqlite", "postgresql"):
         from sagaguard.idempotency.audit.sql import SqlAudit
+        from sagaguard.idempotency.audit.sql_schema import DEFAULT_TABLE, audit_table_for
 
-        return SqlAudit(url, create=create)
+        audit_table = DEFAULT_TABLE if effects_table is None else audit_table_for(effects_table)
+        return SqlAudit(url, table_name=audit_table, create=create)
     try:
         from sagaguard.idempotency.audit.redis import RedisAudit
     except ImportError as exc:

@@ -145,6 +145,19 @@ class AuditLog(Protocol):
         """Append ``entry``; returns it with its id.
 
         Raises:
+            ConfigurationError: a bulk action's entry (:meth:`claim` records those).
+            StoreError: the backend failed (StoreUnavailable when it cannot be reached).
+        """
+        ...
+
+    def claim(self, entry: AuditEntry) -> AuditEntry | None:
+        """Record a bulk action's ``entry`` (kind :attr:`TargetKind.BULK`, its action id the target)
+        unless that action id is recorded already; returns it with its id, or None when the id was
+        taken. Atomic in the backend itself: of any number of processes claiming one id at once,
+        exactly one gets the entry back.
+
+        Raises:
+            ConfigurationError: ``entry`` is not a bulk action's.
             StoreError: the backend failed (StoreUnavailable when it cannot be reached).
         """
         ...

@@ -2,6 +2,9 @@
 
 A single key (its own hash slot on a cluster); each entry is JSON text, never pickle. Listing reads
 the list from its head and filters in the client: the audit trail is an operator's, not a hot path.
+The bulk actions' ids are claimed in a hash ``{<prefix>:audit}:bulk`` (its hash tag puts it in the
+list's slot) by one script that sets the id only when absent (``HSETNX``) and pushes the entry,
+so two consoles racing on one action id cannot both act.
 """
 
 from __future__ import annotations
@@ -11,13 +14,19 @@ import uuid
 
 import redis
 
-from sagaguard.idempotency.audit.records import AuditEntry, AuditFilter
+from sagaguard.idempotency.audit.records import AuditEntry, AuditFilter, TargetKind
 from sagaguard.idempotency.backends.redis_client import connect
-from sagaguard.idempotency.errors import StoreError, StoreUnavailable
+from sagaguard.idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
 
 __all__ = ["RedisAudit"]
 
 _PAGE = 500
+# KEYS: the list, the claims' hash; ARGV: the action id, the entry's JSON. 1 claimed, 0 taken.
+_CLAIM = """
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('LPUSH', KEYS[1], ARGV[2])
+return 1
+"""
 
 
 class RedisAudit:
@@ -34,9 +43,17 @@ class RedisAudit:
     def __init__(self, url_or_client: str | redis.Redis, *, prefix: str = "sg") -> None:
         self._client, self._owned = connect(url_or_client, prefix, max_connections=4)
         self._key = f"{prefix}:audit"
+        self._claims = f"{{{prefix}:audit}}:bulk"
+        self._claim = self._client.register_script(_CLAIM)
 
     def record(self, entry: AuditEntry) -> AuditEntry:
-        """Push ``entry`` at the head of the list; its id is a fresh UUID."""
+        """Push ``entry`` at the head of the list; its id is a fresh UUID.
+
+        Raises:
+            ConfigurationError: a bulk action's entry (:meth:`claim` records those).
+        """
+        if entry.kind is TargetKind.BULK:
+            raise ConfigurationError("a bulk action's entry is recorded by claim()")
         stored = AuditEntry.from_json({**entry.to_json(), "id": uuid.uuid4().hex})
         try:
             self._client.lpush(self._key, json.dumps(stored.to_json(), separators=(",", ":")))
@@ -45,6 +62,25 @@ class RedisAudit:
         except redis.RedisError as exc:
             raise StoreError(f"Redis audit log failed: {exc}") from exc
         return stored
+
+    def claim(self, entry: AuditEntry) -> AuditEntry | None:
+        """Push the bulk action's ``entry`` unless its action id is taken (None then): one script,
+        atomic on the server.
+
+        Raises:
+            ConfigurationError: ``entry`` is not a bulk action's.
+        """
+        if entry.kind is not TargetKind.BULK:
+            raise ConfigurationError("only a bulk action's entry is claimed")
+        stored = AuditEntry.from_json({**entry.to_json(), "id": uuid.uuid4().hex})
+        text = json.dumps(stored.to_json(), separators=(",", ":"))
+        try:
+            claimed = self._claim(keys=[self._key, self._claims], args=[entry.target, text])
+        except redis.ConnectionError as exc:
+            raise StoreUnavailable(f"Redis audit log unavailable: {exc}") from exc
+        except redis.RedisError as exc:
+            raise StoreError(f"Redis audit log failed: {exc}") from exc
+        return stored if int(claimed) == 1 else None
 
     def list(self, where: AuditFilter | None = None, *, limit: int = 100) -> list[AuditEntry]:
         """At most ``limit`` entries matching ``where``, newest first."""

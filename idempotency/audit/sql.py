@@ -1,4 +1,9 @@
-"""The audit log in the ledger's SQL database (SQLite or PostgreSQL), beside the effects table."""
+"""The audit log in the ledger's SQL database (SQLite or PostgreSQL), beside the effects table.
+
+The table is the ``audit`` table set's (:mod:`sagaguard.idempotency.migrations.audit`): opened with
+``create`` it is created (or upgraded) and stamped at this code's revision, as the stores do;
+without it, a missing, older or newer table is refused with the command that fixes it.
+"""
 
 from __future__ import annotations
 
@@ -10,42 +15,45 @@ from typing import Any
 import sqlalchemy as sa
 
 from sagaguard.idempotency.audit.records import AuditEntry, AuditFilter, Outcome, TargetKind
-from sagaguard.idempotency.audit.sql_schema import METADATA, AuditRow
-from sagaguard.idempotency.backends.sql_engine import make_engine, retry_locked
-from sagaguard.idempotency.errors import StoreError, StoreUnavailable
+from sagaguard.idempotency.audit.sql_schema import DEFAULT_TABLE, audit_tables
+from sagaguard.idempotency.backends.sql_engine import make_engine
+from sagaguard.idempotency.errors import ConfigurationError, StoreError, StoreUnavailable
+from sagaguard.idempotency.migrations.audit import TABLE_SET as AUDIT
+from sagaguard.idempotency.migrations.runner import ensure_schema, shown_url
 
 __all__ = ["SqlAudit"]
 
-_TABLE: sa.Table = AuditRow.__table__  # type: ignore[attr-defined]
-
 
 class SqlAudit:
-    """An :class:`~sagaguard.idempotency.audit.records.AuditLog` in the ``sagaguard_audit`` table.
+    """An :class:`~sagaguard.idempotency.audit.records.AuditLog` in the audit table (``sagaguard_audit``).
 
     Args:
         url_or_engine: the ledger's ``sqlite:///`` or ``postgresql://`` URL, or an engine (then left
             open by :meth:`close`).
-        create: create the table when it is missing (at open, as the stores do); without it, a
-            missing table lists no entries.
+        table_name: the audit table; a store under another effects table keeps its audit in
+            :func:`~sagaguard.idempotency.audit.sql_schema.audit_table_for` of that name.
+        create: create the table when it is missing, or upgrade it when older, at open (as the
+            stores do); without it, the table must be at this code's revision.
 
     Raises:
-        ConfigurationError: a malformed URL.
+        ConfigurationError: a malformed URL or table name.
+        SchemaVersionMismatch: the table is newer than this code, or (without ``create``) missing
+            or older; the message names ``sagaguard db upgrade``.
         StoreUnavailable: the database cannot be reached.
     """
 
-    def __init__(self, url_or_engine: str | sa.Engine, *, create: bool = True) -> None:
+    def __init__(
+        self, url_or_engine: str | sa.Engine, *, table_name: str = DEFAULT_TABLE, create: bool = True
+    ) -> None:
+        (self._table,) = audit_tables(table_name)
         self._owned = isinstance(url_or_engine, str)
         self._engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
-        self._created = create
-        if create:
-            if self._engine.dialect.name == "sqlite":
-                retry_locked(self._create)
-            else:
-                self._create()
-
-    def _create(self) -> None:
-        with self._begin() as conn:
-            METADATA.create_all(conn, tables=[_TABLE])
+        url = url_or_engine if isinstance(url_or_engine, str) else shown_url(self._engine)
+        try:
+            ensure_schema(self._engine, AUDIT, table_name, create=create, url=url)
+        except BaseException:
+            self.close()
+            raise
 
     @contextmanager
     def _begin(self) -> Iterator[sa.Connection]:
@@ -57,25 +65,56 @@ class SqlAudit:
         except sa.exc.SQLAlchemyError as exc:
             raise StoreError(f"SQL audit log failed: {exc}") from exc
 
-    def record(self, entry: AuditEntry) -> AuditEntry:
-        """Append ``entry`` (one INSERT, its own transaction); returns it with its row id."""
+    def _values(self, entry: AuditEntry) -> dict[str, Any]:
         values: dict[str, Any] = entry.to_json()
         del values["id"]
         values["args"] = json.dumps(values["args"], separators=(",", ":"), ensure_ascii=False)
+        return values
+
+    def record(self, entry: AuditEntry) -> AuditEntry:
+        """Append ``entry`` (one INSERT, its own transaction); returns it with its row id.
+
+        Raises:
+            ConfigurationError: a bulk entry (:meth:`claim` records those).
+        """
+        if entry.kind is TargetKind.BULK:
+            raise ConfigurationError("a bulk action's entry is recorded by claim()")
+        table = self._table
         with self._begin() as conn:
-            row_id = conn.execute(sa.insert(_TABLE).values(**values).returning(_TABLE.c.id)).scalar_one()
+            row_id = conn.execute(
+                sa.insert(table).values(**self._values(entry)).returning(table.c.id)
+            ).scalar_one()
+        return AuditEntry.from_json({**entry.to_json(), "id": str(row_id)})
+
+    def claim(self, entry: AuditEntry) -> AuditEntry | None:
+        """Record the bulk action's ``entry`` unless its action id (``target``) is recorded already:
+        one INSERT against the table's unique index on bulk action ids, so of several processes
+        claiming one id at once exactly one gets the entry back; the others get None.
+
+        Raises:
+            ConfigurationError: ``entry`` is not a bulk action's.
+        """
+        if entry.kind is not TargetKind.BULK:
+            raise ConfigurationError("only a bulk action's entry is claimed")
+        table = self._table
+        try:
+            with self._engine.begin() as conn:
+                row_id = conn.execute(
+                    sa.insert(table).values(**self._values(entry)).returning(table.c.id)
+                ).scalar_one()
+        except sa.exc.IntegrityError:
+            return None  # the unique index: another claimer recorded this action id first
+        except sa.exc.OperationalError as exc:
+            raise StoreUnavailable(f"SQL audit log unavailable: {exc.orig or exc}") from exc
+        except sa.exc.SQLAlchemyError as exc:
+            raise StoreError(f"SQL audit log failed: {exc}") from exc
         return AuditEntry.from_json({**entry.to_json(), "id": str(row_id)})
 
     def list(self, where: AuditFilter | None = None, *, limit: int = 100) -> list[AuditEntry]:
         """At most ``limit`` entries matching ``where``, newest first."""
         where = where or AuditFilter()
-        if not self._created:  # opened to read only: a ledger nobody acted on has no table yet
-            with self._begin() as conn:
-                if not sa.inspect(conn).has_table(_TABLE.name):
-                    return []
-            self._created = True
-        c = _TABLE.c
-        query = sa.select(_TABLE).order_by(c.at.desc(), c.id.desc()).limit(limit)
+        c = self._table.c
+        query = sa.select(self._table).order_by(c.at.desc(), c.id.desc()).limit(limit)
         if where.target is not None:
             query = query.where(c.target == where.target)
         if where.target_prefix:

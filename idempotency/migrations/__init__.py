@@ -4,7 +4,7 @@
 
     from sagaguard.idempotency.migrations import schema_status, table_sets, upgrade_schema
 
-    for table_set in table_sets():          # effects, journal, outbox (entry points)
+    for table_set in table_sets():          # audit, effects, journal, outbox (entry points)
         upgrade_schema(engine, table_set)   # or: sagaguard db upgrade --store URL
     schema_status(engine, table_sets())     # or: sagaguard db status --store URL
 

@@ -48,6 +48,7 @@ from sagaguard.idempotency.outbox.model import (
 from sagaguard.idempotency.outbox.policy import RelaySettings, RelayStats, default_backoff
 from sagaguard.idempotency.outbox.records import (
     BlockedAggregate,
+    BlockedMessage,
     DeadLetter,
     Message,
     OutboxStatus,
@@ -63,6 +64,7 @@ __all__ = [
     "METADATA",
     "SCHEMA_VERSION",
     "BlockedAggregate",
+    "BlockedMessage",
     "DeadLetter",
     "DeferredEffect",
     "Message",

@@ -5,6 +5,7 @@
     control = OutboxControl(engine)
     control.status()              # OutboxStatus(pending=.., in_flight=.., dead=.., oldest_pending_age=..)
     control.dead_letters()        # [DeadLetter(id, type, attempts, last_error, ...)]
+    control.blocked_messages()    # [BlockedMessage(id, type, aggregate, blocked_by)]: behind a dead letter
     control.replay(message_id)    # dead -> pending, attempts from 0
     control.replay_all()
     control.discard(message_id)   # dead -> discarded (purged with delivered messages)
@@ -30,7 +31,7 @@ from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.outbox.claims import OutboxDb, _uuid_text
 from sagaguard.idempotency.outbox.errors import MessageNotFound, NotDead
 from sagaguard.idempotency.outbox.model import DEFAULT_TABLE, uuid7_floor
-from sagaguard.idempotency.outbox.records import BlockedAggregate, DeadLetter, OutboxStatus
+from sagaguard.idempotency.outbox.records import BlockedAggregate, BlockedMessage, DeadLetter, OutboxStatus
 
 __all__ = ["DEFAULT_RETENTION", "MessageInfo", "OutboxControl"]
 
@@ -91,6 +92,12 @@ class OutboxControl:
             "blocked": f"SELECT p.aggregatetype, p.aggregateid, count(*) FROM {t} AS p "
             f"WHERE p.status = 'pending' AND p.worker_id IS NULL AND {blocked} "
             "GROUP BY p.aggregatetype, p.aggregateid ORDER BY count(*) DESC, 1, 2 LIMIT :limit",
+            # The oldest older dead letter by ORDER BY ... LIMIT 1: Postgres has no min() of a uuid.
+            "blocked_messages": f"SELECT p.id, p.type, p.aggregatetype, p.aggregateid, p.created_at, "
+            f"(SELECT d.id FROM {t} AS d WHERE d.status = 'dead' AND d.aggregatetype = p.aggregatetype "
+            "AND d.aggregateid = p.aggregateid AND d.id < p.id ORDER BY d.id LIMIT 1) "
+            f"FROM {t} AS p WHERE p.status = 'pending' AND p.worker_id IS NULL AND p.id > :after "
+            f"AND {blocked} ORDER BY p.id LIMIT :limit",
             "dead": f"SELECT {_DEAD_COLUMNS} FROM {t} WHERE status = 'dead' AND id > :after "
             "ORDER BY id LIMIT :limit",
             "dead_first": f"SELECT {_DEAD_COLUMNS} FROM {t} WHERE status = 'dead' ORDER BY id LIMIT :limit",
@@ -191,6 +198,21 @@ class OutboxControl:
                 None if r[8] is None else float(r[8]),
             )
             for r in rows
+        ]
+
+    def blocked_messages(self, *, limit: int = 100, after: str | None = None) -> list[BlockedMessage]:
+        """Pending messages blocked behind a dead letter of their aggregate (its later messages), in
+        id (creation) order, a page at a time: pass the last id as ``after``. None while dead
+        letters do not block their aggregate.
+
+        Raises:
+            ConfigurationError: ``after`` is not a message id.
+        """
+        start = self.db.id_param(after if after is not None else "00000000-0000-0000-0000-000000000000")
+        with self.db.transaction() as conn:
+            rows = list(self._run(conn, "blocked_messages", {"limit": max(0, limit), "after": start}))
+        return [
+            BlockedMessage(_uuid_text(r[0]), r[1], r[2], r[3], float(r[4]), _uuid_text(r[5])) for r in rows
         ]
 
     def get(self, message_id: str) -> MessageInfo:

@@ -10,7 +10,7 @@ from typing import Any
 
 from sagaguard.idempotency.errors import ConfigurationError
 
-__all__ = ["DeadLetter", "Message", "OutboxStatus", "current_message"]
+__all__ = ["BlockedMessage", "DeadLetter", "Message", "OutboxStatus", "current_message"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,20 @@ class BlockedAggregate:
     blocked: int
     """Its pending messages younger than its oldest dead letter: none is delivered until an operator
     replays or discards that dead letter."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedMessage:
+    """A pending message that waits behind a dead letter of its aggregate: no relay delivers it
+    until an operator replays or discards that dead letter."""
+
+    id: str
+    type: str
+    aggregatetype: str
+    aggregateid: str
+    created_at: float
+    blocked_by: str
+    """The id of its aggregate's oldest dead letter older than it (the one to replay or discard)."""
 
 
 @dataclass(frozen=True, slots=True)

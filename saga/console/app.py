@@ -29,7 +29,7 @@ from sagaguard.idempotency.audit_cli import entry_json, rfc3339
 from sagaguard.idempotency.backends.urls import masked
 from sagaguard.idempotency.cliutil import duration
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, RecordNotFound
-from sagaguard.idempotency.operator import needs_resolution
+from sagaguard.idempotency.operator import holder_gone, needs_resolution
 from sagaguard.idempotency.outbox.control import OutboxControl
 from sagaguard.idempotency.records import Record
 from sagaguard.idempotency.store import IdempotencyStore
@@ -83,6 +83,7 @@ def _effect_json(record: Record, show: bool, now: float) -> dict[str, Any]:
     data = dataclasses.asdict(record)
     data["state"] = record.state.value
     data["needs_resolution"] = needs_resolution(record, now)
+    data["holder_dead"] = holder_gone(record, now)
     data["created"] = rfc3339(record.created_at)
     if not show:
         data["result"] = data["error"] = None
@@ -162,15 +163,22 @@ class Console:
             older, newer = _seconds(request, "older"), _seconds(request, "newer")
         except ConfigurationError as exc:
             return self.error(request, 400, type(exc).__name__, str(exc))
+        holder = request.query_params.get("holder", "")
+        if holder not in ("", "dead"):
+            message = f"holder must be 'dead' or empty, not {holder!r}"
+            return self.error(request, 400, "ConfigurationError", message)
         after = request.query_params.get("after") or None
-        page = effect_page(self.store, view, prefix=prefix, after=after, older=older, newer=newer)
+        dead = holder == "dead"
+        page = effect_page(
+            self.store, view, prefix=prefix, after=after, older=older, newer=newer, dead_holder=dead
+        )
         now = self.store.now()
         show = self.settings.show_payloads
         data = {"items": [_effect_json(r, show, now) for r in page.items], "next_after": page.next_after}
         return self.page(
             request, "effects.html",
             {"json": data, "page": page, "view": view, "prefix": prefix, "views": list(EFFECT_LISTS),
-             "ages": self._ages(request)},
+             "ages": self._ages(request), "holder": holder, "holder_gone": holder_gone},
         )  # fmt: skip
 
     @staticmethod
@@ -247,16 +255,27 @@ class Console:
             empty: dict[str, Any] = {"json": data, "status": None, "letters": [], "after": None}
             return self.page(request, "outbox.html", empty)
         after = request.query_params.get("after") or None
+        blocked_after = request.query_params.get("blocked_after") or None
         status = self.outbox.status()
-        letters = self.outbox.dead_letters(limit=PAGE + 1, after=after)
+        try:
+            letters = self.outbox.dead_letters(limit=PAGE + 1, after=after)
+            blocked = self.outbox.blocked_messages(limit=PAGE + 1, after=blocked_after)
+        except ConfigurationError as exc:  # a page parameter that is not a message id
+            return self.error(request, 400, type(exc).__name__, str(exc))
         more = letters[PAGE - 1].id if len(letters) > PAGE else None
-        letters = letters[:PAGE]
+        more_blocked = blocked[PAGE - 1].id if len(blocked) > PAGE else None
+        letters, blocked = letters[:PAGE], blocked[:PAGE]
         data = {
             "status": {**dataclasses.asdict(status), "depth": status.depth},
             "dead_letters": [dataclasses.asdict(d) for d in letters],
             "next_after": more,
+            "blocked_messages": [dataclasses.asdict(b) for b in blocked],
+            "blocked_next_after": more_blocked,
         }
-        shown = {"json": data, "status": status, "letters": letters, "after": more}
+        shown = {
+            "json": data, "status": status, "letters": letters, "after": more, "blocked": blocked,
+            "blocked_after": more_blocked,
+        }  # fmt: skip
         return self.page(request, "outbox.html", shown)
 
     def audit_page(self, request: Request) -> Response:

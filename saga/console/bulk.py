@@ -3,21 +3,22 @@
 The preview (``GET /bulk/ACTION?view=..&prefix=..``) lists the items the filter matches now (at
 most :data:`MAX_ITEMS`) and hands out a fresh action id; the form posts those very ids back with
 it, so the action touches what the operator saw, not what arrived since. The action id is
-recorded in the audit trail (an entry ``bulk.ACTION`` on the target ``ACTION_ID``) before the
-first item is touched: a resubmitted form (a reload, a double click, a retry of a request that
-timed out) finds it and does nothing again, even after the console restarted.
+claimed in the audit trail (an entry ``bulk.ACTION`` on the target ``ACTION_ID``, through
+:meth:`~sagaguard.idempotency.audit.AuditLog.claim`) before the first item is touched: a
+resubmitted form (a reload, a double click, a retry of a request that timed out) finds it taken and
+does nothing again, even after the console restarted, and of two console processes racing on one
+id exactly one acts (the ledger itself decides: a unique index on SQL, a script on Redis).
 """
 
 from __future__ import annotations
 
 import re
-import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sagaguard.idempotency.audit import AuditEntry, AuditFilter, TargetKind
+from sagaguard.idempotency.audit import AuditEntry, TargetKind
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, RecordNotFound
 from sagaguard.idempotency.outbox.control import OutboxControl
 from sagaguard.idempotency.store import IdempotencyStore
@@ -42,7 +43,6 @@ BULK: dict[str, tuple[str, Mapping[str, str]]] = {
 resolve is only ever *not applied*: an applied one needs each effect's own result)."""
 
 _ACTION_ID = re.compile(r"[0-9a-f]{32}")
-_lock = threading.Lock()
 
 
 def new_action_id() -> str:
@@ -107,20 +107,17 @@ def run_bulk(
         raise ConfigurationError("a bulk action needs the action id of its preview")
     if not targets or len(targets) > MAX_ITEMS:
         raise ConfigurationError(f"a bulk action takes 1 to {MAX_ITEMS} targets")
-    with _lock:  # one console process: check-and-record is atomic here, and durable in the audit
-        if ctx.audit.list(AuditFilter(target=action_id), limit=1):
-            return BulkResult(action_id, repeated=True)
-        ctx.audit.record(
-            AuditEntry(
-                at=ctx.store.now(),
-                actor=ctx.actor,
-                action=f"bulk.{action}",
-                kind=TargetKind.BULK,
-                target=action_id,
-                args={"count": len(targets)},
-                source="console",
-            )
-        )
+    claim = AuditEntry(
+        at=ctx.store.now(),
+        actor=ctx.actor,
+        action=f"bulk.{action}",
+        kind=TargetKind.BULK,
+        target=action_id,
+        args={"count": len(targets)},
+        source="console",
+    )
+    if ctx.audit.claim(claim) is None:  # atomic in the ledger: across console processes too
+        return BulkResult(action_id, repeated=True)
     fields = {**{k: v for k, v in form.items() if k in ACTIONS[action].fields}, **BULK[action][1]}
     result = BulkResult(action_id)
     for target in targets:

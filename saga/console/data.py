@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 from sagaguard.idempotency.audit import AuditEntry, AuditFilter, AuditLog
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import derive_explicit_key
+from sagaguard.idempotency.operator import holder_gone
 from sagaguard.idempotency.records import Record, State
 from sagaguard.idempotency.store import IdempotencyStore
 from sagaguard.saga.agent.call import ToolCall
@@ -163,13 +164,21 @@ def _page(
 
 def effect_page(
     store: IdempotencyStore, view: str, *, prefix: str = "", after: str | None = None, size: int = PAGE,
-    older: float | None = None, newer: float | None = None,
+    older: float | None = None, newer: float | None = None, dead_holder: bool = False,
 ) -> Page[Record]:  # fmt: skip
     """One page of the effect list ``view`` (:data:`EFFECT_LISTS`), in key order, filtered by a
-    prefix of the name, scope or key and by age (seconds since it was created)."""
-    age = Age(store.now(), older, newer)
+    prefix of the name, scope or key, by age (seconds since it was created) and, with
+    ``dead_holder``, to the records held under a live lease by a process provably dead on this
+    host (:func:`~sagaguard.idempotency.operator.holder_gone`: an operator settles those without
+    forcing, a claimant on this host takes them over at once)."""
+    now = store.now()
+    age = Age(now, older, newer)
     found = _effects(store, EFFECT_LISTS[view], after)
-    return _page(found, lambda r: effect_matches(r, prefix, age), lambda r: r.key, size)
+
+    def keep(record: Record) -> bool:
+        return effect_matches(record, prefix, age) and (not dead_holder or holder_gone(record, now))
+
+    return _page(found, keep, lambda r: r.key, size)
 
 
 def _past(saga_id: str, prefix: str) -> bool:
