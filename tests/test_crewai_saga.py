@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from test_agent_saga_crash import _cli, _run, worker_until_done
 from test_crewai import child_env, crew_python  # noqa: F401 - the fixture, shared
 
 from sagaguard.connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
-from sagaguard.saga import SagaState
+from sagaguard.saga import SagaState, cancel
 from sagaguard.saga.journals import open_journal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.timeout(300)
 
 FAIL, LEAVE, COMPLETE, REJECT, CANCEL, ASYNC, VANISH, PIVOT, ARUN = range(9)  # one fork each
 KILLED, RESUMED, ORPHANED, EXAMPLE = range(9, 13)
+LOST, STALE, RESTARTED = range(13, 16)
 EXAMPLE_FILE = ROOT / "docs" / "examples" / "crewai_saga.py"
 
 
@@ -113,7 +115,10 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
     def spec(index: int, **more: Any) -> dict[str, Any]:
         # A kill and its resume share a folder (journal, effects, checkpoints) and a trip.
         name = RESUMED - 1 if index == RESUMED else index
-        return {"dir": str(folder / str(name)), "run": f"{run}-{name}", "action": "start", **more}
+        # A restart that could not restore shares the killed crew's folder (its journal), under a
+        # trip of its own (the servers' counts tell the two kickoffs apart).
+        home = STALE if index == RESTARTED else name
+        return {"dir": str(folder / str(home)), "run": f"{run}-{name}", "action": "start", **more}
 
     plan = [
         spec(FAIL, flight="fail", again=True),
@@ -129,6 +134,9 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
         spec(RESUMED, action="resume", crash="in_refund"),
         spec(ORPHANED, flight="fail", crash="before_flight"),
         spec(EXAMPLE, action="example", example=str(EXAMPLE_FILE)),
+        spec(LOST, flight="ok", lost=True, crash="in_charge"),
+        spec(STALE, flight="ok", crash="before_flight"),
+        spec(RESTARTED, flight="ok"),
     ]
     with LocalChatModel() as model:
         config = {"model": model.base_url, "api": servers.api.url, "stripe": servers.stripe.api_base,
@@ -302,4 +310,73 @@ def test_the_docs_example_runs_in_the_crewai_environment(played: Played) -> None
 
 def test_public_api_is_locked(played: Played) -> None:
     """sagaguard.connectors.frameworks.crewai_saga's public names (read in the CrewAI environment)."""
-    assert played.report(EXAMPLE)["exports"] == ["CrewSaga", "KickoffRejected", "tool_output"]
+    exports = ["ABANDON_AFTER", "CrewSaga", "KickoffRejected", "tool_output"]
+    assert played.report(EXAMPLE)["exports"] == exports
+
+
+def _recover(db: str, servers: Servers, monkeypatch: pytest.MonkeyPatch, clock: Any = time.time) -> Any:
+    """The worker's pass, in this process (no CrewAI here: the undos are ``_crewaisaga``'s)."""
+    import _crewaisaga
+
+    from sagaguard.idempotency import Guard, open_store
+    from sagaguard.saga import recover
+
+    monkeypatch.setenv("CREW_API", servers.api.url)
+    monkeypatch.setenv("CREW_STRIPE", servers.stripe.api_base)
+    journal, store = open_journal(db, clock=clock), open_store(db)
+    try:
+        return recover(journal, Guard(store), _crewaisaga.registry, sleep=lambda _s: None)
+    finally:
+        store.close()
+        journal.close()
+
+
+def test_a_charge_whose_answer_was_lost_is_refunded_by_the_key_its_body_ran_under(
+    played: Played, servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed right after Stripe applied the charge made inside the tool's body, before the tool
+    returned: cancelled, the worker's undo finds the charge by ``provider_key("payments.charge")``
+    (``undoing().key`` is the body's scope, ``{run}/{call}``, as on every framework) and refunds it."""
+    trip = played.trip(LOST)
+    assert played.ended(LOST)["signal"] == signal.SIGKILL
+    assert servers.trip(trip) == {"bookings": 1, "cancellations": 0, "charges": 1, "refunds": 0}
+    db = played.db(LOST)
+    run_id = _run_id(db)
+    journal = open_journal(db)
+    try:
+        cancel(journal, run_id, reason="the crew died")
+    finally:
+        journal.close()
+    assert _recover(db, servers, monkeypatch).outcomes[run_id].state is SagaState.COMPENSATED
+    assert servers.trip(trip) == ONE_EACH
+
+
+def test_a_killed_kickoff_restarted_without_its_checkpoint_is_undone_after_the_abandon_deadline(
+    played: Played, servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the charge, the crew is started again without restoring a checkpoint: a new
+    kickoff, a new saga (it completes). The first saga is not left running with its booking and
+    its charge: ``CrewSaga`` records a bounded abandon deadline (``ABANDON_AFTER``) with each run,
+    so the worker (which has no setting for it) parks the dead kickoff and, once the deadline has
+    passed on the journal's clock, undoes it."""
+    assert played.ended(STALE)["signal"] == signal.SIGKILL
+    assert played.report(RESTARTED)["state"] == "completed"
+    old, new = played.trip(STALE), played.trip(RESTARTED)
+    assert servers.trip(old) == KEPT and servers.trip(new) == KEPT
+    db = played.db(STALE)
+    journal = open_journal(db)
+    try:
+        [stale] = [r.saga_id for r in journal.list() if r.state is SagaState.RUNNING]
+    finally:
+        journal.close()
+    later = [0.0]
+
+    def clock() -> float:
+        return time.time() + later[0]
+
+    first = _recover(db, servers, monkeypatch, clock)
+    assert first.outcomes[stale].state is SagaState.WAITING  # parked: its kickoff may come back
+    later[0] = 601.0  # CrewSaga's default deadline (600 s) has passed, on the journal's clock
+    assert _recover(db, servers, monkeypatch, clock).outcomes[stale].state is SagaState.COMPENSATED
+    assert servers.trip(old) == ONE_EACH
+    assert servers.trip(new) == KEPT

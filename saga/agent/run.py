@@ -38,12 +38,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from opentelemetry import trace
 
 from sagaguard.idempotency.backends.offload import in_thread
+from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.codec import encode_error
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.keys import fingerprint
 from sagaguard.idempotency.telemetry import tracing
 from sagaguard.saga.agent.call import RUN_PREFIX, ToolCall, run_step_name, tool_step_name
-from sagaguard.saga.agent.definition import AgentSaga, OnFailure, RunInput, resume_signal, tool_outcome
+from sagaguard.saga.agent.definition import (
+    ABANDON_KEY,
+    AgentSaga,
+    OnFailure,
+    RunInput,
+    resume_signal,
+    tool_outcome,
+)
 from sagaguard.saga.agent.errors import (
     AgentRunCancelled,
     AgentRunEnded,
@@ -146,7 +154,13 @@ class AgentRun:
     """
 
     def __init__(
-        self, runner: AgentRunner, agent: AgentSaga, run_id: str, *, exclusive: bool = False
+        self,
+        runner: AgentRunner,
+        agent: AgentSaga,
+        run_id: str,
+        *,
+        exclusive: bool = False,
+        abandon_after: float | None = None,
     ) -> None:
         self.runner = runner
         self.agent = agent
@@ -154,7 +168,11 @@ class AgentRun:
         self.exclusive = exclusive
         """Opening refuses a run another open run holds (see ``AgentRunner.run(exclusive=True)``)."""
         self._input: RunInput = {"run": run_id}
+        # The fingerprint covers the run's identity only: a run started before its adapter
+        # declared a deadline (or with another one) still opens.
         self._fingerprint = fingerprint({"input": self._input})
+        if abandon_after is not None:
+            self._input = {**self._input, ABANDON_KEY: repr(seconds("abandon_after", abandon_after))}
         self._lock = threading.RLock()
         self._token = 0
         self._next = 0
@@ -510,7 +528,7 @@ class AgentRun:
     def _park(self) -> None:
         """Park the paused run WAITING for the process that resumes it, in one commit with its own
         row: a cancellation, or the abandon deadline, wakes it for the worker."""
-        abandon = self.agent.abandon_after
+        abandon = self.agent.abandon_for(self._load().saga.input)
         with self._lock:
             index = self._next
             row = StepRecord(index, run_step_name(index), StepKind.COMPENSATABLE, StepState.STARTED)
