@@ -40,7 +40,7 @@ from opentelemetry import trace
 from sagaguard.idempotency.backends.offload import in_thread
 from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.codec import encode_error
-from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.errors import ConfigurationError, OutcomeUnknown
 from sagaguard.idempotency.keys import fingerprint
 from sagaguard.idempotency.telemetry import tracing
 from sagaguard.saga.agent.call import RUN_PREFIX, ToolCall, run_step_name, tool_step_name
@@ -121,6 +121,19 @@ class _Step:
         call = self.call
         arguments = call.arguments if isinstance(call.arguments, dict) else {}
         return {"arguments": arguments, "key": call.key, "result_type": result_type, **(options or {})}
+
+
+def _in_doubt(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was caused by, an effect left in doubt (``OutcomeUnknown``): a
+    framework may wrap the tool's exception (the Agents SDK raises ``UserError`` from it)."""
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        if isinstance(found, OutcomeUnknown):
+            return True
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return False
 
 
 def _in_span(span: Any) -> contextlib.AbstractContextManager[Any]:
@@ -247,14 +260,16 @@ class AgentRun:
             if snapshot.saga.state is not SagaState.RUNNING:
                 raise AgentRunEnded(self.run_id, "no longer running")
             pivot = _open_pivot(snapshot)
-            if pivot is not None and pivot_failure(self._outcome(pivot)) is SagaState.NEEDS_ATTENTION:
+            if pivot is not None and (
+                _in_doubt(exc) or pivot_failure(self._outcome(pivot)) is SagaState.NEEDS_ATTENTION
+            ):
                 # Parked on the pivot, not on a run row: `sagas retry` then goes forward at the
                 # pivot rather than compensating a run whose pivot may have happened.
                 self._pivot_in_doubt(pivot, encode_error(exc))
             else:
                 self._fail(encode_error(exc), SagaState.NEEDS_ATTENTION)
         else:
-            self._compensate(encode_error(exc))
+            self._compensate(encode_error(exc), doubt=_in_doubt(exc))
 
     def _release(self) -> None:
         if self._hold is not None:
@@ -592,12 +607,14 @@ class AgentRun:
         self.outcome = SagaOutcome(self.run_id, SagaState.NEEDS_ATTENTION)
         return self.outcome
 
-    def _compensate(self, cause: str) -> SagaOutcome:
+    def _compensate(self, cause: str, *, doubt: bool = False) -> SagaOutcome:
         """Undo the run now, in this thread (the caller has released the run's lease hold).
 
         A pivot whose call has not recorded a result is settled first, from the ledger (see
         :func:`~sagaguard.saga.decisions.pivot_failure`): never applied, it is marked so and the
         calls before it are undone; in doubt, the run needs attention and nothing is undone.
+        ``doubt``: the run failed on an effect left in doubt (``OutcomeUnknown``), so an open
+        pivot is in doubt whatever its own record says (an effect inside it may be the one).
         """
         self._stop_calls()
         snapshot = self._load()
@@ -606,7 +623,7 @@ class AgentRun:
             pivot = _open_pivot(snapshot)
             if pivot is not None:
                 outcome = self._outcome(pivot)
-                if pivot_failure(outcome) is SagaState.NEEDS_ATTENTION:
+                if doubt or pivot_failure(outcome) is SagaState.NEEDS_ATTENTION:
                     return self._pivot_in_doubt(pivot, cause)
                 if outcome in (CallOutcome.NOT_STARTED, CallOutcome.FAILED):
                     pivots = (pivot.evolve(state=StepState.FAILED, error=cause, not_applied=True),)
