@@ -6,8 +6,9 @@ Each framework's child (a real process, SIGKILLed right after the counting API a
 before the tool returned) runs the world of ``tests/_undokey.py``; the run is then cancelled and
 recovered here (its dead holder is taken over at once on this host), and what the API applied is
 counted: the charge's undo finds the charge only by ``provider_key("payments.charge")``, i.e. only
-when ``undoing().key`` is the scope the body ran in. CrewAI's case is in tests/test_crewai_saga.py
-(its own environment).
+when ``undoing().key`` is the scope the body ran in (DBOS behind ``slow``: its launch costs seconds).
+CrewAI's case is in tests/test_crewai_saga.py (its own environment); Temporal's steps share the
+pipeline with DBOS's (``_engine_saga``) and are not run here.
 """
 
 from __future__ import annotations
@@ -95,6 +96,19 @@ def test_langgraph_a_charge_whose_answer_was_lost_is_refunded_by_its_provider_ke
     assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
     assert _counts() == {"/bookings": 1, "/charges": 1}
     assert _undo_by_the_worker(db, "thread-1") is SagaState.COMPENSATED
+    assert _counts() == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
+    assert _refunded_the_charge()
+
+
+@pytest.mark.slow  # DBOS's launch in a fresh process costs seconds
+def test_dbos_a_charge_whose_answer_was_lost_is_refunded_by_its_provider_key(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    db = f"sqlite:///{tmp_path}/agent.db"
+    done = _child(TESTS / "_undokeydbos.py", api=api, db=db, marks=tmp_path, kill="in_charge")
+    assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
+    assert _counts() == {"/bookings": 1, "/charges": 1}
+    assert _undo_by_the_worker(db, "trip-1") is SagaState.COMPENSATED
     assert _counts() == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
     assert _refunded_the_charge()
 
