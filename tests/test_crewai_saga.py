@@ -29,7 +29,7 @@ from test_agent_saga_crash import _cli, _run, worker_until_done
 from test_crewai import child_env, crew_python  # noqa: F401 - the fixture, shared
 
 from sagaguard.connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
-from sagaguard.saga import SagaState, cancel
+from sagaguard.saga import SagaState
 from sagaguard.saga.journals import open_journal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.timeout(300)
 
 FAIL, LEAVE, COMPLETE, REJECT, CANCEL, ASYNC, VANISH, PIVOT, ARUN = range(9)  # one fork each
 KILLED, RESUMED, ORPHANED, EXAMPLE = range(9, 13)
-LOST, STALE, RESTARTED = range(13, 16)
+LOST, RESTARTED = range(13, 15)
 EXAMPLE_FILE = ROOT / "docs" / "examples" / "crewai_saga.py"
 
 
@@ -117,7 +117,7 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
         name = RESUMED - 1 if index == RESUMED else index
         # A restart that could not restore shares the killed crew's folder (its journal), under a
         # trip of its own (the servers' counts tell the two kickoffs apart).
-        home = STALE if index == RESTARTED else name
+        home = LOST if index == RESTARTED else name
         return {"dir": str(folder / str(home)), "run": f"{run}-{name}", "action": "start", **more}
 
     plan = [
@@ -135,8 +135,7 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
         spec(ORPHANED, flight="fail", crash="before_flight"),
         spec(EXAMPLE, action="example", example=str(EXAMPLE_FILE)),
         spec(LOST, flight="ok", lost=True, crash="in_charge"),
-        spec(STALE, flight="ok", crash="before_flight"),
-        spec(RESTARTED, flight="ok"),
+        spec(RESTARTED, flight="ok", lost=True),
     ]
     with LocalChatModel() as model:
         config = {"model": model.base_url, "api": servers.api.url, "stripe": servers.stripe.api_base,
@@ -331,39 +330,22 @@ def _recover(db: str, servers: Servers, monkeypatch: pytest.MonkeyPatch, clock: 
         journal.close()
 
 
-def test_a_charge_whose_answer_was_lost_is_refunded_by_the_key_its_body_ran_under(
+def test_a_crew_killed_in_its_charge_then_restarted_without_its_checkpoint_is_undone_past_its_deadline(
     played: Played, servers: Servers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Killed right after Stripe applied the charge made inside the tool's body, before the tool
-    returned: cancelled, the worker's undo finds the charge by ``provider_key("payments.charge")``
-    (``undoing().key`` is the body's scope, ``{run}/{call}``, as on every framework) and refunds it."""
-    trip = played.trip(LOST)
-    assert played.ended(LOST)["signal"] == signal.SIGKILL
-    assert servers.trip(trip) == {"bookings": 1, "cancellations": 0, "charges": 1, "refunds": 0}
-    db = played.db(LOST)
-    run_id = _run_id(db)
-    journal = open_journal(db)
-    try:
-        cancel(journal, run_id, reason="the crew died")
-    finally:
-        journal.close()
-    assert _recover(db, servers, monkeypatch).outcomes[run_id].state is SagaState.COMPENSATED
-    assert servers.trip(trip) == ONE_EACH
-
-
-def test_a_killed_kickoff_restarted_without_its_checkpoint_is_undone_after_the_abandon_deadline(
-    played: Played, servers: Servers, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Killed after the charge, the crew is started again without restoring a checkpoint: a new
-    kickoff, a new saga (it completes). The first saga is not left running with its booking and
+    """Issue 26, items 10 and 12. SIGKILLed right after Stripe applied the charge made inside the
+    tool's body (its answer lost), the crew is started again without restoring a checkpoint: a new
+    kickoff, a new saga, which completes. The first saga is not left running with its booking and
     its charge: ``CrewSaga`` records a bounded abandon deadline (``ABANDON_AFTER``) with each run,
     so the worker (which has no setting for it) parks the dead kickoff and, once the deadline has
-    passed on the journal's clock, undoes it."""
-    assert played.ended(STALE)["signal"] == signal.SIGKILL
+    passed on the journal's clock, undoes it; its undo finds the lost charge by
+    ``provider_key("payments.charge")`` (``undoing().key`` is the body's scope, ``{run}/{call}``,
+    as on every framework) and refunds it. Nothing of the second kickoff is undone."""
+    assert played.ended(LOST)["signal"] == signal.SIGKILL
     assert played.report(RESTARTED)["state"] == "completed"
-    old, new = played.trip(STALE), played.trip(RESTARTED)
+    old, new = played.trip(LOST), played.trip(RESTARTED)
     assert servers.trip(old) == KEPT and servers.trip(new) == KEPT
-    db = played.db(STALE)
+    db = played.db(LOST)
     journal = open_journal(db)
     try:
         [stale] = [r.saga_id for r in journal.list() if r.state is SagaState.RUNNING]
