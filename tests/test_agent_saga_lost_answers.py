@@ -161,3 +161,75 @@ def test_agents_sdk_a_declared_tools_failure_is_a_failed_step_and_ends_the_turn(
         assert len(flights) == 1 and flights[0].state.value != "succeeded"
     finally:
         journal.close()
+
+
+def test_langgraph_a_failure_the_framework_turns_into_a_message_still_ends_the_run_failed(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    """``ToolNode(handle_tool_errors=True)`` turns the flight's ``NoSeats`` into an error message
+    inside the step: the step raises ``ToolFailed`` (never a success; the message is all that is
+    known, so the call is in doubt, maybe applied), ``ToolNode`` hands that to the model, which goes
+    on and asks for the confirmation email (the pivot): that new step is refused (the run is
+    failing), and leaving the block undoes the run (the hotel cancelled, the flight's undo run as
+    for any call that may have applied) and raises the step's failure. Before, the run completed
+    with the flight's error recorded as its result and the email sent."""
+    from _agentsagagraph import ScriptedModel
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    from sagaguard.connectors.declare import changes_world
+    from sagaguard.connectors.frameworks.langgraph import ToolFailed, ToolGuard
+    from sagaguard.idempotency.errors import OutcomeUnknown
+    from sagaguard.saga.agent import AgentRunner
+
+    db = f"sqlite:///{tmp_path}/agent.db"
+    guard = Guard(open_store(db))
+
+    @tool
+    @changes_world(undo="cancel_booking", policy="at_least_once")
+    def book_hotel(hotel: str) -> dict[str, Any]:
+        """Book a hotel."""
+        return world.book_hotel(hotel)
+
+    @tool
+    @changes_world(undo="cancel_flight", policy="at_least_once", permanent=(world.NoSeats,))
+    def book_flight(to: str) -> dict[str, Any]:
+        """Book a flight."""
+        return world.book_flight(to)
+
+    @tool
+    @changes_world(pivot=True, policy="at_least_once")
+    def send_email(to: str) -> dict[str, Any]:
+        """Send the confirmation."""
+        return world.send_email(guard, to)
+
+    script = [
+        [{"name": "book_hotel", "args": {"hotel": "ritz"}}],
+        [{"name": "book_flight", "args": {"to": "Oslo"}}],
+        [{"name": "send_email", "args": {"to": "ann@example.com"}}],
+    ]
+    model = ScriptedModel(script=script)
+    tools = ToolGuard(guard, saga=True)
+    node = ToolNode(
+        [book_hotel, book_flight, send_email], wrap_tool_call=tools.wrap_tool_call, handle_tool_errors=True
+    )
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", lambda state: {"messages": [model.invoke(state["messages"])]})
+    builder.add_node("tools", node)
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", tools_condition)
+    builder.add_edge("tools", "model")
+    graph = builder.compile()
+    runner = AgentRunner(open_journal(db), guard, sleep=lambda _s: None)
+    try:
+        with pytest.raises(OutcomeUnknown) as raised, runner.run(world.trip, "thread-2") as run:
+            graph.invoke(
+                {"messages": [HumanMessage("book my trip")]}, {"configurable": {"thread_id": "thread-2"}}
+            )
+    finally:
+        runner.close()
+    assert isinstance(raised.value.__cause__, ToolFailed) and "no seats to Oslo" in str(raised.value)
+    assert run.outcome is not None and run.outcome.state is SagaState.COMPENSATED
+    assert _counts() == {"/bookings": 1, "/cancellations": 1, "/flight-cancellations": 1}  # no email

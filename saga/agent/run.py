@@ -160,6 +160,10 @@ class AgentRun:
       NEEDS_ATTENTION. The exception propagates either way.
     - :class:`~sagaguard.saga.agent.errors.AgentRunCancelled` (the run was cancelled from outside) is raised
       at the next tool call, and leaving the block then compensates.
+    - A framework adapter's step call that raised to a framework which went on anyway (a
+      message for its model: CrewAI's default, LangGraph's ``handle_tool_errors=True``): no new
+      step runs, and leaving the block normally ends the run as that exception would have, then
+      raises it (:meth:`fail_on_exit`).
     - Any other BaseException (KeyboardInterrupt, ``asyncio.CancelledError``, a test's simulated
       crash) leaves the saga as a crash would: the worker finds it when its lease runs out. A time
       limit that should undo the run goes inside the block (``asyncio.timeout`` there raises
@@ -200,6 +204,9 @@ class AgentRun:
         """Set (under the lock) once the run is being ended: no more rows are written for calls."""
         self.outcome: SagaOutcome | None = None
         """Where the run's saga ended, once this process ended it (completed, compensated, ...)."""
+        self._failure: Exception | None = None
+        """The first exception a framework adapter's step raised to its framework
+        (:meth:`fail_on_exit`): the run is failing, whatever the framework did with it."""
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -236,13 +243,24 @@ class AgentRun:
         return self.outcome is None and (exc is None or isinstance(exc, (Exception, AgentRunCancelled)))
 
     def _close(self, exc: BaseException | None) -> None:
-        """End the run as leaving the block with ``exc`` says (see the class docstring)."""
+        """End the run as leaving the block with ``exc`` says (see the class docstring).
+
+        Raises:
+            Exception: the block returned, but a step's call had failed (a framework turned the
+                exception into a message for its model): the run ends as that failure would
+                have ended it, then the failure is raised.
+        """
         if not self._closes(exc):
             return
         self._stop_calls()
         if exc is None:
+            failure = self._failure
             if self._paused:
                 self._park()
+            elif failure is not None:
+                with contextlib.suppress(AgentRunEnded):
+                    self._failed(failure)
+                raise failure
             else:
                 self._end(Phase(state=SagaState.COMPLETED, lease=0.0))
         else:
@@ -430,6 +448,17 @@ class AgentRun:
             await in_thread(self._recorded, row, step.call, value if record is None else record(value))
         return value
 
+    def fail_on_exit(self, exc: Exception) -> None:
+        """A framework adapter's step call raised ``exc`` to its framework, which may go on (turn
+        it into a message for its model, which may ask again under a new call id): the run is
+        failing. No new step runs in it any more (:class:`AgentRunEnded`), and leaving the block
+        ends the run as ``exc`` escaping it would have (compensated, parked NEEDS_ATTENTION, a
+        pivot in doubt), then raises ``exc``. The first call wins. A paused run is parked as
+        before (an engine retries its step)."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = exc
+
     def _step(
         self, tool: str, arguments: Mapping[str, Any], undo: str | None, pivot: bool, call_id: str | None
     ) -> _Step | None:
@@ -478,6 +507,10 @@ class AgentRun:
             found = self._rows.get(call.key)
             if found is not None:
                 return found, None  # registered before a crash or by an earlier attempt
+            if self._failure is not None:
+                # A step failed and the framework went on (its model asks again, maybe for the same
+                # tool under a new id): no new step runs; the run ends failed with the block.
+                raise AgentRunEnded(self.run_id, "failing (a declared tool call failed)")
             self._live()
             index = self._next
             name = tool_step_name(call.tool, index)
