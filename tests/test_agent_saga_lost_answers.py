@@ -6,7 +6,10 @@ Each framework's child (a real process, SIGKILLed right after the counting API a
 before the tool returned) runs the world of ``tests/_undokey.py``; the run is then cancelled and
 recovered here (its dead holder is taken over at once on this host), and what the API applied is
 counted: the charge's undo finds the charge only by ``provider_key("payments.charge")``, i.e. only
-when ``undoing().key`` is the scope the body ran in (DBOS behind ``slow``: its launch costs seconds).
+when ``undoing().key`` is the scope the body ran in. These three kills (Agents SDK, LangGraph, DBOS)
+run behind ``slow`` (their processes cost seconds of the default suite's budget); the default
+suite checks the same identity in-process on every adapter (``undo_key_is_scope`` in
+tests/test_toolcall_conformance.py) and under a real kill on CrewAI, the adapter that broke it.
 CrewAI's case is in tests/test_crewai_saga.py (its own environment); Temporal's steps share the
 pipeline with DBOS's (``_engine_saga``) and are not run here.
 """
@@ -76,6 +79,7 @@ def _refunded_the_charge() -> bool:
     return bool(charged) and {r["body"]["charge"] for r in found.get("/refunds", [])} == charged
 
 
+@pytest.mark.slow  # the default suite has this row in-process (test_toolcall_conformance)
 def test_agents_sdk_a_charge_whose_answer_was_lost_is_refunded_by_its_provider_key(
     api: LocalIdempotentApi, tmp_path: Path
 ) -> None:
@@ -88,6 +92,7 @@ def test_agents_sdk_a_charge_whose_answer_was_lost_is_refunded_by_its_provider_k
     assert _refunded_the_charge()
 
 
+@pytest.mark.slow  # the default suite has this row in-process (test_toolcall_conformance)
 def test_langgraph_a_charge_whose_answer_was_lost_is_refunded_by_its_provider_key(
     api: LocalIdempotentApi, tmp_path: Path
 ) -> None:
