@@ -83,3 +83,8 @@ def refund_lost(arguments: dict[str, Any], result: Any | None) -> None:
                 {"payment_intent": intent.id, "metadata": {"run": metadata["run"]}},
                 {"idempotency_key": f"refund-{intent.id}"},
             )
+
+
+@undos.register
+def cancel_flight(arguments: dict[str, Any], result: Any | None) -> None:
+    """The flight's undo: it failed before booking anything here, so there is nothing to cancel."""

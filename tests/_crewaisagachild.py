@@ -23,6 +23,8 @@ optionally:
   terminal;
 - ``leave`` (``on_failure="leave"``), ``pivot`` (the charge is declared the pivot), ``async``
   (``akickoff``), ``again`` (then restore the crew from its newest checkpoint and kick it off);
+- ``model_sees_errors``: the crew leaves CrewAI's tool failure policy to hand a tool's error to the
+  model, and the failing flight is declared (``cancel_flight``): its failure must still end the run;
 - ``lost``: the charge is ``ChargeLost`` (a guarded effect in the body), undone by ``refund_lost``;
 - ``crash``: the kill point, ``before_flight`` (after the charge, in the next tool),
   ``in_charge`` (inside the charge, once Stripe applied it) or ``in_refund`` (in the compensation).
@@ -196,7 +198,8 @@ def build(folder: Path, config: dict[str, Any], crew_saga: CrewSaga) -> Crew:
     events: list[Any] = ["task_started", "task_completed"]
     checkpoint = CheckpointConfig(location=str(folder / "checkpoints"), on_events=events)
     return Crew(
-        agents=[agent], tasks=[book, pay, fly], tool_failure_policy="raise",
+        agents=[agent], tasks=[book, pay, fly],
+        tool_failure_policy=None if config.get("model_sees_errors") else "raise",  # None: CrewAI's default
         checkpoint=checkpoint if config.get("crash") or config.get("again") else None,  # to restore
     )  # fmt: skip
 
@@ -236,7 +239,10 @@ def play(config: dict[str, Any]) -> None:
     charge = changes_world(pivot=True) if config.get("pivot") else changes_world(undo="refund")
     if config.get("lost"):
         charge = changes_world(undo="refund_lost")
-    crew_guard = CrewGuard(guard, saga=crew_saga, declare={"charge": charge})
+    declare = {"charge": charge}
+    if config.get("model_sees_errors"):  # the flight declared too: its failure is a step's
+        declare["book_flight"] = changes_world(undo="cancel_flight")
+    crew_guard = CrewGuard(guard, saga=crew_saga, declare=declare)
     report: dict[str, Any] = {"step": config["step"], "run": config["run"], "raised": None}
     try:
         if config["action"] == "arun":
