@@ -405,7 +405,8 @@ class AgentRun:
 
         Raises:
             AgentRunCancelled: the run was cancelled; nothing ran.
-            AgentRunEnded: the run's saga no longer takes calls.
+            AgentRunEnded: the run's saga no longer takes calls, or the run is failing (a
+                framework adapter's step failed, see :meth:`fail_on_exit`): nothing ran.
             UnknownUndo: ``undo`` is not registered.
             ConfigurationError: both ``undo`` and ``pivot``; and whatever the guard raises (see
                 :meth:`sagaguard.idempotency.guard.Guard.run`).
