@@ -17,6 +17,9 @@ the same way for every framework:
 4. The effect runs under the guard, or the step through
    :meth:`sagaguard.saga.agent.AgentRun.call` (its undo registered with the claim, in one commit).
 5. An in-doubt answer is settled as ``on_doubt`` says (:mod:`sagaguard.connectors.in_doubt`).
+6. A step's exception that reaches the framework marks its run failing
+   (:meth:`sagaguard.saga.agent.AgentRun.fail_on_exit`): whatever the framework does with it (a
+   message for its model), no new step runs and the run ends failed.
 
 Decide once, drive twice: the two drivers differ only in ``Guard.run``/``arun``, ``call``/``acall``
 and ``settle``/``asettle``.
@@ -197,7 +200,9 @@ def run_tool_call(
             )  # fmt: skip
 
         store = run.runner.guard.store
+        step_run: AgentRun | None = run
     else:
+        step_run = None
         effect_guard = _guarded(guard, site)
         fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
 
@@ -209,7 +214,7 @@ def run_tool_call(
                 )  # fmt: skip
 
         store = effect_guard.store
-    with _call_id(site):
+    with _call_id(site), _failing(step_run):
         return settle(call, on_doubt, store, site.pending)
 
 
@@ -241,7 +246,9 @@ async def arun_tool_call(
             )  # fmt: skip
 
         store = run.runner.guard.store
+        step_run: AgentRun | None = run
     else:
+        step_run = None
         effect_guard = _guarded(guard, site)
         fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
 
@@ -253,8 +260,22 @@ async def arun_tool_call(
                 )  # fmt: skip
 
         store = effect_guard.store
-    with _call_id(site):
+    with _call_id(site), _failing(step_run):
         return await asettle(call, on_doubt, store, site.pending)
+
+
+@contextlib.contextmanager
+def _failing(run: AgentRun | None) -> Iterator[None]:
+    """A step's exception reaches the framework, which may turn it into a message for its model
+    and go on: the run is told, so it ends failed whatever the framework does
+    (:meth:`~sagaguard.saga.agent.AgentRun.fail_on_exit`). An answer ``on_doubt`` gave instead
+    (``ReturnPending``) is not a failure."""
+    try:
+        yield
+    except Exception as exc:
+        if run is not None:
+            run.fail_on_exit(exc)
+        raise
 
 
 def _run_of(saga: SagaMode) -> AgentRun:

@@ -21,7 +21,7 @@ import stripe
 
 from sagaguard.idempotency.testing import crash_at, sigkill
 from sagaguard.saga import SagaRegistry
-from sagaguard.saga.agent import AgentSaga, UndoRegistry
+from sagaguard.saga.agent import AgentSaga, UndoRegistry, provider_key
 
 undos = UndoRegistry()
 trip_crew = AgentSaga("trip_crew", undos)
@@ -68,3 +68,23 @@ def refund(arguments: dict[str, Any], result: Any | None) -> None:
         {"idempotency_key": f"refund-{result['id']}"},
     )
     die_once("in_refund")
+
+
+@undos.register
+def refund_lost(arguments: dict[str, Any], result: Any | None) -> None:
+    """Refund the charge the undone call's body made, found by the provider key it was sent under
+    (``undoing().key`` is the body's scope), whether or not its answer was recorded."""
+    key = provider_key("payments.charge")
+    client = stripe_client()
+    for intent in client.v1.payment_intents.list({"limit": 100}).data:
+        metadata = intent.metadata.to_dict()
+        if metadata.get("key") == key:
+            client.v1.refunds.create(
+                {"payment_intent": intent.id, "metadata": {"run": metadata["run"]}},
+                {"idempotency_key": f"refund-{intent.id}"},
+            )
+
+
+@undos.register
+def cancel_flight(arguments: dict[str, Any], result: Any | None) -> None:
+    """The flight's undo: it failed before booking anything here, so there is nothing to cancel."""

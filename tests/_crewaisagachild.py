@@ -23,8 +23,11 @@ optionally:
   terminal;
 - ``leave`` (``on_failure="leave"``), ``pivot`` (the charge is declared the pivot), ``async``
   (``akickoff``), ``again`` (then restore the crew from its newest checkpoint and kick it off);
-- ``crash``: the kill point, ``before_flight`` (after the charge, in the next tool) or
-  ``in_refund`` (in the compensation).
+- ``model_sees_errors``: the crew leaves CrewAI's tool failure policy to hand a tool's error to the
+  model, and the failing flight is declared (``cancel_flight``): its failure must still end the run;
+- ``lost``: the charge is ``ChargeLost`` (a guarded effect in the body), undone by ``refund_lost``;
+- ``crash``: the kill point, ``before_flight`` (after the charge, in the next tool),
+  ``in_charge`` (inside the charge, once Stripe applied it) or ``in_refund`` (in the compensation).
 
 ``action: example`` runs the docs example ``example`` in the fork instead; ``action: arun`` awaits a
 declared tool's async body in an open run (``async with``), which then fails.
@@ -100,6 +103,32 @@ class Charge(BaseTool):
         return json.dumps({"id": intent.id, "amount": intent.amount, "run": self.trip})
 
 
+class ChargeLost(BaseTool):
+    """Charges through a guarded effect inside the body (``payments.charge``, keyed on the body's
+    scope); ``crash: in_charge`` kills the process right after Stripe applied it: its answer is
+    lost, and its undo (``refund_lost``) finds it by its provider key."""
+
+    name: str = "charge"
+    description: str = "Charge the card for the trip."
+    trip: str
+
+    def _run(self, amount: int = 4200) -> str:
+        def charge() -> dict[str, Any]:
+            key = current_effect().provider_key
+            intent = stripe_client().v1.payment_intents.create(
+                {"amount": amount, "currency": "eur", "payment_method": "pm_card_visa", "confirm": True,
+                 "metadata": {"run": self.trip, "key": key}},
+                {"idempotency_key": key},
+            )  # fmt: skip
+            die_once("in_charge")
+            return {"id": intent.id, "amount": intent.amount, "run": self.trip}
+
+        return json.dumps(GUARD[0].run("payments.charge", charge))
+
+
+GUARD: list[Guard] = []
+
+
 class BookHotelAsync(BaseTool):
     """Books the hotel with an async body (reached by ``await tool.arun()``)."""
 
@@ -161,7 +190,7 @@ def build(folder: Path, config: dict[str, Any], crew_saga: CrewSaga) -> Crew:
     approve = config.get("approve")
     pay = Task(
         description="Charge the card.", expected_output="A receipt.", agent=agent,
-        tools=[Charge(trip=config["run"])],
+        tools=[ChargeLost(trip=config["run"]) if config.get("lost") else Charge(trip=config["run"])],
         guardrail=None if approve is None else crew_saga.approval(lambda _output: approve),
     )  # fmt: skip
     fly = Task(description="Book the flight.", expected_output="A ticket.", agent=agent,
@@ -169,7 +198,8 @@ def build(folder: Path, config: dict[str, Any], crew_saga: CrewSaga) -> Crew:
     events: list[Any] = ["task_started", "task_completed"]
     checkpoint = CheckpointConfig(location=str(folder / "checkpoints"), on_events=events)
     return Crew(
-        agents=[agent], tasks=[book, pay, fly], tool_failure_policy="raise",
+        agents=[agent], tasks=[book, pay, fly],
+        tool_failure_policy=None if config.get("model_sees_errors") else "raise",  # None: CrewAI's default
         checkpoint=checkpoint if config.get("crash") or config.get("again") else None,  # to restore
     )  # fmt: skip
 
@@ -202,11 +232,17 @@ def play(config: dict[str, Any]) -> None:
     db = config["db"] = f"sqlite:///{folder / 'agent.db'}"
     journal, store = open_journal(db), open_store(db)
     guard = Guard(store)  # the defaults: a process restarted at once takes a dead one's claims over
+    GUARD[:] = [guard]
     agent = AgentSaga("trip_crew", undos, on_failure="leave") if config.get("leave") else trip_crew
     runner = AgentRunner(journal, guard, sleep=lambda _s: None)  # the default run lease (30 s)
     crew_saga = CrewSaga(runner, agent)
     charge = changes_world(pivot=True) if config.get("pivot") else changes_world(undo="refund")
-    crew_guard = CrewGuard(guard, saga=crew_saga, declare={"charge": charge})
+    if config.get("lost"):
+        charge = changes_world(undo="refund_lost")
+    declare = {"charge": charge}
+    if config.get("model_sees_errors"):  # the flight declared too: its failure is a step's
+        declare["book_flight"] = changes_world(undo="cancel_flight")
+    crew_guard = CrewGuard(guard, saga=crew_saga, declare=declare)
     report: dict[str, Any] = {"step": config["step"], "run": config["run"], "raised": None}
     try:
         if config["action"] == "arun":

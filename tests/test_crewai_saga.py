@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.timeout(300)
 
 FAIL, LEAVE, COMPLETE, REJECT, CANCEL, ASYNC, VANISH, PIVOT, ARUN = range(9)  # one fork each
 KILLED, RESUMED, ORPHANED, EXAMPLE = range(9, 13)
+LOST, RESTARTED, SWALLOWED = range(13, 16)
 EXAMPLE_FILE = ROOT / "docs" / "examples" / "crewai_saga.py"
 
 
@@ -113,7 +115,10 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
     def spec(index: int, **more: Any) -> dict[str, Any]:
         # A kill and its resume share a folder (journal, effects, checkpoints) and a trip.
         name = RESUMED - 1 if index == RESUMED else index
-        return {"dir": str(folder / str(name)), "run": f"{run}-{name}", "action": "start", **more}
+        # A restart that could not restore shares the killed crew's folder (its journal), under a
+        # trip of its own (the servers' counts tell the two kickoffs apart).
+        home = LOST if index == RESTARTED else name
+        return {"dir": str(folder / str(home)), "run": f"{run}-{name}", "action": "start", **more}
 
     plan = [
         spec(FAIL, flight="fail", again=True),
@@ -129,6 +134,9 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
         spec(RESUMED, action="resume", crash="in_refund"),
         spec(ORPHANED, flight="fail", crash="before_flight"),
         spec(EXAMPLE, action="example", example=str(EXAMPLE_FILE)),
+        spec(LOST, flight="ok", lost=True, crash="in_charge"),
+        spec(RESTARTED, flight="ok", lost=True),
+        spec(SWALLOWED, flight="fail", model_sees_errors=True),
     ]
     with LocalChatModel() as model:
         config = {"model": model.base_url, "api": servers.api.url, "stripe": servers.stripe.api_base,
@@ -302,4 +310,72 @@ def test_the_docs_example_runs_in_the_crewai_environment(played: Played) -> None
 
 def test_public_api_is_locked(played: Played) -> None:
     """sagaguard.connectors.frameworks.crewai_saga's public names (read in the CrewAI environment)."""
-    assert played.report(EXAMPLE)["exports"] == ["CrewSaga", "KickoffRejected", "tool_output"]
+    exports = ["ABANDON_AFTER", "CrewSaga", "KickoffRejected", "tool_output"]
+    assert played.report(EXAMPLE)["exports"] == exports
+
+
+def _recover(db: str, servers: Servers, monkeypatch: pytest.MonkeyPatch, clock: Any = time.time) -> Any:
+    """The worker's pass, in this process (no CrewAI here: the undos are ``_crewaisaga``'s)."""
+    import _crewaisaga
+
+    from sagaguard.idempotency import Guard, open_store
+    from sagaguard.saga import recover
+
+    monkeypatch.setenv("CREW_API", servers.api.url)
+    monkeypatch.setenv("CREW_STRIPE", servers.stripe.api_base)
+    journal, store = open_journal(db, clock=clock), open_store(db)
+    try:
+        return recover(journal, Guard(store), _crewaisaga.registry, sleep=lambda _s: None)
+    finally:
+        store.close()
+        journal.close()
+
+
+def test_a_crew_killed_in_its_charge_then_restarted_without_its_checkpoint_is_undone_past_its_deadline(
+    played: Played, servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26, items 10 and 12. SIGKILLed right after Stripe applied the charge made inside the
+    tool's body (its answer lost), the crew is started again without restoring a checkpoint: a new
+    kickoff, a new saga, which completes. The first saga is not left running with its booking and
+    its charge: ``CrewSaga`` records a bounded abandon deadline (``ABANDON_AFTER``) with each run,
+    so the worker (which has no setting for it) parks the dead kickoff and, once the deadline has
+    passed on the journal's clock, undoes it; its undo finds the lost charge by
+    ``provider_key("payments.charge")`` (``undoing().key`` is the body's scope, ``{run}/{call}``,
+    as on every framework) and refunds it. Nothing of the second kickoff is undone."""
+    assert played.ended(LOST)["signal"] == signal.SIGKILL
+    assert played.report(RESTARTED)["state"] == "completed"
+    old, new = played.trip(LOST), played.trip(RESTARTED)
+    assert servers.trip(old) == KEPT and servers.trip(new) == KEPT
+    db = played.db(LOST)
+    journal = open_journal(db)
+    try:
+        [stale] = [r.saga_id for r in journal.list() if r.state is SagaState.RUNNING]
+    finally:
+        journal.close()
+    later = [0.0]
+
+    def clock() -> float:
+        return time.time() + later[0]
+
+    first = _recover(db, servers, monkeypatch, clock)
+    assert first.outcomes[stale].state is SagaState.WAITING  # parked: its kickoff may come back
+    later[0] = 601.0  # CrewSaga's default deadline (600 s) has passed, on the journal's clock
+    assert _recover(db, servers, monkeypatch, clock).outcomes[stale].state is SagaState.COMPENSATED
+    assert servers.trip(old) == ONE_EACH
+    assert servers.trip(new) == KEPT
+
+
+def test_a_declared_tools_failure_handed_to_the_model_still_undoes_the_kickoff(
+    played: Played, servers: Servers
+) -> None:
+    """Issue 26, item 11 on CrewAI: with CrewAI's default tool failure policy the flight's error
+    goes to the model, which answers, and the kickoff would complete. The flight is declared, so
+    its failure is a failed step and the run is failing: when the kickoff returns, its run is
+    undone (the booking and the charge, once each; the flight's undo finds nothing to cancel) and
+    ``kickoff`` raises the flight's failure. Before, the kickoff completed and kept everything."""
+    report = played.report(SWALLOWED)
+    # Declared without permanent=, the flight's RuntimeError leaves it in doubt (maybe applied).
+    assert report["raised"] == "OutcomeUnknown" and "no seats to Oslo" in report["reason"]
+    assert report["state"] == "compensated"
+    assert [state for name, state in _tools(report) if name.startswith("tool.book_flight.")] != ["succeeded"]
+    assert servers.trip(played.trip(SWALLOWED)) == ONE_EACH

@@ -22,6 +22,12 @@ scope_per_attempt   the body runs in the call's scope: an effect inside it needs
 on_doubt            ``ReturnPending`` turns an in-doubt call into the framework's tool result
 undo_with_claim     saga mode: the step and its undo are in the journal before the body runs
 error_types         saga mode: a step with no open run raises ``NoOpenRun`` (a ``LookupError``)
+undo_key_is_scope   saga mode: the step's key (what ``undoing().key`` gives its undo) is the scope
+                    the body ran in, so ``provider_key`` finds what the body sent (issue 26, 10)
+failure_is_failed   saga mode: a declared tool's exception ends the turn and its step is never
+                    recorded as a success, whatever the framework does with tool errors by
+                    default (the Agents SDK's tools keep their default ``failure_error_function``
+                    in saga mode; issue 26, item 11)
 ==================  ===========================================================================
 
 A new adapter joins :data:`HARNESSES` (and passes this file) before it is documented.
@@ -41,7 +47,7 @@ from typing import Any, Protocol
 import pytest
 from _guardutil import span_exporter
 
-from sagaguard.connectors.declare import ToolDeclaration, changes_world, read_only
+from sagaguard.connectors.declare import ToolDeclaration, changes_world, is_step, read_only
 from sagaguard.connectors.in_doubt import OnDoubt, ReturnPending, Stop
 from sagaguard.idempotency import Guard
 from sagaguard.idempotency.errors import OutcomeUnknown
@@ -251,15 +257,18 @@ class AgentsHarness:
     ) -> list[str]:  # fmt: skip
         from agents import Agent, function_tool
 
-        @function_tool(failure_error_function=None)  # a failing tool reaches the adapter as it is
         def book(order: str) -> str:  # the scripted model's argument name
             """Book an item."""
             return body(order)
 
         declaration(book)
+        # A failing tool must reach the adapter as it is (failure_error_function=None), except a
+        # step: the recipe's declared tool keeps the SDK's default, and a step raises anyway.
+        step = self.saga and is_step(declaration)
+        tool = function_tool(book) if step else function_tool(book, failure_error_function=None)
         crashes = [1] if rerun else []
         model = _crashing_model(crashes)
-        agent: Agent[Any] = Agent(name="booker", instructions="Book.", model=model, tools=[book])
+        agent: Agent[Any] = Agent(name="booker", instructions="Book.", model=model, tools=[tool])
         outputs = []
         for attempt in range(2 if rerun else 1):
             try:
@@ -491,6 +500,52 @@ def test_a_step_with_no_open_run_is_refused_with_one_error_type(harness: Harness
     assert _caused_by(raised.value, NoOpenRun)
     assert _caused_by(raised.value, LookupError)
     assert seen.runs == 0
+
+
+def test_the_undos_key_is_the_scope_the_body_ran_in(harness: Harness, env: Env) -> None:
+    if not harness.saga:
+        pytest.skip("guarded mode has no undo")
+    from sagaguard.idempotency.keys import current_scope
+    from sagaguard.saga.agent.call import ToolCall
+
+    scopes: list[str] = []
+    run_body = _body(env, Seen(), harness)
+
+    def body(item: str) -> str:
+        scopes.append(current_scope().id)
+        return run_body(item)
+
+    harness.turn(env, body, _declared(harness), Stop(), rerun=False)
+    snapshot = env.runner.journal.load(env.run_id if not isinstance(harness, AgentsHarness) else _turn(env))
+    assert snapshot is not None
+    keys = [call.key for call in map(ToolCall.of_row, snapshot.steps) if call is not None]
+    assert keys == scopes and len(keys) == 1
+
+
+class Refused(Exception):
+    """The provider refused: sure not to have applied (declared ``permanent``)."""
+
+
+def test_a_declared_tools_failure_is_a_failed_step(harness: Harness, env: Env) -> None:
+    if not harness.saga:
+        pytest.skip("guarded mode has no steps")
+
+    def body(item: str) -> str:
+        raise Refused(f"no {item} left")
+
+    with pytest.raises(Exception) as raised:
+        harness.turn(env, body, changes_world(undo="cancel", permanent=(Refused,)), Stop(), rerun=False)
+    assert _caused_by(raised.value, Refused)
+    snapshot = env.runner.journal.load(env.run_id if not isinstance(harness, AgentsHarness) else _turn(env))
+    assert snapshot is not None
+    states = [row.state for row in snapshot.steps if row.name.startswith("tool.")]
+    assert len(states) == 1 and StepState.SUCCEEDED not in states
+
+
+def _turn(env: Env) -> str:
+    from sagaguard.connectors.frameworks.openai_agents_saga import turn_run_id
+
+    return turn_run_id(env.run_id, 1)
 
 
 def _caused_by(exc: BaseException | None, kind: type[BaseException]) -> bool:

@@ -44,7 +44,6 @@ checkpoint is the same with sagaguard or without; a restored crew holds fresh ob
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import inspect
@@ -68,7 +67,7 @@ from sagaguard.connectors.toolcall import STOP, SagaMode, ToolCallSite, arun_too
 from sagaguard.idempotency.effect import NO_RETRY, Policy
 from sagaguard.idempotency.errors import CodecError, ConfigurationError, NoScope
 from sagaguard.idempotency.guard import Guard
-from sagaguard.idempotency.keys import Scope, current_scope, fingerprint, scope
+from sagaguard.idempotency.keys import current_scope, fingerprint
 from sagaguard.idempotency.records import Disposition
 
 if TYPE_CHECKING:
@@ -418,15 +417,13 @@ class CrewGuard:
             args: tuple[Any, ...], kwargs: Mapping[str, Any], named: Callable[..., Any]
         ) -> ToolCallSite[Any]:
             arguments, key, unit = self._tool_identity(name, args, kwargs)
-
-            def enter(_scope_id: str) -> contextlib.AbstractContextManager[Scope]:
-                return scope(unit)  # effects inside the tool are keyed on the call, as in a step
-
+            # The pipeline enters the body's scope: the call's own (``unit``) for a guarded call,
+            # the step's key (``{run}/{call}``, what ``undoing().key`` gives its undo) for a step.
             return ToolCallSite(
                 tool=str(tool.name), call_id=key, framework_call_id=False,
                 arguments=named_arguments(named, args, kwargs), fingerprint=arguments,
                 declaration=declaration, effect=name, scope_id=unit, key=key, pending=Pending.as_json,
-                record=recorded_output, policy=self.policy, defaults=self._options, enter=enter,
+                record=recorded_output, policy=self.policy, defaults=self._options,
             )  # fmt: skip
 
         @functools.wraps(run)

@@ -17,12 +17,15 @@ step of the kickoff's run, registered before the tool runs.
 tool calls find their steps (and the guard replays their results). The saga is started by the
 kickoff's first step (a kickoff that calls no declared tool has no saga); a restored kickoff whose
 run is in the journal attaches to it when it starts, taking it back from the worker if the worker
-had parked it.
+had parked it. A restart that cannot restore a checkpoint kicks off a new run: the old one, whose
+process is gone, is undone by the worker once its abandon deadline has passed (``abandon_after``,
+recorded with the run: :data:`ABANDON_AFTER` by default), so its effects are not left in place.
 
 **A call's id** is the adapter's key of the tool run (kickoff, task, tool, argument hash, n: no
 tool-call id reaches CrewAI tools, see :mod:`sagaguard.connectors.frameworks.crewai`). The undo receives the
 call's arguments by name and the tool's output (read back as JSON when it is JSON text), as every
-framework's adapter gives them, so the same undo functions serve every framework.
+framework's adapter gives them, so the same undo functions serve every framework. The tool's body
+runs in the scope ``{run id}/{call id}``, the undone call's ``undoing().key``.
 
 **Triggers.** An exception escaping ``kickoff`` undoes the run (``AgentSaga(on_failure=...)``:
 ``"compensate"`` by default, ``"leave"`` parks it for an operator). A tool's own exception is
@@ -53,11 +56,15 @@ from crewai import Crew
 from sagaguard.connectors.declare import recorded_output
 from sagaguard.connectors.frameworks._crewai_patch import is_marked, mark, shadow
 from sagaguard.connectors.frameworks.crewai import kickoff_id
+from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga.agent import AgentRun, AgentRunner, AgentRunRejected, AgentSaga, current_run
 from sagaguard.saga.records import SagaOutcome
 
-__all__ = ["CrewSaga", "KickoffRejected", "tool_output"]
+__all__ = ["ABANDON_AFTER", "CrewSaga", "KickoffRejected", "tool_output"]
+
+ABANDON_AFTER = 600.0
+"""The default abandon deadline of a kickoff's run, in seconds (see :class:`CrewSaga`)."""
 
 _RUN_ID = "__sagaguard_run_id__"
 """Set on a crew instance: the saga id of its latest kickoff that made a step."""
@@ -96,7 +103,7 @@ class _Kickoff:
     def open(self, run_id: str) -> AgentRun:
         with self._lock:
             if self.run is None:
-                run = self.saga.runner.run(self.saga.agent, run_id)
+                run = self.saga.runner.run(self.saga.agent, run_id, abandon_after=self.saga.abandon_after)
                 self._context.run(run.__enter__)
                 self.run = run
                 shadow(self.crew, _RUN_ID, run_id)
@@ -132,11 +139,22 @@ class CrewSaga:
         runner: opens the runs (its guard runs the steps and the undos; give the worker a guard on
             the same store and namespace).
         agent: the saga type of the crew's runs, with its undos (register it with the worker).
+        abandon_after: seconds a kickoff's run whose process is gone may stay un-resumed before the
+            worker compensates it (default :data:`ABANDON_AFTER`, 10 minutes), recorded with each
+            run, so the worker needs no setting; the saga type's own ``abandon_after`` wins when
+            it has one. A kickoff that could not restore its checkpoint is a new run: this bounds
+            how long the old one keeps its effects. None waits for ever.
+
+    Raises:
+        ConfigurationError: a negative or non-finite ``abandon_after``.
     """
 
-    def __init__(self, runner: AgentRunner, agent: AgentSaga) -> None:
+    def __init__(
+        self, runner: AgentRunner, agent: AgentSaga, *, abandon_after: float | None = ABANDON_AFTER
+    ) -> None:
         self.runner = runner
         self.agent = agent
+        self.abandon_after = None if abandon_after is None else seconds("abandon_after", abandon_after)
 
     # -- wiring (called by CrewGuard) ----------------------------------------------------------
 

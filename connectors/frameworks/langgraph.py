@@ -70,6 +70,7 @@ from sagaguard.idempotency.keys import Scope, scope
 __all__ = [
     "DurabilityWarning",
     "JournaledChatModel",
+    "ToolFailed",
     "ToolGuard",
     "check_durability",
     "graph_scope",
@@ -264,6 +265,31 @@ Put it under ``@task`` (``@task`` then ``@task_scoped``), so it runs inside the 
 # -- tool calls -------------------------------------------------------------------------------------
 
 
+class ToolFailed(Exception):
+    """A declared tool's call, a step of the agent run, failed, and ``ToolNode`` reported it only as
+    an error message (``handle_tool_errors``): raised inside the step, so the step is a failure
+    (never recorded as a success) and the run ends failed. The call may have applied (the
+    message is all that is known): its undo runs with ``result=None``.
+
+    Attributes:
+        tool: the tool's name.
+        message: the error text ``ToolNode`` made of the exception.
+    """
+
+    def __init__(self, tool: str, message: str) -> None:
+        super().__init__(f"tool {tool!r} failed: {message}")
+        self.tool = tool
+        self.message = message
+
+
+def _step_message(result: ToolResult, tool: str) -> ToolMessage:
+    """A step's result: its ``ToolMessage``, or :class:`ToolFailed` for an error message."""
+    message = _as_message(result)
+    if message.status == "error":
+        raise ToolFailed(tool, str(message.content))
+    return message
+
+
 def _as_message(result: ToolResult) -> ToolMessage:
     if isinstance(result, ToolMessage):
         return result
@@ -292,9 +318,11 @@ class ToolGuard:
     steps of the agent run open in the calling context (``with runner.run(saga, thread_id)``, or
     ``async with`` for the async handler): one journal commit registers the call with its undo,
     then it runs under the run's guard, keyed on the run id and the ``tool_call_id``. The undo
-    receives the call's arguments and the tool's output (:func:`tool_output`). Pass
-    ``handle_tool_errors=False`` (or a narrower setting) to ``ToolNode`` for a tool failure to end
-    the run and compensate it; by default ``ToolNode`` turns it into a message the model reads.
+    receives the call's arguments and the tool's output (:func:`tool_output`). A step's failure
+    ends the run whatever ``ToolNode`` does with it: an exception escaping the graph undoes the run
+    as it leaves the block; an error message (``handle_tool_errors=True``) is raised inside the
+    step as :class:`ToolFailed` (the step fails, maybe applied), and the run, failing, refuses new
+    steps and is undone when the block ends (:meth:`sagaguard.saga.agent.AgentRun.fail_on_exit`).
 
     Args:
         guard: the guard the calls run under (a step runs under its run's guard).
@@ -379,10 +407,10 @@ class ToolGuard:
         site = self.site(request)
         if site is None:
             return execute(request)
+        read = self._reader(site)
         return run_tool_call(
-            site, lambda: _as_message(execute(request)), guard=self.guard, saga=self.saga,
-            on_doubt=self.on_doubt,
-        )  # fmt: skip
+            site, lambda: read(execute(request)), guard=self.guard, saga=self.saga, on_doubt=self.on_doubt
+        )
 
     async def awrap_tool_call(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
         """The async handler: ``ToolNode(awrap_tool_call=tool_guard.awrap_tool_call)`` (in saga
@@ -392,11 +420,19 @@ class ToolGuard:
         site = self.site(request)
         if site is None:
             return await execute(request)
+        read = self._reader(site)
 
         async def body() -> ToolMessage:
-            return _as_message(await execute(request))
+            return read(await execute(request))
 
         return await arun_tool_call(site, body, guard=self.guard, saga=self.saga, on_doubt=self.on_doubt)
+
+
+    def _reader(self, site: ToolCallSite[ToolMessage]) -> Callable[[ToolResult], ToolMessage]:
+        """How a call's result is read: a step's error message is a failure (:class:`ToolFailed`)."""
+        if self.saga is not False and is_step(site.declaration):
+            return functools.partial(_step_message, tool=site.tool)
+        return _as_message
 
 
 def tool_output(message: ToolMessage) -> Any:

@@ -54,10 +54,10 @@ import functools
 import json
 import logging
 import warnings
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
-from agents import Agent, FunctionTool, RunState
+from agents import Agent, FunctionTool, RunState, function_tool
 from agents.agent_output import AgentOutputSchemaBase
 from agents.handoffs import Handoff
 from agents.items import ModelResponse, TResponseInputItem, TResponseOutputItem, TResponseStreamEvent
@@ -71,7 +71,7 @@ from agents.usage import deserialize_usage, serialize_usage
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 from pydantic import BaseModel, TypeAdapter
 
-from sagaguard.connectors.declare import ToolDeclaration, declaration_of
+from sagaguard.connectors.declare import ToolDeclaration, declaration_of, is_step
 from sagaguard.connectors.in_doubt import OnDoubt, Pending
 from sagaguard.connectors.llm import LlmUsage
 from sagaguard.connectors.telemetry import record_llm_call
@@ -467,6 +467,7 @@ class JournaledRun:
             return tool
         declaration = declaration_of(tool, tool.name, self.declare)
         options = self.tool_options.get(tool.name, {})
+        inner = _raising(tool) if self.saga is not False and is_step(declaration) else tool.on_invoke_tool
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
             key = tool_call_key(self.run_key, ctx.tool_call_id)
@@ -477,10 +478,32 @@ class JournaledRun:
                 fingerprint={"arguments": parsed}, declaration=declaration, effect=tool.name,
                 scope_id=key, key=key, pending=Pending.as_json, policy=self.policy, options=options,
             )  # fmt: skip
-            body = functools.partial(tool.on_invoke_tool, ctx, arguments)
+            body = functools.partial(inner, ctx, arguments)
             return await arun_tool_call(site, body, guard=self.guard, saga=self.saga, on_doubt=self.on_doubt)
 
         return dataclasses.replace(tool, on_invoke_tool=invoke)
+
+
+def _raising(tool: FunctionTool) -> Callable[[ToolContext[Any], str], Awaitable[Any]]:
+    """How a step runs ``tool``: its exception raised, never turned into text for the model.
+
+    A ``function_tool`` catches the function's exception and returns its
+    ``failure_error_function``'s text (the SDK's default does), which a step would record as the
+    tool's output: a failure kept as a success. So a step's body is the same function made a tool
+    again with ``failure_error_function=None`` (the SDK's public ``__wrapped__`` is the function
+    ``function_tool`` was given); only its invoker is used, every other setting stays the tool's.
+    A hand-made ``FunctionTool`` (no ``__wrapped__``) runs as it is: its ``on_invoke_tool`` must
+    raise on failure.
+    """
+    try:
+        fn = tool.__wrapped__
+    except AttributeError:
+        return tool.on_invoke_tool
+    strict = function_tool(
+        fn, name_override=tool.name, description_override=tool.description,
+        failure_error_function=None, strict_mode=tool.strict_json_schema,
+    )  # fmt: skip
+    return strict.on_invoke_tool
 
 
 class AgentRun(JournaledRun):

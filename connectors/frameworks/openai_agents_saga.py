@@ -3,7 +3,7 @@ is rejected at an approval, is cancelled or is abandoned.
 
 ::
 
-    @function_tool(failure_error_function=None)         # a failing tool ends the turn, and undoes it
+    @function_tool                                       # a declared tool's failure ends the turn
     @changes_world(undo="cancel_booking")                # a name in the agent saga's UndoRegistry
     def book_hotel(hotel: str) -> dict: ...
 
@@ -38,9 +38,16 @@ pauses it (WAITING, no process held). Approved, the turn is opened again and res
 process. (The SDK's own ``state.reject(item)`` only tells the model that one call was refused and
 goes on; nothing is undone.)
 
-Give a declared tool ``failure_error_function=None``: by default the SDK turns a tool's exception
-into text for the model, which the step then records as the tool's output; with ``None`` the
-exception ends the turn and undoes it.
+**A declared tool's failure is a failed step.** The SDK turns a tool's exception into text for the
+model (its default ``failure_error_function``), which a step would record as the tool's output and
+the model could answer by calling the tool again under a new id. So a step runs the tool's function
+with ``failure_error_function=None`` whatever the tool says: the exception ends the turn (the SDK
+raises ``UserError`` from it), which is undone; a pivot in flight whose failure was an effect in
+doubt parks the turn NEEDS_ATTENTION instead (it may have happened). Undeclared tools keep the
+SDK's behaviour.
+
+**What an undo sees.** ``undoing().key`` is ``{run id}/{tool_call_id}``, the scope the tool's body
+ran in, so ``provider_key(effect)`` is the key an effect of the body was sent under.
 """
 
 from __future__ import annotations

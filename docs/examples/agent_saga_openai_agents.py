@@ -45,7 +45,7 @@ class NoSeats(Exception):
     """The airline refused: nothing was booked."""
 
 
-@function_tool(failure_error_function=None)  # a failing tool ends the turn, which undoes it
+@function_tool  # a declared tool's failure ends the turn, which undoes it
 @changes_world(undo="cancel_booking")
 def book_hotel(hotel: str) -> dict[str, str]:
     """Book a hotel."""
@@ -53,7 +53,7 @@ def book_hotel(hotel: str) -> dict[str, str]:
     return {"booking": f"bk-{hotel}"}
 
 
-@function_tool(failure_error_function=None)
+@function_tool
 @changes_world(undo="refund")
 def charge(amount: int) -> dict[str, Any]:
     """Charge the card."""
@@ -61,7 +61,7 @@ def charge(amount: int) -> dict[str, Any]:
     return {"charge": "ch-1", "amount": amount}
 
 
-@function_tool(failure_error_function=None)
+@function_tool
 @changes_world(undo="cancel_flight", permanent=(NoSeats,))  # NoSeats: surely not booked
 def book_flight(to: str) -> str:
     """Book a flight."""

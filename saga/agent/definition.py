@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
+import math
 from typing import Any
 
 import tenacity
@@ -67,7 +69,11 @@ __all__ = [
 ]
 
 RunInput = dict[str, str]
-"""An agent run's saga input: ``{"run": run_id}``."""
+"""An agent run's saga input: ``{"run": run_id}``, and the run's own abandon deadline in seconds
+(:data:`ABANDON_KEY`) when it was opened with one."""
+
+ABANDON_KEY = "abandon_after"
+"""The input key of a run's own abandon deadline (``AgentRunner.run(abandon_after=...)``)."""
 
 _ANY: Codec[Any] = Codec(Any)
 _ONCE = Retry(stop=tenacity.stop_after_attempt(1))
@@ -209,18 +215,34 @@ class AgentSaga(Saga[RunInput]):
             DefinitionMismatch: a row this type did not write, or rows with gaps.
         """
         saga_id = snapshot.saga.saga_id
+        abandon = self.abandon_for(snapshot.saga.input)
         policy = self.on_compensation_failure
         saga: Saga[Any] = Saga(self.name, input=RunInput, on_compensation_failure=policy)
         for position, row in enumerate(snapshot.steps):
             if row.index != position:
                 raise DefinitionMismatch(saga_id, f"agent rows have a gap at index {position}")
-            saga.steps.append(self._step(saga, saga_id, row, guard))
-        saga.steps.append(self._run_step(saga, len(snapshot.steps)))
+            saga.steps.append(self._step(saga, saga_id, row, guard, abandon))
+        saga.steps.append(self._run_step(saga, len(snapshot.steps), abandon))
         return saga.freeze()
 
-    def _step(self, saga: Saga[Any], saga_id: str, row: StepRecord, guard: Guard) -> Step[Any, Any]:
+    def abandon_for(self, input: str | None) -> float | None:
+        """The abandon deadline of the run whose saga input is ``input``: the type's
+        ``abandon_after``, else the run's own (``AgentRunner.run(abandon_after=...)``), else None.
+        An unreadable deadline counts as none (a run is never undone on a guess)."""
+        if self.abandon_after is not None or not input:
+            return self.abandon_after
+        try:
+            recorded = json.loads(input).get(ABANDON_KEY)
+            found = float(recorded) if isinstance(recorded, str) else None
+        except (ValueError, AttributeError):
+            return None
+        return found if found is not None and math.isfinite(found) and found >= 0 else None
+
+    def _step(
+        self, saga: Saga[Any], saga_id: str, row: StepRecord, guard: Guard, abandon: float | None
+    ) -> Step[Any, Any]:
         if row.name.startswith(RUN_PREFIX):
-            return self._run_step(saga, row.index, row.name)
+            return self._run_step(saga, row.index, abandon, row.name)
         call = ToolCall.of_row(row)
         if call is None or not row.name.startswith(TOOL_PREFIX):
             raise DefinitionMismatch(saga_id, f"row {row.name!r} is not an agent step")
@@ -229,10 +251,12 @@ class AgentSaga(Saga[RunInput]):
             undo = self.undos.get(row.compensation)
             if undo is None:
                 raise UnknownUndo(saga_id, row.compensation)
-        return AgentStep(self, saga, row, call, undo=undo, guard=guard)
+        return AgentStep(self, saga, row, call, undo=undo, guard=guard, abandon_after=abandon)
 
-    def _run_step(self, saga: Saga[Any], index: int, name: str | None = None) -> Step[Any, Any]:
-        action = _await_agent(index, self.abandon_after, None)
+    def _run_step(
+        self, saga: Saga[Any], index: int, abandon: float | None, name: str | None = None
+    ) -> Step[Any, Any]:
+        action = _await_agent(index, abandon, None)
         return Step(
             saga, index, name or run_step_name(index), StepKind.COMPENSATABLE, action,
             compensation=None, retry=_ONCE, compensation_retry=self.compensation_retry,
@@ -270,12 +294,14 @@ class AgentStep(Step[RunInput, Any]):
         *,
         undo: Undo | None,
         guard: Guard,
+        abandon_after: float | None = None,
     ) -> None:
         self.call = call
         self._guard = guard
         compensation = None if undo is None else _compensation(undo, call, guard, agent.undos)
+        abandon = agent.abandon_after if abandon_after is None else abandon_after
         super().__init__(
-            saga, row.index, row.name, row.kind, _await_agent(row.index, agent.abandon_after, call.as_json()),
+            saga, row.index, row.name, row.kind, _await_agent(row.index, abandon, call.as_json()),
             compensation=compensation, retry=_ONCE, compensation_retry=agent.compensation_retry,
             not_applied=(), classifier=None, codec=_ANY,
             on_compensation_failure=agent.on_compensation_failure,

@@ -38,12 +38,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from opentelemetry import trace
 
 from sagaguard.idempotency.backends.offload import in_thread
+from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.codec import encode_error
-from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.errors import ConfigurationError, OutcomeUnknown
 from sagaguard.idempotency.keys import fingerprint
 from sagaguard.idempotency.telemetry import tracing
 from sagaguard.saga.agent.call import RUN_PREFIX, ToolCall, run_step_name, tool_step_name
-from sagaguard.saga.agent.definition import AgentSaga, OnFailure, RunInput, resume_signal, tool_outcome
+from sagaguard.saga.agent.definition import (
+    ABANDON_KEY,
+    AgentSaga,
+    OnFailure,
+    RunInput,
+    resume_signal,
+    tool_outcome,
+)
 from sagaguard.saga.agent.errors import (
     AgentRunCancelled,
     AgentRunEnded,
@@ -115,6 +123,19 @@ class _Step:
         return {"arguments": arguments, "key": call.key, "result_type": result_type, **(options or {})}
 
 
+def _in_doubt(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was caused by, an effect left in doubt (``OutcomeUnknown``): a
+    framework may wrap the tool's exception (the Agents SDK raises ``UserError`` from it)."""
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        if isinstance(found, OutcomeUnknown):
+            return True
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return False
+
+
 def _in_span(span: Any) -> contextlib.AbstractContextManager[Any]:
     """The call's span current while its effect runs (ended after it), when tracing made one."""
     return contextlib.nullcontext() if span is None else trace.use_span(span, end_on_exit=True)
@@ -139,6 +160,10 @@ class AgentRun:
       NEEDS_ATTENTION. The exception propagates either way.
     - :class:`~sagaguard.saga.agent.errors.AgentRunCancelled` (the run was cancelled from outside) is raised
       at the next tool call, and leaving the block then compensates.
+    - A framework adapter's step call that raised to a framework which went on anyway (a
+      message for its model: CrewAI's default, LangGraph's ``handle_tool_errors=True``): no new
+      step runs, and leaving the block normally ends the run as that exception would have, then
+      raises it (:meth:`fail_on_exit`).
     - Any other BaseException (KeyboardInterrupt, ``asyncio.CancelledError``, a test's simulated
       crash) leaves the saga as a crash would: the worker finds it when its lease runs out. A time
       limit that should undo the run goes inside the block (``asyncio.timeout`` there raises
@@ -146,7 +171,13 @@ class AgentRun:
     """
 
     def __init__(
-        self, runner: AgentRunner, agent: AgentSaga, run_id: str, *, exclusive: bool = False
+        self,
+        runner: AgentRunner,
+        agent: AgentSaga,
+        run_id: str,
+        *,
+        exclusive: bool = False,
+        abandon_after: float | None = None,
     ) -> None:
         self.runner = runner
         self.agent = agent
@@ -154,7 +185,11 @@ class AgentRun:
         self.exclusive = exclusive
         """Opening refuses a run another open run holds (see ``AgentRunner.run(exclusive=True)``)."""
         self._input: RunInput = {"run": run_id}
+        # The fingerprint covers the run's identity only: a run started before its adapter
+        # declared a deadline (or with another one) still opens.
         self._fingerprint = fingerprint({"input": self._input})
+        if abandon_after is not None:
+            self._input = {**self._input, ABANDON_KEY: repr(seconds("abandon_after", abandon_after))}
         self._lock = threading.RLock()
         self._token = 0
         self._next = 0
@@ -169,6 +204,9 @@ class AgentRun:
         """Set (under the lock) once the run is being ended: no more rows are written for calls."""
         self.outcome: SagaOutcome | None = None
         """Where the run's saga ended, once this process ended it (completed, compensated, ...)."""
+        self._failure: Exception | None = None
+        """The first exception a framework adapter's step raised to its framework
+        (:meth:`fail_on_exit`): the run is failing, whatever the framework did with it."""
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -205,13 +243,24 @@ class AgentRun:
         return self.outcome is None and (exc is None or isinstance(exc, (Exception, AgentRunCancelled)))
 
     def _close(self, exc: BaseException | None) -> None:
-        """End the run as leaving the block with ``exc`` says (see the class docstring)."""
+        """End the run as leaving the block with ``exc`` says (see the class docstring).
+
+        Raises:
+            Exception: the block returned, but a step's call had failed (a framework turned the
+                exception into a message for its model): the run ends as that failure would
+                have ended it, then the failure is raised.
+        """
         if not self._closes(exc):
             return
         self._stop_calls()
         if exc is None:
+            failure = self._failure
             if self._paused:
                 self._park()
+            elif failure is not None:
+                with contextlib.suppress(AgentRunEnded):
+                    self._failed(failure)
+                raise failure
             else:
                 self._end(Phase(state=SagaState.COMPLETED, lease=0.0))
         else:
@@ -229,14 +278,16 @@ class AgentRun:
             if snapshot.saga.state is not SagaState.RUNNING:
                 raise AgentRunEnded(self.run_id, "no longer running")
             pivot = _open_pivot(snapshot)
-            if pivot is not None and pivot_failure(self._outcome(pivot)) is SagaState.NEEDS_ATTENTION:
+            if pivot is not None and (
+                _in_doubt(exc) or pivot_failure(self._outcome(pivot)) is SagaState.NEEDS_ATTENTION
+            ):
                 # Parked on the pivot, not on a run row: `sagas retry` then goes forward at the
                 # pivot rather than compensating a run whose pivot may have happened.
                 self._pivot_in_doubt(pivot, encode_error(exc))
             else:
                 self._fail(encode_error(exc), SagaState.NEEDS_ATTENTION)
         else:
-            self._compensate(encode_error(exc))
+            self._compensate(encode_error(exc), doubt=_in_doubt(exc))
 
     def _release(self) -> None:
         if self._hold is not None:
@@ -354,7 +405,8 @@ class AgentRun:
 
         Raises:
             AgentRunCancelled: the run was cancelled; nothing ran.
-            AgentRunEnded: the run's saga no longer takes calls.
+            AgentRunEnded: the run's saga no longer takes calls, or the run is failing (a
+                framework adapter's step failed, see :meth:`fail_on_exit`): nothing ran.
             UnknownUndo: ``undo`` is not registered.
             ConfigurationError: both ``undo`` and ``pivot``; and whatever the guard raises (see
                 :meth:`sagaguard.idempotency.guard.Guard.run`).
@@ -396,6 +448,17 @@ class AgentRun:
         if row.state is not StepState.SUCCEEDED:
             await in_thread(self._recorded, row, step.call, value if record is None else record(value))
         return value
+
+    def fail_on_exit(self, exc: Exception) -> None:
+        """A framework adapter's step call raised ``exc`` to its framework, which may go on (turn
+        it into a message for its model, which may ask again under a new call id): the run is
+        failing. No new step runs in it any more (:class:`AgentRunEnded`), and leaving the block
+        ends the run as ``exc`` escaping it would have (compensated, parked NEEDS_ATTENTION, a
+        pivot in doubt), then raises ``exc``. The first call wins. A paused run is parked as
+        before (an engine retries its step)."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = exc
 
     def _step(
         self, tool: str, arguments: Mapping[str, Any], undo: str | None, pivot: bool, call_id: str | None
@@ -445,6 +508,10 @@ class AgentRun:
             found = self._rows.get(call.key)
             if found is not None:
                 return found, None  # registered before a crash or by an earlier attempt
+            if self._failure is not None:
+                # A step failed and the framework went on (its model asks again, maybe for the same
+                # tool under a new id): no new step runs; the run ends failed with the block.
+                raise AgentRunEnded(self.run_id, "failing (a declared tool call failed)")
             self._live()
             index = self._next
             name = tool_step_name(call.tool, index)
@@ -510,7 +577,7 @@ class AgentRun:
     def _park(self) -> None:
         """Park the paused run WAITING for the process that resumes it, in one commit with its own
         row: a cancellation, or the abandon deadline, wakes it for the worker."""
-        abandon = self.agent.abandon_after
+        abandon = self.agent.abandon_for(self._load().saga.input)
         with self._lock:
             index = self._next
             row = StepRecord(index, run_step_name(index), StepKind.COMPENSATABLE, StepState.STARTED)
@@ -574,12 +641,14 @@ class AgentRun:
         self.outcome = SagaOutcome(self.run_id, SagaState.NEEDS_ATTENTION)
         return self.outcome
 
-    def _compensate(self, cause: str) -> SagaOutcome:
+    def _compensate(self, cause: str, *, doubt: bool = False) -> SagaOutcome:
         """Undo the run now, in this thread (the caller has released the run's lease hold).
 
         A pivot whose call has not recorded a result is settled first, from the ledger (see
         :func:`~sagaguard.saga.decisions.pivot_failure`): never applied, it is marked so and the
         calls before it are undone; in doubt, the run needs attention and nothing is undone.
+        ``doubt``: the run failed on an effect left in doubt (``OutcomeUnknown``), so an open
+        pivot is in doubt whatever its own record says (an effect inside it may be the one).
         """
         self._stop_calls()
         snapshot = self._load()
@@ -588,7 +657,7 @@ class AgentRun:
             pivot = _open_pivot(snapshot)
             if pivot is not None:
                 outcome = self._outcome(pivot)
-                if pivot_failure(outcome) is SagaState.NEEDS_ATTENTION:
+                if doubt or pivot_failure(outcome) is SagaState.NEEDS_ATTENTION:
                     return self._pivot_in_doubt(pivot, cause)
                 if outcome in (CallOutcome.NOT_STARTED, CallOutcome.FAILED):
                     pivots = (pivot.evolve(state=StepState.FAILED, error=cause, not_applied=True),)

@@ -58,7 +58,9 @@ class AgentRunner:
         self._sleep = sleep
         self.renewer = LeaseRenewer(journal, lease)
 
-    def run(self, agent: AgentSaga, run_id: str, *, exclusive: bool = False) -> AgentRun:
+    def run(
+        self, agent: AgentSaga, run_id: str, *, exclusive: bool = False, abandon_after: float | None = None
+    ) -> AgentRun:
         """The run ``run_id`` of ``agent``, to open with ``with`` or ``async with`` (see
         :class:`~sagaguard.saga.agent.run.AgentRun`).
 
@@ -72,6 +74,11 @@ class AgentRunner:
                 workflow on two workers, DBOS steps): each opens the run exclusively, so only
                 one appends rows at a time; a dead holder's run is taken over once its lease
                 runs out.
+            abandon_after: the run's own abandon deadline, recorded with it when it starts, for
+                a saga type that has none (``AgentSaga(abandon_after=None)``): the worker, with no
+                configuration, compensates the run once its process has been gone that long (an
+                adapter whose framework may restart a run under a new id declares it, see
+                :class:`~sagaguard.connectors.frameworks.crewai_saga.CrewSaga`).
 
         A run that has COMPLETED opens too (a restart after a crash between the run's completion
         and the program saving its answer): ``run.outcome`` is already COMPLETED with
@@ -84,7 +91,7 @@ class AgentRunner:
                 lone surrogate: CodecError), before anything is stored.
         """
         check_saga_id(run_id, "an agent run id")
-        return AgentRun(self, agent.freeze(), run_id, exclusive=exclusive)
+        return AgentRun(self, agent.freeze(), run_id, exclusive=exclusive, abandon_after=abandon_after)
 
     def reject(self, agent: AgentSaga, run_id: str, reason: str = "rejected") -> SagaOutcome:
         """A human rejected the run at an approval: undo its tool calls now (see
