@@ -276,6 +276,7 @@ def test_a_journal_created_before_schema_3_gains_the_new_step_columns(tmp_path: 
     with engine.begin() as conn:  # what a schema-2 table looks like
         conn.execute(sa.text("ALTER TABLE sagaguard_saga_steps DROP COLUMN trace"))
         conn.execute(sa.text("ALTER TABLE sagaguard_saga_steps DROP COLUMN resolution"))
+        conn.execute(sa.text("DROP TABLE sagaguard_journal_version"))  # made before versioned schemas
     engine.dispose()
     journal = SqlJournal(url)
     try:
