@@ -146,8 +146,10 @@ def test_list_json_is_full_records(store: IdempotencyStore, capsys: pytest.Captu
     assert [d["state"] for d in data] == ["in_doubt", "failed", "succeeded"]
     by_state = {d["state"]: d for d in data}
     assert by_state["succeeded"]["key"] == keys["succeeded"]
-    assert json.loads(by_state["succeeded"]["result"]) == {"amount": 1}
-    assert json.loads(by_state["in_doubt"]["error"])["type"] == "builtins.TimeoutError"
+    assert by_state["succeeded"]["result"] == {"amount": 1}
+    assert by_state["in_doubt"]["error"]["type"] == "builtins.TimeoutError"
+    assert by_state["succeeded"]["created_at"].endswith("Z")
+    assert by_state["succeeded"]["expires_at"].endswith("Z")
     assert set(by_state["failed"]) >= {
         "key", "namespace", "scope", "name", "ordinal", "fingerprint", "state", "token",
         "lease_until", "attempts", "created_at", "updated_at", "expires_at", "result", "error",
@@ -359,7 +361,9 @@ def test_resolve_reports_lost_ownership(
     keys = make_ledger(store)
     before = store.get(keys["in_doubt"])
     assert before is not None
-    real_open = cli._open
+    from sagaguard.idempotency import effects_cli
+
+    real_open = effects_cli._open
 
     def open_and_race(url: str) -> IdempotencyStore:
         opened = real_open(url)
@@ -376,7 +380,7 @@ def test_resolve_reports_lost_ownership(
         monkeypatch.setattr(opened, "get", get_then_take_over)
         return opened
 
-    monkeypatch.setattr(cli, "_open", open_and_race)
+    monkeypatch.setattr(effects_cli, "_open", open_and_race)
     code, _, err = run(capsys, "effects", "resolve", keys["in_doubt"], "--not-applied", "--force")
     assert code == 1
     assert "another worker took it over" in err
@@ -493,7 +497,6 @@ def test_demo_gets_its_arguments_untouched(
 def test_demo_runs_the_trip_demo_found_by_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plain `sagaguard demo` is the full trip-booking demo of connectors/, found through the
     `sagaguard.demo` entry point (idempotency never imports connectors)."""
-    from sagaguard.idempotency import cli
 
     seen: list[list[str]] = []
 
