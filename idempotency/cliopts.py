@@ -138,7 +138,7 @@ def bulk_options(f: F) -> F:
     """``--all``, ``--dry-run``, ``--yes`` and ``--action-id`` of a bulk action."""
     for option in reversed(
         (
-            click.option("--all", "all_", is_flag=True, help="act on every item the filters match"),
+            click.option("--all", "--all-dead", "all_", is_flag=True, help="every item the filters match"),
             click.option(
                 "--dry-run", is_flag=True, help="with --all: show what it would touch, touch nothing"
             ),

@@ -17,7 +17,6 @@ from _outboxkit import BACKENDS, World, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
-import sagaguard.idempotency.outbox
 from sagaguard.idempotency import Guard, current_effect, scope
 from sagaguard.idempotency.outbox import SCHEMA_VERSION, Message, Outbox
 from sagaguard.idempotency.outbox.cli import main as cli_main
@@ -295,8 +294,12 @@ def test_cli_operates_the_outbox(
     assert "not dead" in capsys.readouterr().err
     assert cli_main(["relay", "--app", "cliapp:outbox", "--until-idle", "--quiet"]) == 0  # dies again
     capsys.readouterr()
-    assert cli_main(["outbox", "replay", "--all"]) == 0
-    assert "replayed 1 dead letters" in capsys.readouterr().out
+    assert cli_main(["outbox", "replay", "--all"]) == 2  # no terminal to confirm on
+    assert "--yes" in capsys.readouterr().err
+    assert cli_main(["outbox", "replay", "--all-dead", "--dry-run"]) == 0
+    assert f"would replay 1 dead letters:\n  {bad_id}" in capsys.readouterr().out
+    assert cli_main(["outbox", "replay", "--all-dead", "--yes"]) == 0
+    assert "replayed 1 dead letters (0 refused)" in capsys.readouterr().out
     assert cli_main(["outbox", "dead", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
     assert cli_main(["relay", "--app", "cliapp:outbox", "--until-idle", "--quiet"]) == 0
@@ -317,10 +320,13 @@ def test_cli_operates_the_outbox(
     assert [(e["action"], e["target"], e["outcome"], e["error"]) for e in reversed(audit)] == [
         ("outbox.replay", bad_id, "ok", None),
         ("outbox.replay", bad_id, "refused", "NotDead"),
-        ("outbox.replay_all", "*", "ok", None),
+        ("outbox.replay", bad_id, "ok", None),  # by the bulk action, recorded apart:
         ("outbox.discard", bad_id, "ok", None),
         ("outbox.discard", "nope", "refused", "ConfigurationError"),
     ]
+    assert sagaguard_main(["audit", "--store", url, "--action", "bulk.", "--json"]) == 0
+    [bulk] = json.loads(capsys.readouterr().out)
+    assert (bulk["action"], bulk["args"]["count"]) == ("bulk.outbox.replay", 1)
     assert cli_main(["relay", "--app", "nowhere:outbox", "--until-idle"]) == 2
     assert cli_main(["outbox", "status", "--db", "memory://"]) == 2
     engine.dispose()
@@ -332,89 +338,3 @@ def test_the_status_line_is_readable() -> None:
     stats = RelayStats(worker_id="w1", delivered=12345, failed=2, dead=1, depth=40, oldest_age=75, lost=0)
     line = status_line(stats, 812.4)
     assert line == "relay w1 | delivered 12,345 (812/s) | failed 2 | dead 1 | depth 40 | oldest 1m15s | poll"
-
-
-def test_add_commands_plugs_into_a_parser() -> None:
-    import argparse
-
-    from sagaguard.idempotency.outbox.cli import add_commands
-
-    parser = argparse.ArgumentParser(prog="sagaguard")
-    add_commands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["outbox", "purge", "--retention", "60", "--page", "10"])
-    assert (args.command, args.outbox_action, args.retention, args.page) == ("outbox", "purge", 60.0, 10)
-    assert callable(args.sagaguard_run)
-    args = parser.parse_args(["relay", "--app", "m:o", "--batch", "500", "--concurrency", "4"])
-    assert (args.outbox_action, args.batch, args.concurrency) == ("relay", 500, 4)
-
-
-def test_public_names() -> None:
-    assert sorted(sagaguard.idempotency.outbox.__all__) == sorted(
-        [
-            "DEFAULT_MAX_ATTEMPTS", "DEFAULT_RETENTION", "DEFAULT_TABLE", "MAX_PAYLOAD_BYTES", "METADATA",
-            "SCHEMA_VERSION", "BlockedAggregate", "DeadLetter", "DeferredEffect", "Message",
-            "MessageNotFound", "MessageStatus", "NotDead", "Outbox", "OutboxControl", "OutboxDb",
-            "OutboxError", "OutboxRow", "OutboxStatus", "Relay", "RelaySettings", "RelayStats",
-            "aenqueue", "check_schema", "create_tables", "current_message", "default_backoff",
-            "encode_payload", "enqueue", "migrate", "outbox_model", "schema_version", "uuid7",
-        ]
-    )  # fmt: skip
-    for name in sagaguard.idempotency.outbox.__all__:
-        assert getattr(sagaguard.idempotency.outbox, name) is not None
-
-
-class _Counter:
-    """Stands in for an OpenTelemetry counter (the global meter provider is not ours to set)."""
-
-    def __init__(self) -> None:
-        self.added: list[tuple[int, dict[str, str]]] = []
-
-    def add(self, amount: int, attributes: dict[str, str]) -> None:
-        self.added.append((amount, dict(attributes)))
-
-    def total(self, table: str) -> int:
-        return sum(amount for amount, attrs in self.added if attrs.get("sagaguard.outbox.table") == table)
-
-
-def test_metrics_count_deliveries_failures_and_dead_letters_and_gauge_the_depth(
-    outbox_world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from opentelemetry.metrics import CallbackOptions
-
-    import sagaguard.idempotency.outbox.relay as relay_module
-    from sagaguard.idempotency.outbox import telemetry
-
-    counters = {name: _Counter() for name in ("delivered", "failed", "dead")}
-    for name, counter in counters.items():
-        monkeypatch.setattr(relay_module, f"{name}_counter", counter)
-    world = outbox_world
-    world.outbox.register("ok", lambda m: None)
-    world.outbox.register("bad", lambda m: (_ for _ in ()).throw(RuntimeError("down")))
-    with Session(world.engine) as session:
-        world.outbox.enqueue(session, "ok", {})
-        world.outbox.enqueue(session, "bad", {}, max_attempts=1)
-        world.outbox.enqueue(session, "bad", {}, max_attempts=5)
-        session.commit()
-    relay = world.relay(status_every=0.001)
-    relay.run(until_idle=True)
-    relay.run(until_idle=True)  # its maintenance reads the status again: one message backing off
-    assert {name: c.total(world.table) for name, c in counters.items()} == {
-        "delivered": 1,
-        "failed": 1,
-        "dead": 1,
-    }
-    gauges = {}
-    for index, name in ((0, "depth"), (1, "oldest_age")):
-        observed = [
-            o
-            for o in telemetry._observe(index)(CallbackOptions())
-            if o.attributes == {"sagaguard.outbox.table": world.table}
-        ]
-        [gauges[name]] = [o.value for o in observed]
-    assert gauges["depth"] == 1 and gauges["oldest_age"] >= 0
-    instruments = (telemetry.delivered_counter, telemetry.failed_counter, telemetry.dead_counter)
-    assert [getattr(i, "name", None) or getattr(i, "_name", None) for i in instruments] == [
-        "sagaguard.outbox.delivered",
-        "sagaguard.outbox.failed",
-        "sagaguard.outbox.dead",
-    ]
