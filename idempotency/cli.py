@@ -64,47 +64,7 @@ def _plugins() -> dict[str, click.Command]:
             continue
         if isinstance(command, click.Command):
             found[entry.name] = command
-        elif hasattr(command, "add_commands"):
-            found.update(_legacy(command))
     return found
-
-
-def _legacy(module: Any) -> dict[str, click.Command]:
-    """The argparse commands of a module of the old plugin protocol (``add_commands``/``run``),
-    each wrapped as a click command that hands its arguments over untouched (until it is ported)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog=PROG)
-    parser.add_argument("--store", default=argparse.SUPPRESS)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    module.add_commands(commands)
-    wrapped: dict[str, click.Command] = {}
-    for name, sub in commands.choices.items():
-
-        def call(ctx: click.Context, args: tuple[str, ...], name: str = name) -> None:
-            from sagaguard.idempotency.cliutil import piped
-
-            root_store = ctx.find_root().params.get("store")
-            argv = ["--store", root_store, name, *args] if root_store else [name, *args]
-            try:
-                parsed = parser.parse_args(argv)
-            except SystemExit as exc:
-                ctx.exit(exc.code if isinstance(exc.code, int) else EXIT_USAGE)
-            ctx.exit(piped(lambda: int(module.run(parsed)), gone=EXIT_FAILED))
-
-        wrapped[name] = click.Command(
-            name,
-            callback=click.pass_context(call),
-            help=sub.description or "",
-            add_help_option=False,
-            params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
-            context_settings={
-                "ignore_unknown_options": True,
-                "allow_extra_args": True,
-                "help_option_names": [],
-            },
-        )
-    return wrapped
 
 
 def _result_check(name: str) -> Callable[[Any], object] | None:
