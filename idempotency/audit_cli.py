@@ -34,8 +34,9 @@ __all__ = ["audit", "entry_json", "rfc3339"]
 
 
 def entry_json(entry: AuditEntry) -> dict[str, Any]:
-    """An entry as JSON types, with its time as RFC 3339 text beside the epoch seconds."""
-    return {**entry.to_json(), "time": rfc3339(entry.at)}
+    """An entry as JSON types, its time ``at`` as RFC 3339 text (``time``: the same, as before)."""
+    at = rfc3339(entry.at)
+    return {**entry.to_json(), "at": at, "time": at}
 
 
 def _table(entries: Sequence[AuditEntry], now: float) -> None:

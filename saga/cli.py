@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 import click
 
 from sagaguard.idempotency.audit import AuditEntry, AuditFilter, open_audit
+from sagaguard.idempotency.audit_cli import entry_json
 from sagaguard.idempotency.backends.urls import check_url, masked
 from sagaguard.idempotency.cliopts import (
     EXIT_USAGE,
@@ -403,7 +404,7 @@ def show(*, saga_id: str, as_json: bool, store: str | None, journal: str | None)
                 data = record_json(snapshot.saga)
                 data["steps"] = [step_json(s, outcomes.get(s.index)) for s in snapshot.steps]
                 data["signals"] = {k: _nested(v) for k, v in snapshot.signals.items()}
-                data["audit"] = [{**e.to_json(), "time": rfc3339(e.at)} for e in audit]
+                data["audit"] = [entry_json(e) for e in audit]
                 echo_json(data)
             else:
                 _show(snapshot, opened.now(), outcomes, audit)
