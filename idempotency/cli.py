@@ -54,17 +54,17 @@ SMALL_DEMO = "small"
 """The entry point of the small demo (a guarded charge, a SIGKILL, a restart), which needs no extra."""
 
 
-def _plugins() -> dict[str, click.Command]:
-    """The commands registered under :data:`PLUGIN_GROUP` that import here, by name."""
-    found: dict[str, click.Command] = {}
-    for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+def _plugin(name: str) -> click.Command | None:
+    """The command registered as ``name`` under :data:`PLUGIN_GROUP`, or None: none is, or its
+    optional extra is not installed (the command is then absent). Only that one is imported."""
+    for entry in entry_points(group=PLUGIN_GROUP, name=name):
         try:
             command = entry.load()
-        except ImportError:  # an optional extra is not installed: its commands are absent
-            continue
+        except ImportError:
+            return None
         if isinstance(command, click.Command):
-            found[entry.name] = command
-    return found
+            return command
+    return None
 
 
 def _result_check(name: str) -> Callable[[Any], object] | None:
@@ -86,22 +86,14 @@ result_checks.append(_result_check)
 class _Root(click.Group):
     """The root group: its own commands, then those found through :data:`PLUGIN_GROUP`."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._found: dict[str, click.Command] | None = None
-
-    def _plugged(self) -> dict[str, click.Command]:
-        if self._found is None:
-            self._found = _plugins()
-        return self._found
-
     def list_commands(self, ctx: click.Context) -> list[str]:
-        """Every command name, sorted."""
-        return sorted({*super().list_commands(ctx), *self._plugged()})
+        """Every command name, sorted (a plugged-in one whose extra is missing is left out of the
+        help, which loads each)."""
+        return sorted({*super().list_commands(ctx), *(e.name for e in entry_points(group=PLUGIN_GROUP))})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        """The command ``cmd_name``: the root's own, else a plugged-in one."""
-        return super().get_command(ctx, cmd_name) or self._plugged().get(cmd_name)
+        """The command ``cmd_name``: the root's own, else the plugged-in one of that name."""
+        return super().get_command(ctx, cmd_name) or _plugin(cmd_name)
 
 
 def _version() -> str:

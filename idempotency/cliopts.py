@@ -38,6 +38,7 @@ __all__ = [
     "Positive",
     "actor_option",
     "bulk_options",
+    "bulk_options_named",
     "confirm_bulk",
     "echo_json",
     "json_option",
@@ -134,26 +135,34 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="the output as JSON")(f)
 
 
-def bulk_options(f: F) -> F:
-    """``--all``, ``--dry-run``, ``--yes`` and ``--action-id`` of a bulk action."""
-    for option in reversed(
-        (
-            click.option("--all", "--all-dead", "all_", is_flag=True, help="every item the filters match"),
-            click.option(
-                "--dry-run", is_flag=True, help="with --all: show what it would touch, touch nothing"
-            ),
-            click.option("--yes", "-y", is_flag=True, help="with --all: do not ask for confirmation"),
-            click.option(
-                "--action-id",
-                metavar="ID",
-                default=None,
-                help="with --all: the bulk action's id (32 hex digits; default: a fresh one); rerun "
-                "with the same id, it does nothing again",
-            ),
-        )
-    ):
-        f = option(f)
-    return f
+def bulk_options_named(*aliases: str) -> Callable[[F], F]:
+    """:func:`bulk_options`, with ``aliases`` of ``--all`` (``--all-dead``)."""
+
+    def add(f: F) -> F:
+        for option in reversed(
+            (
+                click.option("--all", *aliases, "all_", is_flag=True, help="every item the filters match"),
+                click.option(
+                    "--dry-run", is_flag=True, help="with --all: show what it would touch, touch nothing"
+                ),
+                click.option("--yes", "-y", is_flag=True, help="with --all: do not ask for confirmation"),
+                click.option(
+                    "--action-id",
+                    metavar="ID",
+                    default=None,
+                    help="with --all: the bulk action's id (32 hex digits; default: a fresh one); rerun "
+                    "with the same id, it does nothing again",
+                ),
+            )
+        ):
+            f = option(f)
+        return f
+
+    return add
+
+
+bulk_options = bulk_options_named()
+"""``--all``, ``--dry-run``, ``--yes`` and ``--action-id`` of a bulk action."""
 
 
 def confirm_bulk(

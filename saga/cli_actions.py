@@ -129,8 +129,7 @@ def _filters(default: str) -> Callable[[Any], Any]:
             "view",
             default=default,
             type=click.Choice(sorted(SAGA_LISTS)),
-            metavar="LIST",
-            help=f"with --all: the list to act on ({default}; as the console lists them)",
+            help=f"with --all: the list to act on, as the console lists them (default {default})",
         )(f)
 
     return add

@@ -43,7 +43,7 @@ from sagaguard.idempotency.bulk import MAX_ITEMS, run_bulk
 from sagaguard.idempotency.cliopts import (
     Positive,
     actor_option,
-    bulk_options,
+    bulk_options_named,
     confirm_bulk,
     echo_json,
     json_option,
@@ -274,7 +274,7 @@ def _audit(db: str | None, store: str | None) -> Iterator[AuditLog]:
 @outbox.command()
 @click.argument("message_id", metavar="ID", required=False)
 @click.option("--prefix", default="", metavar="P", help="with --all: only aggregates TYPE/ID starting with P")
-@bulk_options
+@bulk_options_named("--all-dead")
 @actor_option
 @json_option
 @where
