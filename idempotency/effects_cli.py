@@ -22,7 +22,6 @@ on stderr, never a traceback.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +34,6 @@ from sagaguard.idempotency.backends.urls import masked
 from sagaguard.idempotency.bulk import run_bulk
 from sagaguard.idempotency.cliopts import (
     EXIT_USAGE,
-    PROG,
     CliError,
     Positive,
     actor_option,
@@ -43,15 +41,14 @@ from sagaguard.idempotency.cliopts import (
     confirm_bulk,
     echo_json,
     json_option,
-    rfc3339,
     run,
     store_option,
     store_url,
 )
 from sagaguard.idempotency.cliopts import actor as actor_name
-from sagaguard.idempotency.cliutil import duration, install_hint, open_existing_store
+from sagaguard.idempotency.cliutil import install_hint, open_existing_store
+from sagaguard.idempotency.effects_view import SHORT_KEY, record_json, show_record, table
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, RecordNotFound
-from sagaguard.idempotency.keys import provider_key
 from sagaguard.idempotency.operator import (
     AmbiguousKey,
     EffectBusy,
@@ -70,7 +67,6 @@ DAY = 86_400.0
 ORDER = (State.IN_DOUBT, State.IN_PROGRESS, State.FAILED, State.SUCCEEDED)
 """The listing order: what needs an operator first."""
 _LIVE = (State.IN_DOUBT, State.IN_PROGRESS)
-_SHORT_KEY = 16
 _PAGE = 500
 
 ResultCheck = Callable[[Any], object]
@@ -81,111 +77,8 @@ result_checks: list[Callable[[str], ResultCheck | None]] = []
 plugins' ``RESULT_SHAPES`` here)."""
 
 
-def _lease_left(record: Record, now: float) -> str:
-    if record.state not in _LIVE or record.lease_until <= 0:
-        return "-"
-    if record.lease_live(now):
-        return duration(record.lease_until - now)
-    return "expired"
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _nested(text: str | None) -> Any:
-    """The JSON text a record holds as a nested value (text that is not JSON stays text)."""
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def record_json(record: Record) -> dict[str, Any]:
-    """A record as JSON types: times as RFC 3339 text (None for no lease or no expiry), ``result``
-    and ``error`` as nested values."""
-    data = dataclasses.asdict(record)
-    data["state"] = record.state.value
-    for name in ("created_at", "updated_at"):
-        data[name] = rfc3339(data[name])
-    data["lease_until"] = rfc3339(record.lease_until) if record.lease_until > 0 else None
-    data["expires_at"] = None if record.expires_at is None else rfc3339(record.expires_at)
-    data["result"], data["error"] = _nested(record.result), _nested(record.error)
-    return data
-
-
-def _table(records: Sequence[Record], now: float) -> None:
-    header = ("KEY", "NAME", "SCOPE", "ORD", "STATE", "TOKEN", "ATT", "AGE", "LEASE LEFT")
-    rows = [
-        (
-            record.key[:_SHORT_KEY],
-            _clip(record.name, 32),
-            _clip(record.scope, 28),
-            str(record.ordinal),
-            record.state.value,
-            str(record.token),
-            str(record.attempts),
-            duration(now - record.created_at),
-            _lease_left(record, now),
-        )
-        for record in records
-    ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    for row in (header, *rows):
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-
-
-def _pretty_json_text(text: str | None) -> str:
-    if text is None:
-        return "-"
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
-        return text
-
-
-def _show(record: Record, now: float) -> None:
-    fields: list[tuple[str, str]] = [
-        ("key", record.key),
-        ("namespace", record.namespace),
-        ("scope", record.scope),
-        ("name", record.name),
-        ("ordinal", str(record.ordinal)),
-        ("fingerprint", f"{record.fingerprint} (the arguments' digest)"),
-        ("provider key", f"{provider_key(record.key)} (the key sent to the provider or server)"),
-        ("state", record.state.value),
-        ("token", str(record.token)),
-        ("attempts", str(record.attempts)),
-        ("created", f"{duration(now - record.created_at)} ago"),
-        ("updated", f"{duration(now - record.updated_at)} ago"),
-        ("lease left", _lease_left(record, now)),
-        (
-            "expires",
-            "-"
-            if record.expires_at is None
-            else (f"in {duration(record.expires_at - now)}" if record.expires_at > now else "expired"),
-        ),
-    ]
-    width = max(len(name) for name, _ in fields)
-    for name, value in fields:
-        click.echo(f"{name.ljust(width)}  {value}")
-    for name, text in (("result", record.result), ("error", record.error)):
-        if text is not None:
-            click.echo(f"{name}:")
-            for line in _pretty_json_text(text).splitlines():
-                click.echo(f"  {line}")
-    if record.state is State.IN_DOUBT or (record.state is State.IN_PROGRESS and not record.lease_live(now)):
-        click.echo(
-            f"\nthis effect may or may not have happened: check the outside world, then run\n"
-            f"  {PROG} effects resolve {record.key[:_SHORT_KEY]} --applied --result JSON\n"
-            f"  {PROG} effects resolve {record.key[:_SHORT_KEY]} --not-applied",
-        )
-
-
 def _collect(
-    store: IdempotencyStore, states: Sequence[State], namespace: str | None, limit: int
+    store: IdempotencyStore, states: Sequence[State], namespace: str | None, limit: int, prefix: str = ""
 ) -> list[Record]:
     chosen: list[Record] = []
     for state in ORDER:
@@ -198,7 +91,7 @@ def _collect(
         want = None if state in _LIVE else limit - len(chosen)
         while want is None or len(found) < want:
             page = store.list(states=[state], namespace=namespace, limit=_PAGE, after=after)
-            found.extend(page)
+            found.extend(r for r in page if _matches(r, prefix))
             if len(page) < _PAGE:
                 break
             after = page[-1].key
@@ -259,11 +152,18 @@ _STATES = click.Choice([s.value for s in ORDER])
     help="only these states (in_doubt, in_progress, succeeded, failed); repeatable",
 )
 @click.option("--namespace", metavar="NS", help="only this namespace (tenant)")
+@click.option("--prefix", default="", metavar="P", help="only keys, scopes or effect names starting with P")
 @click.option("--limit", type=Positive(int), default=100, metavar="N", help="at most N records (default 100)")
 @json_option
 @store_option
 def list_(
-    states: tuple[str, ...], namespace: str | None, limit: int, as_json: bool, store: str | None
+    *,
+    states: tuple[str, ...],
+    namespace: str | None,
+    prefix: str,
+    limit: int,
+    as_json: bool,
+    store: str | None,
 ) -> None:
     """List records: in-doubt first, then in-progress, failed, succeeded.
 
@@ -273,13 +173,13 @@ def list_(
     def body() -> None:
         with _opened(store) as opened:
             chosen = [State(s) for s in states] if states else list(ORDER)
-            records = _collect(opened, chosen, namespace, limit)
+            records = _collect(opened, chosen, namespace, limit, prefix)
             if as_json:
                 echo_json([record_json(r) for r in records])
             elif not records:
                 click.echo("no effect records" + (" in these states" if states else ""))
             else:
-                _table(records, opened.now())
+                table(records, opened.now())
                 if len(records) >= limit:
                     click.echo(f"(first {limit}; raise --limit for more)")
 
@@ -299,7 +199,7 @@ def show(*, key: str, as_json: bool, store: str | None) -> None:
             if as_json:
                 echo_json(record_json(record))
             else:
-                _show(record, opened.now())
+                show_record(record, opened.now())
 
     run(body)
 
@@ -448,7 +348,7 @@ def _resolve_one(
     text = _result_text(result) if applied else None
     with _opened(url) as store:
         record = _find(store, key)
-        short = record.key[:_SHORT_KEY]
+        short = record.key[:SHORT_KEY]
         if text is not None:
             _check_shape(record, text)
         audit = open_audit(store_url(url))
@@ -498,8 +398,8 @@ def _resolve_all(
     with _opened(url) as store:
         now = store.now()
         chosen = [State(s) for s in states] if states else list(_LIVE)
-        found = _collect(store, chosen, namespace, limit=10**9)
-        keys = [r.key for r in found if _matches(r, prefix) and (force or needs_resolution(r, now))]
+        found = _collect(store, chosen, namespace, limit=10**9, prefix=prefix)
+        keys = [r.key for r in found if force or needs_resolution(r, now)]
         acting = confirm_bulk(
             keys,
             what="effects",

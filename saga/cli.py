@@ -33,12 +33,10 @@ cancel came too late, or a confirmation was declined; 2 bad usage.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
-import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -53,33 +51,24 @@ from sagaguard.idempotency.cliopts import (
     Positive,
     echo_json,
     json_option,
-    rfc3339,
     store_url,
 )
 from sagaguard.idempotency.cliopts import run as run_command
-from sagaguard.idempotency.cliutil import duration, install_hint, require_schema
+from sagaguard.idempotency.cliutil import install_hint, require_schema
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.stores import open_store
-from sagaguard.saga.agent.call import ToolCall
-from sagaguard.saga.agent.definition import tool_outcomes
-from sagaguard.saga.decisions import CallOutcome
+from sagaguard.saga.cli_view import nested, outcomes_of, record_json, show_snapshot, step_json, table
 from sagaguard.saga.definition import Saga
 from sagaguard.saga.errors import SagaError, SagaNotFound
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.journals import DEFAULT_URL, open_journal
 from sagaguard.saga.records import (
-    FOREVER,
-    RESUMABLE_STATES,
     SagaRecord,
-    SagaSnapshot,
     SagaState,
-    StepRecord,
-    StepState,
 )
 from sagaguard.saga.recovery import RecoveryReport, RecoveryWorker, run_worker
 from sagaguard.saga.registry import SagaRegistry, as_registry
-from sagaguard.saga.timeline import timeline
 
 __all__ = ["main", "record_json", "sagas", "step_json"]
 
@@ -97,156 +86,6 @@ ORDER = (
 """The listing order: what needs an operator first."""
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-# ------------------------------------------------------------------------------------ output
-
-
-def _due(record: SagaRecord, now: float) -> str:
-    """The lease left (running) or the wake-up (waiting)."""
-    if record.state not in RESUMABLE_STATES:
-        return "-"
-    if record.lease_until >= FOREVER:
-        return "never"
-    if record.lease_until <= now:
-        return "due now"
-    return f"in {duration(record.lease_until - now)}"
-
-
-def _nested(text: str | None) -> Any:
-    """JSON text the journal holds as a nested value (text that is not JSON stays text)."""
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _time(at: float) -> str | None:
-    """A journal time as RFC 3339 text; None for none (0) or never (:data:`FOREVER`)."""
-    return rfc3339(at) if 0 < at < FOREVER else None
-
-
-def record_json(record: SagaRecord) -> dict[str, Any]:
-    """A saga row as JSON types: times as RFC 3339 text (None for none or never), ``input``,
-    ``output`` and ``error`` as nested values."""
-    data = dataclasses.asdict(record)
-    data["state"] = record.state.value
-    for name, value in list(data.items()):
-        if name.endswith(("_at", "_until")) or name == "deadline":
-            data[name] = _time(value) if isinstance(value, int | float) else value
-        elif name in ("input", "output", "result", "error") and (value is None or isinstance(value, str)):
-            data[name] = _nested(value)
-    return data
-
-
-def _table(records: Sequence[SagaRecord], now: float) -> None:
-    header = ("SAGA ID", "NAME", "VER", "STATE", "TOKEN", "RECOV", "WAITING FOR", "NEXT", "AGE")
-    rows = [
-        (
-            r.saga_id if len(r.saga_id) <= 36 else r.saga_id[:33] + "...",
-            r.name[:24],
-            str(r.version),
-            r.state.value + (" (cancel)" if r.cancel_requested and r.state in RESUMABLE_STATES else ""),
-            str(r.token),
-            str(r.recoveries),
-            (r.waiting_for or "-") if r.state is SagaState.WAITING else "-",
-            _due(r, now),
-            duration(now - r.created_at),
-        )
-        for r in records
-    ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    for row in (header, *rows):
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-
-
-def _pretty(text: str | None) -> str:
-    if text is None:
-        return "-"
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
-        return text
-
-
-def _outcomes(url: str, snapshot: SagaSnapshot) -> dict[int, CallOutcome]:
-    """What an agent run's tool calls did, from the ledger on the same store URL; empty for a
-    saga without tool calls, or when the ledger cannot be read (the rows then say what they know)."""
-    if not any(ToolCall.of_row(row) is not None for row in snapshot.steps):
-        return {}
-    try:
-        store = open_store(url)
-    except Exception:  # the journal alone still shows the saga
-        return {}
-    try:
-        return tool_outcomes(Guard(store), snapshot)
-    except Exception:
-        return {}
-    finally:
-        store.close()
-
-
-def _step_state(row: StepRecord, outcome: CallOutcome | None) -> str:
-    """A step's state as ``sagas show`` lists it: a tool call's real outcome where it is known."""
-    if outcome is None or row.state is StepState.COMPENSATION_FAILED:
-        return row.state.value
-    if row.state is StepState.COMPENSATED:
-        return CallOutcome.UNDONE.value
-    return outcome.value
-
-
-def _show(
-    snapshot: SagaSnapshot,
-    now: float,
-    outcomes: Mapping[int, CallOutcome] | None = None,
-    audit: Sequence[AuditEntry] = (),
-) -> None:
-    r = snapshot.saga
-    fields = [
-        ("saga id", r.saga_id),
-        ("saga", f"{r.name} v{r.version}"),
-        ("state", r.state.value),
-        ("token", str(r.token)),
-        ("recoveries", str(r.recoveries)),
-        ("next", _due(r, now)),
-        ("deadline", "-" if r.deadline <= 0 else duration(r.deadline - now) + " left"),
-        ("waiting for", r.waiting_for if r.state is SagaState.WAITING and r.waiting_for else "-"),
-        ("cancel", "requested" if r.cancel_requested else "-"),
-        ("created", f"{duration(now - r.created_at)} ago"),
-        ("updated", f"{duration(now - r.updated_at)} ago"),
-    ]
-    width = max(len(name) for name, _ in fields)
-    for name, value in fields:
-        click.echo(f"{name.ljust(width)}  {value}")
-    click.echo("steps:")
-    found = outcomes or {}
-    for row in snapshot.steps:
-        extra = " (not applied)" if row.not_applied else ""
-        state = _step_state(row, found.get(row.index))
-        click.echo(f"  {row.index}. {row.name} [{row.kind.value}] {state}{extra}")
-    if snapshot.signals:
-        click.echo(f"signals: {', '.join(sorted(snapshot.signals))}")
-    click.echo("timeline:")
-    for event in timeline(snapshot, found, audit):
-        click.echo(f"  {event}")
-    if r.error is not None:
-        click.echo("error:")
-        for line in _pretty(r.error).splitlines():
-            click.echo(f"  {line}")
-
-
-def step_json(row: StepRecord, outcome: CallOutcome | None) -> dict[str, Any]:
-    """A step row as JSON types (as :func:`record_json`), with a tool call's ``outcome`` or None."""
-    data = dataclasses.asdict(row)
-    data["kind"], data["state"] = row.kind.value, row.state.value
-    for name in ("started_at", "updated_at"):
-        data[name] = _time(data[name])
-    for name in ("result", "error", "compensation_error"):
-        data[name] = _nested(data[name])
-    data["outcome"] = None if outcome is None else _step_state(row, outcome)
-    return data
 
 
 # ------------------------------------------------------------------------------------ the store
@@ -356,31 +195,47 @@ def sagas() -> None:
     "--state",
     "states",
     multiple=True,
-    type=click.Choice([s.value for s in ORDER]),
+    type=click.Choice([*(s.value for s in ORDER), "running_past_lease"]),
     metavar="STATE",
-    help="only these states; repeatable",
+    help="only these states (running_past_lease: running sagas whose runner's lease ran out); repeatable",
 )
+@click.option("--prefix", default="", metavar="P", help="only saga ids starting with P")
+@click.option("--name", "name_prefix", default="", metavar="N", help="only sagas whose name starts with N")
 @click.option("--limit", type=Positive(int), default=100, metavar="N", help="at most N (100)")
 @json_option
 @where
 def list_(
-    *, states: tuple[str, ...], limit: int, as_json: bool, store: str | None, journal: str | None
+    *,
+    states: tuple[str, ...],
+    prefix: str,
+    name_prefix: str,
+    limit: int,
+    as_json: bool,
+    store: str | None,
+    journal: str | None,
 ) -> None:
-    """List sagas, those needing attention first."""
+    """List sagas, those needing attention first (the console's lists and filters)."""
+    from sagaguard.saga.console.data import saga_page
 
     def body() -> None:
         with opened_journal(saga_url(store, journal)) as opened:
-            chosen = [SagaState(s) for s in states] if states else list(ORDER)
+            order = [s.value for s in ORDER]
+            views = (
+                [v for v in (*order[:3], "running_past_lease", *order[3:]) if v in states]
+                if states
+                else order
+            )
             records: list[SagaRecord] = []
-            for state in (s for s in ORDER if s in chosen):
+            for view in views:
                 if len(records) < limit:
-                    records.extend(opened.list(states=[state], limit=limit - len(records)))
+                    page = saga_page(opened, view, prefix=prefix, name=name_prefix, size=limit - len(records))
+                    records.extend(page.items)
             if as_json:
                 echo_json([record_json(r) for r in records])
             elif not records:
                 click.echo("no sagas" + (" in these states" if states else ""))
             else:
-                _table(records, opened.now())
+                table(records, opened.now())
 
     run(body)
 
@@ -398,16 +253,16 @@ def show(*, saga_id: str, as_json: bool, store: str | None, journal: str | None)
             snapshot = opened.load(saga_id)
             if snapshot is None:
                 raise SagaNotFound(saga_id)
-            outcomes = _outcomes(url, snapshot)
+            outcomes = outcomes_of(url, snapshot)
             audit = _audit_entries(url, saga_id)
             if as_json:
                 data = record_json(snapshot.saga)
                 data["steps"] = [step_json(s, outcomes.get(s.index)) for s in snapshot.steps]
-                data["signals"] = {k: _nested(v) for k, v in snapshot.signals.items()}
+                data["signals"] = {k: nested(v) for k, v in snapshot.signals.items()}
                 data["audit"] = [entry_json(e) for e in audit]
                 echo_json(data)
             else:
-                _show(snapshot, opened.now(), outcomes, audit)
+                show_snapshot(snapshot, opened.now(), outcomes, audit)
 
     run(body)
 

@@ -66,6 +66,8 @@ def states(url: str) -> dict[str, str]:
 
 
 def test_resolve_all_dry_run_then_confirmed_once(url: str, in_doubt: dict[str, str]) -> None:
+    code, out = invoke("effects", "list", "--prefix", "trip-", "--json")  # the list it acts on
+    assert code == 0 and sorted(r["scope"] for r in json.loads(out)) == ["trip-1", "trip-2"]
     code, out = invoke("effects", "resolve", "--all", "--not-applied", "--prefix", "trip-", "--dry-run")
     assert code == 0, out
     assert "would resolve as not applied 2 effects" in out
@@ -168,6 +170,11 @@ def cancelled(url: str) -> set[str]:
 
 
 def test_sagas_cancel_all_previews_then_acts_once(url: str, waiting: list[str]) -> None:
+    code, out = invoke(
+        "sagas", "list", "--state", "waiting", "--prefix", "trip-", "--name", "bulk_", "--json"
+    )
+    assert code == 0 and [r["saga_id"] for r in json.loads(out)] == ["trip-a", "trip-b"]
+    assert invoke("sagas", "list", "--state", "running_past_lease")[1].strip() == "no sagas in these states"
     code, out = invoke("sagas", "cancel", "--all", "--state", "waiting", "--prefix", "trip-", "--dry-run")
     assert code == 0, out
     assert "would cancel 2 sagas" in out and "trip-a" in out and "other-a" not in out
