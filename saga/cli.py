@@ -182,6 +182,16 @@ def _audit_entries(url: str, saga_id: str) -> list[AuditEntry]:
         log.close()
 
 
+def age_options(f: F) -> F:
+    """``--older SECONDS`` and ``--newer SECONDS``: sagas created at least / at most that long ago."""
+    f = click.option(
+        "--newer", type=Positive(float), metavar="S", help="only sagas created at most S seconds ago"
+    )(f)
+    return click.option(
+        "--older", type=Positive(float), metavar="S", help="only sagas created at least S seconds ago"
+    )(f)
+
+
 # ---------------------------------------------------------------------------------- commands
 
 
@@ -201,6 +211,7 @@ def sagas() -> None:
 )
 @click.option("--prefix", default="", metavar="P", help="only saga ids starting with P")
 @click.option("--name", "name_prefix", default="", metavar="N", help="only sagas whose name starts with N")
+@age_options
 @click.option("--limit", type=Positive(int), default=100, metavar="N", help="at most N (100)")
 @json_option
 @where
@@ -209,6 +220,8 @@ def list_(
     states: tuple[str, ...],
     prefix: str,
     name_prefix: str,
+    older: float | None,
+    newer: float | None,
     limit: int,
     as_json: bool,
     store: str | None,
@@ -228,7 +241,15 @@ def list_(
             records: list[SagaRecord] = []
             for view in views:
                 if len(records) < limit:
-                    page = saga_page(opened, view, prefix=prefix, name=name_prefix, size=limit - len(records))
+                    page = saga_page(
+                        opened,
+                        view,
+                        prefix=prefix,
+                        name=name_prefix,
+                        size=limit - len(records),
+                        older=older,
+                        newer=newer,
+                    )
                     records.extend(page.items)
             if as_json:
                 echo_json([record_json(r) for r in records])

@@ -30,7 +30,7 @@ from sagaguard.idempotency.cliopts import (
 )
 from sagaguard.idempotency.cliopts import actor as actor_name
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
-from sagaguard.saga.cli import opened_journal, run, saga_url, sagas, where
+from sagaguard.saga.cli import age_options, opened_journal, run, saga_url, sagas, where
 from sagaguard.saga.console.data import SAGA_LISTS, saga_page
 from sagaguard.saga.errors import SagaError
 from sagaguard.saga.journal import SagaJournal
@@ -115,9 +115,11 @@ Act = Callable[[SagaJournal, str, AuditLog], str]
 
 
 def _filters(default: str) -> Callable[[Any], Any]:
-    """``--state LIST``, ``--prefix`` and ``--name`` of a bulk action over sagas."""
+    """``--state LIST``, ``--prefix``, ``--name``, ``--older`` and ``--newer`` of a bulk action over
+    sagas."""
 
     def add(f: Any) -> Any:
+        f = age_options(f)
         f = click.option(
             "--name", "name_prefix", default="", metavar="N", help="with --all: only sagas named N..."
         )(f)
@@ -153,14 +155,18 @@ def _act(
     view: str,
     prefix: str,
     name_prefix: str,
+    older: float | None,
+    newer: float | None,
     as_json: bool,
     extra_set: bool,
 ) -> None:
     """One saga's action, or with ``all_`` the bulk action over the list ``view``."""
     if all_ == (saga_id is not None):
         raise click.UsageError("give a SAGA_ID or --all")
-    if not all_ and (dry_run or yes or action_id or prefix or name_prefix or extra_set):
-        raise click.UsageError("--state, --prefix, --name, --dry-run, --yes and --action-id go with --all")
+    if not all_ and (dry_run or yes or action_id or prefix or name_prefix or extra_set or older or newer):
+        raise click.UsageError(
+            "--state, --prefix, --name, --older, --newer, --dry-run, --yes and --action-id go with --all"
+        )
 
     def one() -> int:
         url = saga_url(store, journal)
@@ -174,7 +180,15 @@ def _act(
         with opened_journal(url) as opened:
             ids = [
                 r.saga_id
-                for r in saga_page(opened, view, prefix=prefix, name=name_prefix, size=MAX_ITEMS + 1).items
+                for r in saga_page(
+                    opened,
+                    view,
+                    prefix=prefix,
+                    name=name_prefix,
+                    size=MAX_ITEMS + 1,
+                    older=older,
+                    newer=newer,
+                ).items
             ]
             acting = confirm_bulk(
                 ids, what="sagas", verb=verb, dry_run=dry_run, yes=yes, action_id=action_id, as_json=as_json

@@ -175,6 +175,9 @@ def test_sagas_cancel_all_previews_then_acts_once(url: str, waiting: list[str]) 
     )
     assert code == 0 and [r["saga_id"] for r in json.loads(out)] == ["trip-a", "trip-b"]
     assert invoke("sagas", "list", "--state", "running_past_lease")[1].strip() == "no sagas in these states"
+    assert invoke("sagas", "cancel", "--all", "--state", "waiting", "--older", "3600", "--dry-run")[
+        1
+    ].startswith("would cancel 0 sagas")  # all younger than an hour
     code, out = invoke("sagas", "cancel", "--all", "--state", "waiting", "--prefix", "trip-", "--dry-run")
     assert code == 0, out
     assert "would cancel 2 sagas" in out and "trip-a" in out and "other-a" not in out
