@@ -1,9 +1,9 @@
-"""Small pieces every ``sagaguard`` subcommand module shares (effects, outbox, sagas, llm)."""
+"""Small pieces every ``sagaguard`` command shares that are not click's: durations, a closed pipe, and
+opening a store or a journal without creating anything (:mod:`sagaguard.idempotency.cliopts` has the
+click side)."""
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -20,7 +20,6 @@ __all__ = [
     "install_hint",
     "open_existing_store",
     "piped",
-    "positive",
     "require_schema",
     "sqlite_file",
 ]
@@ -61,21 +60,6 @@ def piped(command: Callable[[], int], *, gone: int = 1) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return gone
-
-
-def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    """An argparse ``type=`` that accepts a finite number > 0 of ``kind``."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
 
 
 def sqlite_file(url: str) -> Path | None:

@@ -146,8 +146,10 @@ def test_list_json_is_full_records(store: IdempotencyStore, capsys: pytest.Captu
     assert [d["state"] for d in data] == ["in_doubt", "failed", "succeeded"]
     by_state = {d["state"]: d for d in data}
     assert by_state["succeeded"]["key"] == keys["succeeded"]
-    assert json.loads(by_state["succeeded"]["result"]) == {"amount": 1}
-    assert json.loads(by_state["in_doubt"]["error"])["type"] == "builtins.TimeoutError"
+    assert by_state["succeeded"]["result"] == {"amount": 1}
+    assert by_state["in_doubt"]["error"]["type"] == "builtins.TimeoutError"
+    assert by_state["succeeded"]["created_at"].endswith("Z")
+    assert by_state["succeeded"]["expires_at"].endswith("Z")
     assert set(by_state["failed"]) >= {
         "key", "namespace", "scope", "name", "ordinal", "fingerprint", "state", "token",
         "lease_until", "attempts", "created_at", "updated_at", "expires_at", "result", "error",
@@ -359,7 +361,9 @@ def test_resolve_reports_lost_ownership(
     keys = make_ledger(store)
     before = store.get(keys["in_doubt"])
     assert before is not None
-    real_open = cli._open
+    from sagaguard.idempotency import effects_cli
+
+    real_open = effects_cli._open
 
     def open_and_race(url: str) -> IdempotencyStore:
         opened = real_open(url)
@@ -376,7 +380,7 @@ def test_resolve_reports_lost_ownership(
         monkeypatch.setattr(opened, "get", get_then_take_over)
         return opened
 
-    monkeypatch.setattr(cli, "_open", open_and_race)
+    monkeypatch.setattr(effects_cli, "_open", open_and_race)
     code, _, err = run(capsys, "effects", "resolve", keys["in_doubt"], "--not-applied", "--force")
     assert code == 1
     assert "another worker took it over" in err
@@ -493,7 +497,6 @@ def test_demo_gets_its_arguments_untouched(
 def test_demo_runs_the_trip_demo_found_by_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plain `sagaguard demo` is the full trip-booking demo of connectors/, found through the
     `sagaguard.demo` entry point (idempotency never imports connectors)."""
-    from sagaguard.idempotency import cli
 
     seen: list[list[str]] = []
 
@@ -534,9 +537,7 @@ def test_plugin_commands_are_found_through_entry_points(capsys: pytest.CaptureFi
 
     source = (pathlib.Path(__file__).resolve().parents[1] / "idempotency" / "cli.py").read_text()
     imported = {
-        node.module or ""
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.ImportFrom)
+        node.module or "" for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)
     } | {
         alias.name
         for node in ast.walk(ast.parse(source))
@@ -553,3 +554,45 @@ def test_outbox_commands_are_wired(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["outbox", "migrate", "--db", url]) == 0
     assert main(["outbox", "status", "--db", url]) == 0
     assert "relay" in run(capsys, "--help")[1]
+
+
+# ------------------------------------------------------------------------- completion and exits
+
+
+def test_shell_completion_is_clicks(url: str) -> None:
+    """`_SAGAGUARD_COMPLETE=bash_source sagaguard` prints the script the docs tell users to eval,
+    and the completion it drives knows the commands of every package and the choices of options."""
+    from click.testing import CliRunner
+
+    from sagaguard.idempotency.cli import cli
+
+    runner = CliRunner()
+    script = runner.invoke(cli, [], prog_name="sagaguard", env={"_SAGAGUARD_COMPLETE": "bash_source"})
+    assert script.exit_code == 0 and "_SAGAGUARD_COMPLETE=bash_complete" in script.output
+
+    def complete(words: str) -> list[str]:
+        env = {
+            "_SAGAGUARD_COMPLETE": "bash_complete",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split(" ")) - 1),
+        }
+        done = runner.invoke(cli, [], prog_name="sagaguard", env=env)
+        return [line.split(",", 1)[1] for line in done.output.splitlines()]
+
+    assert {"audit", "db", "demo", "effects"} <= set(complete("sagaguard "))
+    assert "effects" in complete("sagaguard eff")
+    assert "sagas" in complete("sagaguard sag")  # found through its entry point
+    assert complete("sagaguard effects list --state in_d") == ["in_doubt"]
+
+
+def test_an_interrupt_exits_130_in_one_line(
+    url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sagaguard.idempotency import effects_cli
+
+    def interrupted(url: str) -> IdempotencyStore:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(effects_cli, "_open", interrupted)
+    code, _, err = run(capsys, "effects", "list")
+    assert code == 130 and err == "sagaguard: interrupted\n"

@@ -295,8 +295,12 @@ def test_cli_operates_the_outbox(
     assert "not dead" in capsys.readouterr().err
     assert cli_main(["relay", "--app", "cliapp:outbox", "--until-idle", "--quiet"]) == 0  # dies again
     capsys.readouterr()
-    assert cli_main(["outbox", "replay", "--all"]) == 0
-    assert "replayed 1 dead letters" in capsys.readouterr().out
+    assert cli_main(["outbox", "replay", "--all"]) == 2  # no terminal to confirm on
+    assert "--yes" in capsys.readouterr().err
+    assert cli_main(["outbox", "replay", "--all-dead", "--dry-run"]) == 0
+    assert f"would replay 1 dead letters:\n  {bad_id}" in capsys.readouterr().out
+    assert cli_main(["outbox", "replay", "--all-dead", "--yes"]) == 0
+    assert "replayed 1 dead letters (0 refused)" in capsys.readouterr().out
     assert cli_main(["outbox", "dead", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
     assert cli_main(["relay", "--app", "cliapp:outbox", "--until-idle", "--quiet"]) == 0
@@ -317,10 +321,13 @@ def test_cli_operates_the_outbox(
     assert [(e["action"], e["target"], e["outcome"], e["error"]) for e in reversed(audit)] == [
         ("outbox.replay", bad_id, "ok", None),
         ("outbox.replay", bad_id, "refused", "NotDead"),
-        ("outbox.replay_all", "*", "ok", None),
+        ("outbox.replay", bad_id, "ok", None),  # by the bulk action, recorded apart:
         ("outbox.discard", bad_id, "ok", None),
         ("outbox.discard", "nope", "refused", "ConfigurationError"),
     ]
+    assert sagaguard_main(["audit", "--store", url, "--action", "bulk.", "--json"]) == 0
+    [bulk] = json.loads(capsys.readouterr().out)
+    assert (bulk["action"], bulk["args"]["count"]) == ("bulk.outbox.replay", 1)
     assert cli_main(["relay", "--app", "nowhere:outbox", "--until-idle"]) == 2
     assert cli_main(["outbox", "status", "--db", "memory://"]) == 2
     engine.dispose()
@@ -332,20 +339,6 @@ def test_the_status_line_is_readable() -> None:
     stats = RelayStats(worker_id="w1", delivered=12345, failed=2, dead=1, depth=40, oldest_age=75, lost=0)
     line = status_line(stats, 812.4)
     assert line == "relay w1 | delivered 12,345 (812/s) | failed 2 | dead 1 | depth 40 | oldest 1m15s | poll"
-
-
-def test_add_commands_plugs_into_a_parser() -> None:
-    import argparse
-
-    from sagaguard.idempotency.outbox.cli import add_commands
-
-    parser = argparse.ArgumentParser(prog="sagaguard")
-    add_commands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["outbox", "purge", "--retention", "60", "--page", "10"])
-    assert (args.command, args.outbox_action, args.retention, args.page) == ("outbox", "purge", 60.0, 10)
-    assert callable(args.sagaguard_run)
-    args = parser.parse_args(["relay", "--app", "m:o", "--batch", "500", "--concurrency", "4"])
-    assert (args.outbox_action, args.batch, args.concurrency) == ("relay", 500, 4)
 
 
 def test_public_names() -> None:

@@ -14,15 +14,14 @@ guarded as :mod:`sagaguard.connectors.mcp.proxy` says, recorded in ``--store`` (
 the proxy starts (or reconnects to) it again for the next call; a call it could not send is
 answered as not sent, never parked. A server that fails to start is one line on stderr.
 
-:func:`add_commands` adds ``mcp`` to the ``sagaguard`` command's sub-parsers (through the
-``sagaguard.commands`` entry point); :func:`run` runs it.
+The click group :data:`mcp` is registered under the ``sagaguard.commands`` entry point, where the
+``sagaguard`` root finds it (with :data:`RESULT_SHAPES`, which ``effects resolve`` checks).
 
 Exit status: 0 done; 1 the server or the store failed; 2 bad usage.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -31,9 +30,10 @@ import sys
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TypeVar
 
 import anyio
+import click
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
@@ -42,15 +42,14 @@ from sagaguard.connectors.declare import ToolDeclaration, changes_world, read_on
 from sagaguard.connectors.mcp.policy import ErrorText, LookupTool, policy_from_annotations
 from sagaguard.connectors.mcp.proxy import McpProxy, serve_http, serve_stdio
 from sagaguard.connectors.mcp.session import ToolSession, http_session, stdio_session
+from sagaguard.idempotency.cliopts import PROG, CliError, echo_json, json_option, run, store_option, store_url
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.guard import Guard
-from sagaguard.idempotency.stores import DEFAULT_URL, open_store
+from sagaguard.idempotency.stores import open_store
 
-__all__ = ["RESULT_SHAPES", "add_commands", "describe", "load_declarations", "one_line", "run"]
+__all__ = ["RESULT_SHAPES", "describe", "load_declarations", "mcp", "one_line", "proxy_main"]
 
-PROG = "sagaguard"
-ENV_STORE = "SAGAGUARD_STORE"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+F = TypeVar("F", bound=Callable[..., Any])
 _HINTS = ("read_only_hint", "destructive_hint", "idempotent_hint", "open_world_hint")
 _WIRE = {"read_only_hint": "readOnly", "destructive_hint": "destructive", "idempotent_hint": "idempotent",
          "open_world_hint": "openWorld"}  # fmt: skip
@@ -85,57 +84,118 @@ def describe(tool: types.Tool) -> dict[str, Any]:
     return {"name": tool.name, "annotations": given, "mode": policy.mode.value, "reason": policy.reason}
 
 
-def add_commands(subparsers: Any) -> None:
-    """Add the ``mcp`` command (``tools``, ``proxy``) to ``subparsers``."""
-    mcp = subparsers.add_parser("mcp", help="MCP servers: their tools as guarded, and a guarding proxy")
-    mcp.set_defaults(mcp_command=None, mcp_parser=mcp)
-    actions = mcp.add_subparsers(dest="mcp_action", metavar="ACTION")
-
-    def upstream(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--url", help="a streamable-HTTP server instead of a command")
-        parser.add_argument("server_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
-                            help="the server's command line (stdio), after --")  # fmt: skip
-
-    tools = actions.add_parser(
-        "tools", help="the server's tools, their annotations and how the guard treats each",
-        description="Lists the server's tools with their annotations and the mode each gets: "
-        "pass_through (readOnlyHint), resend (idempotentHint: re-sent under the same key when in doubt) "
-        "or at_most_once (in doubt: reconciled or parked, never re-sent).",
-    )  # fmt: skip
-    tools.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    upstream(tools)
-    tools.set_defaults(mcp_command=_cmd_tools)
-
-    proxy = actions.add_parser(
-        "proxy", help="serve the server's tools, each call guarded",
-        description="Sits between any MCP client and the server. A call whose request _meta carries "
-        "io.sagaguard/idempotency-key is identified by it (a retry gets the recorded result, a crash is "
-        "resolved); one without is at most once per proxy session and request id, never deduplicated "
-        "against another request.",
-    )  # fmt: skip
-    proxy.add_argument("--store", metavar="URL", default=argparse.SUPPRESS,
-                       help=f"the effect store (default: ${ENV_STORE}, else {DEFAULT_URL})")  # fmt: skip
-    proxy.add_argument("--namespace", default="default", help="the tenant of the proxy's records")
-    proxy.add_argument("--server", default="upstream", help="the server's name in effect names")
-    proxy.add_argument("--http", metavar="HOST:PORT", help="serve clients over streamable HTTP (at /mcp)")
-    proxy.add_argument("--declare", metavar="FILE", type=Path,
-                       help="per-tool declarations (JSON) that win over the annotations: "
-                       "mode, lookup, provider_idempotent, on_error, failed_if")  # fmt: skip
-    upstream(proxy)
-    proxy.set_defaults(mcp_command=_cmd_proxy)
+@click.group(no_args_is_help=True)
+def mcp() -> None:
+    """MCP servers: their tools as guarded, and a guarding proxy."""
 
 
-def _opener(args: argparse.Namespace) -> Callable[[], AbstractAsyncContextManager[ClientSession]]:
-    command = [part for part in args.server_command if part != "--"] if args.server_command else []
-    if args.url and command:
+def _upstream(f: F) -> F:
+    """``--url``, and the server's command line after ``--``."""
+    f = click.argument("server_command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND...")(f)
+    return click.option("--url", help="a streamable-HTTP server instead of a command")(f)
+
+
+def _opener(
+    url: str | None, server_command: tuple[str, ...]
+) -> Callable[[], AbstractAsyncContextManager[ClientSession]]:
+    command = [part for part in server_command if part != "--"]
+    if url and command:
         raise ConfigurationError("give the server's command after -- or --url, not both")
-    if args.url:
-        url = args.url
+    if url:
         return lambda: http_session(url)
     if not command:
         raise ConfigurationError("give the server's command after -- (or --url URL)")
     params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     return lambda: stdio_session(params)
+
+
+def _run(body: Callable[[], None]) -> None:
+    """Run an ``mcp`` command: the SDK's logs quieted, its failures as one line (exit 1)."""
+    _quiet_sdk_logs()
+
+    def guarded() -> None:
+        try:
+            body()
+        except (ConfigurationError, IdempotencyError, CliError):
+            raise
+        except OSError as exc:
+            raise CliError(str(exc)) from exc
+        except (MCPError, Exception, BaseExceptionGroup) as exc:
+            raise CliError(one_line(exc)) from exc
+
+    run(guarded)
+
+
+@mcp.command()
+@json_option
+@_upstream
+def tools(*, as_json: bool, url: str | None, server_command: tuple[str, ...]) -> None:
+    """The server's tools, their annotations and how the guard treats each.
+
+    Lists the server's tools with their annotations and the mode each gets: pass_through
+    (readOnlyHint), resend (idempotentHint: re-sent under the same key when in doubt) or
+    at_most_once (in doubt: reconciled or parked, never re-sent).
+    """
+
+    def body() -> None:
+        rows = asyncio.run(_tools(_opener(url, server_command)))
+        if as_json:
+            echo_json({"tools": rows})
+            return
+        width = max([len(r["name"]) for r in rows] + [4])
+        for row in rows:
+            hints = (
+                ", ".join(f"{k}={str(v).lower()}" for k, v in row["annotations"].items()) or "no annotations"
+            )
+            click.echo(f"{row['name'].ljust(width)}  {row['mode'].ljust(12)}  {hints}  ({row['reason']})")
+
+    _run(body)
+
+
+@mcp.command()
+@click.option("--namespace", default="default", help="the tenant of the proxy's records")
+@click.option("--server", default="upstream", help="the server's name in effect names")
+@click.option("--http", metavar="HOST:PORT", help="serve clients over streamable HTTP (at /mcp)")
+@click.option("--declare", metavar="FILE", type=click.Path(path_type=Path),
+              help="per-tool declarations (JSON) that win over the annotations: "
+              "mode, lookup, provider_idempotent, on_error, failed_if")  # fmt: skip
+@store_option
+@_upstream
+def proxy(
+    *,
+    namespace: str,
+    server: str,
+    http: str | None,
+    declare: Path | None,
+    store: str | None,
+    url: str | None,
+    server_command: tuple[str, ...],
+) -> None:
+    """Serve the server's tools, each call guarded.
+
+    Sits between any MCP client and the server. A call whose request _meta carries
+    io.sagaguard/idempotency-key is identified by it (a retry gets the recorded result, a crash is
+    resolved); one without is at most once per proxy session and request id, never deduplicated
+    against another request.
+    """
+
+    def body() -> None:
+        opener = _opener(url, server_command)
+        host, port = None, 0
+        if http:
+            host, _, text = http.rpartition(":")
+            if not host or not text.isdigit():
+                raise ConfigurationError(f"--http {http!r}: HOST:PORT")
+            port = int(text)
+        declared = load_declarations(declare) if declare is not None else None
+        guard = Guard(open_store(store_url(store)), namespace=namespace)
+        try:
+            asyncio.run(proxy_main(opener, guard, server, host, port, declare=declared))
+        finally:
+            guard.close()
+            guard.store.close()
+
+    _run(body)
 
 
 _DECLARATION_KEYS = frozenset({"mode", "lookup", "provider_idempotent", "on_error", "failed_if"})
@@ -227,37 +287,6 @@ async def _tools(opener: Callable[[], AbstractAsyncContextManager[ClientSession]
     async with opener() as session:
         listed = await session.list_tools()
     return [describe(tool) for tool in listed.tools]
-
-
-def _cmd_tools(args: argparse.Namespace, out: TextIO) -> int:
-    rows = asyncio.run(_tools(_opener(args)))
-    if args.json:
-        print(json.dumps({"tools": rows}, indent=2), file=out)
-        return EXIT_OK
-    width = max([len(r["name"]) for r in rows] + [4])
-    for row in rows:
-        hints = ", ".join(f"{k}={str(v).lower()}" for k, v in row["annotations"].items()) or "no annotations"
-        print(f"{row['name'].ljust(width)}  {row['mode'].ljust(12)}  {hints}  ({row['reason']})", file=out)
-    return EXIT_OK
-
-
-def _cmd_proxy(args: argparse.Namespace, out: TextIO) -> int:
-    opener = _opener(args)
-    host, port = None, 0
-    if args.http:
-        host, _, text = args.http.rpartition(":")
-        if not host or not text.isdigit():
-            raise ConfigurationError(f"--http {args.http!r}: HOST:PORT")
-        port = int(text)
-    declare = load_declarations(args.declare) if args.declare is not None else None
-    url = getattr(args, "store", None) or os.environ.get(ENV_STORE) or DEFAULT_URL
-    guard = Guard(open_store(url), namespace=args.namespace)
-    try:
-        asyncio.run(proxy_main(opener, guard, args.server, host, port, declare=declare))
-    finally:
-        guard.close()
-        guard.store.close()
-    return EXIT_OK
 
 
 async def proxy_main(
@@ -372,25 +401,3 @@ def one_line(exc: BaseException) -> str:
         return f"cannot start the MCP server: {first.strerror or first}: {first.filename or ''}".rstrip(": ")
     text = " ".join(str(first).split()) or type(first).__name__
     return f"the MCP server failed: {type(first).__name__}: {text[:300]}"
-
-
-def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Run the ``mcp`` command that ``args`` (parsed with :func:`add_commands`) names."""
-    command: Callable[[argparse.Namespace, TextIO], int] | None = getattr(args, "mcp_command", None)
-    if command is None:
-        parser = getattr(args, "mcp_parser", None)
-        if parser is not None:
-            parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    _quiet_sdk_logs()
-    try:
-        return command(args, out or sys.stdout)
-    except ConfigurationError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (IdempotencyError, OSError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except (MCPError, Exception, BaseExceptionGroup) as exc:
-        print(f"{PROG}: {one_line(exc)}", file=sys.stderr)
-        return EXIT_FAILED

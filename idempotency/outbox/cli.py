@@ -1,113 +1,70 @@
-"""The outbox commands of the ``sagaguard`` CLI.
+"""The outbox commands of the ``sagaguard`` CLI (click): ``outbox ...`` and ``relay``.
 
 ::
 
-    sagaguard outbox status  [--db URL] [--table T] [--json]
+    sagaguard outbox status  [--json]
     sagaguard outbox dead    [--limit N] [--after ID] [--json]
     sagaguard outbox show    ID [--json]
-    sagaguard outbox replay  (ID | --all) [--actor NAME]
+    sagaguard outbox replay  (ID | --all [--prefix P] [--dry-run] [--yes] [--action-id ID]) [--actor NAME]
     sagaguard outbox discard ID [--actor NAME]
     sagaguard outbox purge   [--retention SECONDS] [--page N]
     sagaguard outbox migrate
     sagaguard relay --app MODULE:ATTR [--batch N] [--concurrency N] [--lease S] [--poll S]
                     [--until-idle] [--no-listen] [--quiet]
 
-The database is ``--db``, else ``$SAGAGUARD_OUTBOX_DB``, else the effect store's ``--store`` /
+Each takes ``--store URL`` and ``--table T``. The database is ``--db``, else
+``$SAGAGUARD_OUTBOX_DB`` (an outbox kept apart from the store), else ``--store`` /
 ``$SAGAGUARD_STORE``, else ``sqlite:///sagaguard.db``. ``--app`` names the :class:`Outbox` (or a
 mapping of message type to handler) whose handlers the relay runs, as ``package.module:name``.
 
-:func:`add_commands` adds these to the ``sagaguard`` parser; each sets ``sagaguard_run`` (see
-:func:`run`) as its handler. Exit status: 0 done; 1 the database refused or failed; 2 bad usage.
+:data:`outbox` and :data:`relay` are registered under the entry-point group ``sagaguard.commands``.
+Exit status: 0 done; 1 the database refused or failed, or a confirmation was declined; 2 bad usage
+(an unknown message id included); 130 interrupted.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
-import json
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
+import click
 import sqlalchemy as sa
 
-from sagaguard.idempotency.audit import default_actor, open_audit
-from sagaguard.idempotency.cliutil import duration, piped, positive
+from sagaguard.idempotency.audit import AuditLog, open_audit
+from sagaguard.idempotency.bulk import MAX_ITEMS, run_bulk
+from sagaguard.idempotency.cliopts import (
+    Positive,
+    actor_option,
+    bulk_options_named,
+    confirm_bulk,
+    echo_json,
+    json_option,
+    rfc3339,
+    run,
+    store_url,
+)
+from sagaguard.idempotency.cliopts import actor as actor_name
+from sagaguard.idempotency.cliutil import duration
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.outbox.control import DEFAULT_RETENTION, OutboxControl
 from sagaguard.idempotency.outbox.model import DEFAULT_TABLE, check_schema, migrate
-from sagaguard.idempotency.outbox.operator import discard_dead, replay_all_dead, replay_dead
+from sagaguard.idempotency.outbox.operator import discard_dead, replay_dead
 from sagaguard.idempotency.outbox.records import OutboxStatus
 from sagaguard.idempotency.outbox.relay import Relay, RelaySettings, RelayStats
 
-__all__ = ["add_commands", "main", "run", "status_line"]
+__all__ = ["main", "outbox", "relay", "status_line"]
 
 ENV_DB = "SAGAGUARD_OUTBOX_DB"
-ENV_STORE = "SAGAGUARD_STORE"
-DEFAULT_URL = "sqlite:///sagaguard.db"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-
-def add_commands(subparsers: Any) -> None:
-    """Add ``outbox ...`` and ``relay`` to a ``sagaguard`` sub-parser collection.
-
-    Args:
-        subparsers: what ``ArgumentParser.add_subparsers()`` returned.
-    """
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--db", metavar="URL", help=f"the outbox database (default: ${ENV_DB}, else the store)"
-    )
-    common.add_argument("--table", default=DEFAULT_TABLE, help=f"the outbox table (default {DEFAULT_TABLE})")
-
-    outbox = subparsers.add_parser("outbox", help="inspect and operate the transactional outbox")
-    outbox.set_defaults(sagaguard_run=run, outbox_action=None, outbox_parser=outbox)
-    actions = outbox.add_subparsers(dest="outbox_action", metavar="ACTION")
-
-    status = actions.add_parser("status", parents=[common], help="depth, oldest pending age, in flight, dead")
-    status.add_argument("--json", action="store_true")
-    dead = actions.add_parser("dead", parents=[common], help="list dead letters with their last error")
-    dead.add_argument("--limit", type=positive(int), default=50, metavar="N")
-    dead.add_argument("--after", metavar="ID", help="the page after this message id")
-    dead.add_argument("--json", action="store_true")
-    show = actions.add_parser("show", parents=[common], help="one message in full")
-    show.add_argument("id", metavar="ID")
-    show.add_argument("--json", action="store_true")
-    who = argparse.ArgumentParser(add_help=False)
-    who.add_argument("--actor", metavar="NAME", help="who acts, for the audit trail (default: the OS user)")
-    replay = actions.add_parser("replay", parents=[common, who], help="give dead letters back to the relays")
-    which = replay.add_mutually_exclusive_group(required=True)
-    which.add_argument("id", nargs="?", metavar="ID")
-    which.add_argument("--all", action="store_true", help="every dead letter")
-    discard = actions.add_parser("discard", parents=[common, who], help="give up on a dead letter for good")
-    discard.add_argument("id", metavar="ID")
-    purge = actions.add_parser("purge", parents=[common], help="delete old delivered messages, in pages")
-    purge.add_argument("--retention", type=positive(float), default=DEFAULT_RETENTION, metavar="SECONDS")
-    purge.add_argument("--page", type=positive(int), default=1000, metavar="N")
-    actions.add_parser("migrate", parents=[common], help="create or upgrade the outbox table")
-
-    relay = subparsers.add_parser(
-        "relay",
-        parents=[common],
-        help="run an outbox relay worker",
-        description="Deliver outbox messages with the handlers of --app until SIGTERM/SIGINT (a second "
-        "one exits at once). Prints a live status line.",
-    )
-    relay.set_defaults(sagaguard_run=run, outbox_action="relay")
-    relay.add_argument("--app", required=True, metavar="MODULE:ATTR", help="the Outbox with the handlers")
-    relay.add_argument("--batch", type=positive(int), default=100, metavar="N")
-    relay.add_argument("--concurrency", type=positive(int), default=1, metavar="N")
-    relay.add_argument("--lease", type=positive(float), default=30.0, metavar="SECONDS")
-    relay.add_argument("--poll", type=positive(float), default=1.0, metavar="SECONDS")
-    relay.add_argument("--no-listen", action="store_true", help="poll only (no LISTEN/NOTIFY)")
-    relay.add_argument("--until-idle", action="store_true", help="stop once nothing is claimable")
-    relay.add_argument("--quiet", action="store_true", help="no status line")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 # --------------------------------------------------------------------------------- formatting
@@ -134,7 +91,7 @@ def status_line(stats: RelayStats, rate: float) -> str:
     return " | ".join(parts)
 
 
-def _print_status(status: OutboxStatus, out: TextIO) -> None:
+def _print_status(status: OutboxStatus) -> None:
     rows = [
         ("depth", f"{status.depth:,}"),
         ("pending", f"{status.pending:,}"),
@@ -143,28 +100,33 @@ def _print_status(status: OutboxStatus, out: TextIO) -> None:
         ("oldest pending", _age(status.oldest_pending_age)),
     ]
     for name, value in rows:
-        print(f"{name.ljust(14)}  {value}", file=out)
+        click.echo(f"{name.ljust(14)}  {value}")
     if status.blocked:
         # Not in the depth: no relay delivers them until the dead letter is replayed or discarded.
-        print(f"blocked behind a dead letter: {status.blocked:,}", file=out)
+        click.echo(f"blocked behind a dead letter: {status.blocked:,}")
         for agg in status.blocked_aggregates:
-            print(f"  {agg.aggregatetype}/{agg.aggregateid}: {agg.blocked:,}", file=out)
+            click.echo(f"  {agg.aggregatetype}/{agg.aggregateid}: {agg.blocked:,}")
         if sum(a.blocked for a in status.blocked_aggregates) < status.blocked:
-            print("  ...", file=out)
-        print("  (sagaguard outbox dead lists them; replay or discard to let the rest go)", file=out)
+            click.echo("  ...")
+        click.echo("  (sagaguard outbox dead lists them; replay or discard to let the rest go)")
 
 
 # ----------------------------------------------------------------------------------- commands
 
 
-def _url(args: argparse.Namespace) -> str:
-    return str(
-        getattr(args, "db", None)
-        or os.environ.get(ENV_DB)
-        or getattr(args, "store", None)
-        or os.environ.get(ENV_STORE)
-        or DEFAULT_URL
+def where(f: F) -> F:
+    """``--store``, ``--db`` and ``--table``."""
+    f = click.option("--table", default=DEFAULT_TABLE, help=f"the outbox table (default {DEFAULT_TABLE})")(f)
+    f = click.option(
+        "--db", metavar="URL", help=f"the outbox's database when not the store's (default: ${ENV_DB})"
+    )(f)
+    return click.option("--store", metavar="URL", default=None, help="the store (default: $SAGAGUARD_STORE)")(
+        f
     )
+
+
+def _url(db: str | None, store: str | None) -> str:
+    return str(db or os.environ.get(ENV_DB) or store_url(store))
 
 
 def _engine(url: str, action: str) -> sa.Engine:
@@ -206,98 +168,318 @@ def _load_app(spec: str) -> Any:
     return target
 
 
-def _outbox(args: argparse.Namespace, engine: sa.Engine, out: TextIO) -> int:
-    control = OutboxControl(engine, args.table)
-    action = args.outbox_action
-    if action != "migrate":
-        check_schema(engine, args.table)
-    if action == "migrate":
-        version = migrate(engine, args.table)
-        print(f"outbox table {args.table} is at schema version {version}", file=out)
-    elif action == "status":
-        status = control.status()
-        if args.json:
-            print(json.dumps({**asdict(status), "depth": status.depth}), file=out)
+@contextlib.contextmanager
+def _control(db: str | None, store: str | None, table: str) -> Iterator[OutboxControl]:
+    """The outbox control on its database, its schema checked."""
+    engine = _engine(_url(db, store), "")
+    try:
+        check_schema(engine, table)
+        yield OutboxControl(engine, table)
+    finally:
+        engine.dispose()
+
+
+def _message_json(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A message or dead letter as JSON types: ``*_at`` times as RFC 3339 text."""
+    return {
+        k: rfc3339(v)
+        if k.endswith("_at") and isinstance(v, int | float) and v > 0
+        else (None if k.endswith("_at") and isinstance(v, int | float) else v)
+        for k, v in info.items()
+    }
+
+
+@click.group(no_args_is_help=True)
+def outbox() -> None:
+    """Inspect and operate the transactional outbox."""
+
+
+@outbox.command()
+@json_option
+@where
+def status(*, as_json: bool, store: str | None, db: str | None, table: str) -> None:
+    """Depth, oldest pending age, in flight, dead, and what waits behind a dead letter."""
+
+    def body() -> None:
+        with _control(db, store, table) as control:
+            found = control.status()
+        if as_json:
+            echo_json({**asdict(found), "depth": found.depth})
         else:
-            _print_status(status, out)
-    elif action == "dead":
-        letters = control.dead_letters(limit=args.limit, after=args.after)
-        if args.json:
-            print(json.dumps([asdict(d) for d in letters], indent=2), file=out)
-        elif not letters:
-            print("no dead letters", file=out)
-        for d in [] if args.json else letters:
-            print(f"{d.id}  {d.type}  {d.aggregatetype}/{d.aggregateid}  attempts {d.attempts}", file=out)
-            print(f"    {d.last_error or '-'}", file=out)
-    elif action == "show":
-        info = control.get(args.id)
-        if args.json:
-            print(json.dumps(info, indent=2, default=str), file=out)
+            _print_status(found)
+
+    run(body)
+
+
+@outbox.command()
+@click.option("--limit", type=Positive(int), default=50, metavar="N", help="at most N (50)")
+@click.option("--after", metavar="ID", help="the page after this message id")
+@json_option
+@where
+def dead(
+    *, limit: int, after: str | None, as_json: bool, store: str | None, db: str | None, table: str
+) -> None:
+    """List dead letters with their last error."""
+
+    def body() -> None:
+        with _control(db, store, table) as control:
+            letters = control.dead_letters(limit=limit, after=after)
+        if as_json:
+            echo_json([_message_json(asdict(d)) for d in letters])
+            return
+        if not letters:
+            click.echo("no dead letters")
+        for d in letters:
+            click.echo(f"{d.id}  {d.type}  {d.aggregatetype}/{d.aggregateid}  attempts {d.attempts}")
+            click.echo(f"    {d.last_error or '-'}")
+
+    run(body)
+
+
+@outbox.command()
+@click.argument("message_id", metavar="ID")
+@json_option
+@where
+def show(*, message_id: str, as_json: bool, store: str | None, db: str | None, table: str) -> None:
+    """One message in full."""
+
+    def body() -> None:
+        with _control(db, store, table) as control:
+            info = control.get(message_id)
+        if as_json:
+            echo_json(
+                _message_json(
+                    {
+                        k: v if isinstance(v, int | float | str | bool | None) else str(v)
+                        for k, v in info.items()
+                    }
+                )
+            )
         else:
             for name, value in info.items():
-                print(f"{name.ljust(14)}  {'-' if value is None else value}", file=out)
-    elif action in ("replay", "discard"):
-        _act(args, control, out)
-    elif action == "purge":
-        print(f"purged {control.purge(args.retention, page=args.page):,} messages", file=out)
-    return EXIT_OK
+                click.echo(f"{name.ljust(14)}  {'-' if value is None else value}")
+
+    run(body)
 
 
-def _act(args: argparse.Namespace, control: OutboxControl, out: TextIO) -> None:
-    """``outbox replay`` and ``outbox discard``, through the audited operator API."""
-    log = open_audit(_url(args))
-    who: dict[str, Any] = {"actor": args.actor or default_actor(), "audit": log, "source": "cli"}
+@contextlib.contextmanager
+def _audit(db: str | None, store: str | None) -> Iterator[AuditLog]:
+    log = open_audit(_url(db, store))
     try:
-        if args.outbox_action == "discard":
-            discard_dead(control, args.id, **who)
-            print(f"discarded {args.id}", file=out)
-        elif args.all:
-            print(f"replayed {replay_all_dead(control, **who)} dead letters", file=out)
-        else:
-            replay_dead(control, args.id, **who)
-            print(f"replayed {args.id}", file=out)
+        yield log
     finally:
         log.close()
 
 
-def _relay(args: argparse.Namespace, engine: sa.Engine, out: TextIO) -> int:
-    app = _load_app(args.app)
-    settings = RelaySettings(
-        batch_size=args.batch,
-        concurrency=args.concurrency,
-        lease=args.lease,
-        poll_interval=args.poll,
-        listen=not args.no_listen,
-    )
-    relay = Relay(app, engine, settings, table_name=args.table)
+@outbox.command()
+@click.argument("message_id", metavar="ID", required=False)
+@click.option("--prefix", default="", metavar="P", help="with --all: only aggregates TYPE/ID starting with P")
+@bulk_options_named("--all-dead")
+@actor_option
+@json_option
+@where
+def replay(
+    *,
+    message_id: str | None,
+    prefix: str,
+    all_: bool,
+    dry_run: bool,
+    yes: bool,
+    action_id: str | None,
+    actor: str | None,
+    as_json: bool,
+    store: str | None,
+    db: str | None,
+    table: str,
+) -> None:
+    """Give a dead letter (or with --all, every dead letter) back to the relays.
+
+    Its attempts count from zero: its handler runs again (under the same provider key), and the
+    messages blocked behind it drain.
+    """
+    if all_ == (message_id is not None):
+        raise click.UsageError("give an ID or --all")
+    if not all_ and (dry_run or yes or action_id or prefix):
+        raise click.UsageError("--prefix, --dry-run, --yes and --action-id go with --all")
+
+    def one() -> None:
+        with _control(db, store, table) as control, _audit(db, store) as log:
+            replay_dead(control, message_id or "", actor=actor_name(actor), audit=log, source="cli")
+        click.echo(f"replayed {message_id}")
+
+    def every() -> None:
+        with _control(db, store, table) as control:
+            letters = control.dead_letters(limit=MAX_ITEMS + 1)
+            ids = [d.id for d in letters if f"{d.aggregatetype}/{d.aggregateid}".startswith(prefix)]
+            acting = confirm_bulk(
+                ids,
+                what="dead letters",
+                verb="replay",
+                dry_run=dry_run,
+                yes=yes,
+                action_id=action_id,
+                as_json=as_json,
+            )
+            if acting is None:
+                return
+            with _audit(db, store) as log:
+
+                def act(target: str) -> str:
+                    replay_dead(control, target, actor=actor_name(actor), audit=log, source="cli")
+                    return "replayed"
+
+                done = run_bulk(
+                    log,
+                    "outbox.replay",
+                    acting,
+                    ids,
+                    act,
+                    actor=actor_name(actor),
+                    source="cli",
+                    at=control.now(),
+                    refusals=(IdempotencyError,),
+                    args={"prefix": prefix},
+                )
+        result = done.to_json()
+        if as_json:
+            echo_json(result)
+        elif done.repeated:
+            click.echo(f"action {done.action_id} was done already: nothing done again")
+        else:
+            click.echo(
+                f"replayed {len(done.outcomes)} dead letters ({len(done.refused)} refused), "
+                f"action {done.action_id}"
+            )
+
+    run(every if all_ else one)
+
+
+@outbox.command()
+@click.argument("message_id", metavar="ID")
+@actor_option
+@where
+def discard(*, message_id: str, actor: str | None, store: str | None, db: str | None, table: str) -> None:
+    """Give up on a dead letter for good: it is never delivered, the messages behind it drain."""
+
+    def body() -> None:
+        with _control(db, store, table) as control, _audit(db, store) as log:
+            discard_dead(control, message_id, actor=actor_name(actor), audit=log, source="cli")
+        click.echo(f"discarded {message_id}")
+
+    run(body)
+
+
+@outbox.command()
+@click.option(
+    "--retention",
+    type=Positive(float),
+    default=DEFAULT_RETENTION,
+    metavar="SECONDS",
+    help="keep delivered messages this long",
+)
+@click.option("--page", type=Positive(int), default=1000, metavar="N", help="rows per page (1000)")
+@where
+def purge(*, retention: float, page: int, store: str | None, db: str | None, table: str) -> None:
+    """Delete old delivered messages, in pages."""
+
+    def body() -> None:
+        with _control(db, store, table) as control:
+            click.echo(f"purged {control.purge(retention, page=page):,} messages")
+
+    run(body)
+
+
+@outbox.command("migrate")
+@where
+def migrate_(*, store: str | None, db: str | None, table: str) -> None:
+    """Create or upgrade the outbox table."""
+
+    def body() -> None:
+        engine = _engine(_url(db, store), "migrate")
+        try:
+            version = migrate(engine, table)
+        finally:
+            engine.dispose()
+        click.echo(f"outbox table {table} is at schema version {version}")
+
+    run(body)
+
+
+@click.command()
+@click.option("--app", required=True, metavar="MODULE:ATTR", help="the Outbox with the handlers")
+@click.option("--batch", type=Positive(int), default=100, metavar="N", help="messages per claim (100)")
+@click.option("--concurrency", type=Positive(int), default=1, metavar="N", help="handler threads (1)")
+@click.option("--lease", type=Positive(float), default=30.0, metavar="SECONDS", help="claim lease (30)")
+@click.option("--poll", type=Positive(float), default=1.0, metavar="SECONDS", help="poll interval (1)")
+@click.option("--no-listen", is_flag=True, help="poll only (no LISTEN/NOTIFY)")
+@click.option("--until-idle", is_flag=True, help="stop once nothing is claimable")
+@click.option("--quiet", is_flag=True, help="no status line")
+@where
+def relay(
+    *,
+    app: str,
+    batch: int,
+    concurrency: int,
+    lease: float,
+    poll: float,
+    no_listen: bool,
+    until_idle: bool,
+    quiet: bool,
+    store: str | None,
+    db: str | None,
+    table: str,
+) -> None:
+    """Run an outbox relay worker.
+
+    Deliver outbox messages with the handlers of --app until SIGTERM/SIGINT (a second one exits at
+    once). Prints a live status line.
+    """
+
+    def body() -> None:
+        engine = _engine(_url(db, store), "relay")
+        try:
+            handlers = _load_app(app)
+            settings = RelaySettings(
+                batch_size=batch,
+                concurrency=concurrency,
+                lease=lease,
+                poll_interval=poll,
+                listen=not no_listen,
+            )
+            _relay(Relay(handlers, engine, settings, table_name=table), until_idle=until_idle, quiet=quiet)
+        finally:
+            engine.dispose()
+
+    run(body)
+
+
+def _relay(worker: Relay, *, until_idle: bool, quiet: bool) -> None:
     signals = {"count": 0}
 
     def on_signal(signum: int, frame: Any) -> None:
         signals["count"] += 1
         if signals["count"] > 1:
             raise KeyboardInterrupt
-        relay.request_stop()
+        worker.request_stop()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     done = threading.Event()
-    printer = None if args.quiet else threading.Thread(target=_show, args=(relay, done, out), daemon=True)
+    printer = None if quiet else threading.Thread(target=_show, args=(worker, done, sys.stdout), daemon=True)
     try:
         if printer is not None:
             printer.start()
-        stats = relay.run(until_idle=args.until_idle)
+        stats = worker.run(until_idle=until_idle)
     finally:
         done.set()
         if printer is not None:
             printer.join(timeout=2)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        relay.close()
-    print(
+        worker.close()
+    click.echo(
         f"relay {stats.worker_id} stopped: delivered {stats.delivered:,}, failed {stats.failed:,}, "
-        f"dead {stats.dead:,}, released {stats.released:,}",
-        file=out,
+        f"dead {stats.dead:,}, released {stats.released:,}"
     )
-    return EXIT_OK
 
 
 def _show(relay: Relay, done: threading.Event, out: TextIO) -> None:
@@ -322,47 +504,11 @@ def _show(relay: Relay, done: threading.Event, out: TextIO) -> None:
             out.write("\n")
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Run a parsed ``outbox`` or ``relay`` command; returns the exit status.
-
-    Expected errors are one line on stderr, never a traceback.
-    """
-    out = out or sys.stdout
-    if args.outbox_action is None:
-        args.outbox_parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    engine: sa.Engine | None = None
-    try:
-        engine = _engine(_url(args), args.outbox_action)
-        if args.outbox_action == "relay":
-            return _relay(args, engine, out)
-        return _outbox(args, engine, out)
-    except ConfigurationError as exc:
-        print(f"sagaguard: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except IdempotencyError as exc:
-        print(f"sagaguard: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("sagaguard: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        if engine is not None:
-            engine.dispose()
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sagaguard.idempotency.outbox.cli outbox status`` etc.: these commands on their own."""
-    parser = argparse.ArgumentParser(prog="sagaguard", description="The outbox commands of sagaguard.")
-    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if getattr(args, "sagaguard_run", None) is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    return piped(lambda: run(args), gone=EXIT_FAILED)
+    """``python -m sagaguard.idempotency.outbox.cli outbox status`` etc.: the ``sagaguard`` command line."""
+    from sagaguard.idempotency.cli import main as root
+
+    return root(argv)
 
 
 if __name__ == "__main__":
