@@ -128,7 +128,7 @@ def test_the_idempotency_key_reaches_the_server_in_meta(world: World, guard: Gua
         return await GuardedSession(session, guard, server="payments").call_tool("charge", CHARGE, key="k-1")
 
     result = world.http(body)
-    sent = EffectIdentity.explicit(guard.namespace, "k-1", "mcp.payments.charge").provider_key
+    sent = guard.provider_key(EffectIdentity.explicit(guard.namespace, "k-1", "mcp.payments.charge"))
     client = stripe_sdk.StripeClient("sk_test", base_addresses={"api": world.stripe.url})
     intent = client.v1.payment_intents.retrieve(result.structured_content["id"])
     assert intent.metadata["mcp_key"] == sent  # and Stripe got it as its Idempotency-Key
