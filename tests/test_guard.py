@@ -1305,7 +1305,7 @@ def _drop_table(url: str, store: IdempotencyStore) -> None:
 
     table = store._table.name  # type: ignore[attr-defined]
     with psycopg.connect(url, autocommit=True) as conn:
-        for name in (table, f"{table}_version"):
+        for name in (table, f"{table}_version", f"{table}_ledger"):
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
