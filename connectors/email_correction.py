@@ -118,7 +118,9 @@ def correct_deferred(
     name = f"{mail.name}.{CORRECTION}"
     dedup = EffectIdentity.of(mail.guard.namespace, unit.id, name, unit.next_ordinal(name)).key
     message_id = _after(original, outbox.clock)
-    provider = EffectIdentity.of(mail.guard.namespace, f"outbox/{message_id}", mail.name, 0, ledger).provider_key
+    provider = EffectIdentity.of(
+        mail.guard.namespace, f"outbox/{message_id}", mail.name, 0, ledger
+    ).provider_key
     # The original's ordering key, so the relays deliver the correction after it.
     kind = None if info is None else str(info["aggregatetype"])
     aggregate = None if info is None else str(info["aggregateid"])

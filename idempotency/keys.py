@@ -269,7 +269,9 @@ class EffectIdentity:
     ledger: str = LEGACY_LEDGER
 
     @classmethod
-    def of(cls, namespace: str, scope: str, name: str, ordinal: int, ledger: str = LEGACY_LEDGER) -> EffectIdentity:
+    def of(
+        cls, namespace: str, scope: str, name: str, ordinal: int, ledger: str = LEGACY_LEDGER
+    ) -> EffectIdentity:
         """Build an identity and derive its key."""
         return cls(namespace, scope, name, ordinal, derive_key(namespace, scope, name, ordinal), ledger)
 

@@ -211,7 +211,9 @@ def test_send_through_the_outbox_is_delivered_after_commit_once(
     relay = outbox.relay(engine)
     assert relay.run_once() == 1
     assert relay.run_once() == 0
-    provider_key = mail.guard.provider_key(EffectIdentity.of("default", f"outbox/{message_id}", "email.send", 0))
+    provider_key = mail.guard.provider_key(
+        EffectIdentity.of("default", f"outbox/{message_id}", "email.send", 0)
+    )
     assert [m.message_id for m in sink.messages] == [message_id_for(provider_key, DOMAIN)]
 
 

@@ -77,7 +77,9 @@ def http(
     return IdempotentHttp(guard, httpx.Client(base_url=api.url, timeout=timeout), **options)
 
 
-def key_of(scope_id: str, name: str = "http.post", *, ledger: IdempotencyStore | None = None) -> EffectIdentity:
+def key_of(
+    scope_id: str, name: str = "http.post", *, ledger: IdempotencyStore | None = None
+) -> EffectIdentity:
     """The identity of a call made in ``scope_id``, in ``ledger`` (its provider key needs it)."""
     return EffectIdentity.of("default", scope_id, name, 0, "" if ledger is None else ledger.ledger_id())
 

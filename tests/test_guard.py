@@ -921,7 +921,7 @@ def test_in_doubt_resolution(
     if asked:
         request = asked[0]
         assert request.identity.key == ident.key
-        assert request.provider_key == ident.provider_key == provider_key(ident.key)
+        assert request.provider_key == guard.provider_key(ident) == provider_key(ident.key, guard.ledger_id)
         assert dict(request.arguments) == {"customer": "cus_1", "amount": 500}
         assert request.record.state == State.IN_DOUBT
         assert request.record.token == first + 1

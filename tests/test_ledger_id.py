@@ -91,7 +91,9 @@ def test_two_sqlite_ledgers_charging_one_stripe_account_each_charge(
         store = SqlStore(f"sqlite:///{tmp_path / name}.db")
         try:
             with scope("order-1"):  # one namespace ("default"), one scope, one effect name
-                payments.append(stripe_on(stripe_server, guard_of(store)).charge(1500, "usd", payment_method=CARD))
+                payments.append(
+                    stripe_on(stripe_server, guard_of(store)).charge(1500, "usd", payment_method=CARD)
+                )
         finally:
             store.close()
     counters = stripe_server.counters()
@@ -135,7 +137,9 @@ def test_two_ledgers_posting_to_one_http_api_each_apply(api: LocalIdempotentApi)
     answers = []
     for _ in range(2):  # two memory stores: two ledgers, each with an id drawn at construction
         with scope("order-3"):
-            answers.append(http_on(api, guard_of(MemoryStore())).post("/orders", json={"sku": "A"}, name="shop.order"))
+            answers.append(
+                http_on(api, guard_of(MemoryStore())).post("/orders", json={"sku": "A"}, name="shop.order")
+            )
     assert answers[0].json()["key"] != answers[1].json()["key"]
     assert api.counters()["applied"] == 2
 
@@ -153,7 +157,9 @@ def test_an_upgraded_sql_ledger_resends_an_in_doubt_call_under_its_first_key(
     url = f"sqlite:///{tmp_path / 'old.db'}"
     old = SqlStore(url, clock=clock, ledger_id="")
     with scope("order-4"):
-        crash_before_record(lambda: http_on(api, crashing_guard(old)).post("/orders", json={"n": 4}, name="shop.order"))
+        crash_before_record(
+            lambda: http_on(api, crashing_guard(old)).post("/orders", json={"n": 4}, name="shop.order")
+        )
     old.close()
     previous_release(url)
     assert api.counters()["applied"] == 1
@@ -200,16 +206,16 @@ def test_an_upgraded_stripe_ledger_finds_its_in_doubt_charge_by_the_old_metadata
     assert stripe_server.counters()["charges"] == 1
 
 
-def test_a_redis_prefix_holding_records_keeps_the_old_keys(
-    api: LocalIdempotentApi, clock: FakeClock
-) -> None:
+def test_a_redis_prefix_holding_records_keeps_the_old_keys(api: LocalIdempotentApi, clock: FakeClock) -> None:
     url = require_redis()
     api.reset()
     prefix = f"sg-ledger-{uuid.uuid4().hex[:8]}"
     old = RedisStore(url, clock=clock, prefix=prefix, ledger_id="")  # writes no ledger key: as before
     try:
         with scope("order-6"):
-            crash_before_record(lambda: http_on(api, crashing_guard(old)).post("/orders", json={"n": 6}, name="shop.order"))
+            crash_before_record(
+                lambda: http_on(api, crashing_guard(old)).post("/orders", json={"n": 6}, name="shop.order")
+            )
         client = redis.Redis.from_url(url)
         assert client.get(f"{prefix}:{{ledger}}") is None
         upgraded = RedisStore(url, clock=clock, prefix=prefix)
@@ -217,7 +223,9 @@ def test_a_redis_prefix_holding_records_keeps_the_old_keys(
         after_lease(clock)
         with scope("order-6"):
             answer = http_on(api, guard_of(upgraded)).post("/orders", json={"n": 6}, name="shop.order")
-        assert answer.json()["key"] == provider_key(EffectIdentity.of("default", "order-6", "shop.order", 0).key)
+        assert answer.json()["key"] == provider_key(
+            EffectIdentity.of("default", "order-6", "shop.order", 0).key
+        )
         assert api.counters()["applied"] == 1
         assert [r.state.value for r in upgraded.list()] == ["succeeded"]  # the ledger key is no record
         upgraded.close()

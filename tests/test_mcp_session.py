@@ -144,7 +144,9 @@ def test_two_ledgers_calling_one_server_under_one_key_each_charge(world: World, 
         ledger = Guard(open_store(f"sqlite:///{tmp_path / name}.db"), lease=1.0)
 
         async def body(session: Any, ledger: Guard = ledger) -> types.CallToolResult:
-            return await GuardedSession(session, ledger, server="payments").call_tool("charge", CHARGE, key="k-9")
+            return await GuardedSession(session, ledger, server="payments").call_tool(
+                "charge", CHARGE, key="k-9"
+            )
 
         try:
             ids.append(world.http(body).structured_content["id"])

@@ -35,7 +35,7 @@ from conftest import (
 
 from sagaguard.idempotency import holder
 from sagaguard.idempotency.errors import LostOwnership, StoreError, StoreUnavailable
-from sagaguard.idempotency.keys import EffectIdentity, fingerprint, check_ledger_id
+from sagaguard.idempotency.keys import EffectIdentity, check_ledger_id, fingerprint
 from sagaguard.idempotency.records import ClaimOutcome, Disposition, Record, State
 from sagaguard.idempotency.store import FIRST_TOKEN_BITS, IdempotencyStore
 

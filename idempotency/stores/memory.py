@@ -31,7 +31,8 @@ class MemoryStore:
         ledger_id: the ledger's id (see :meth:`ledger_id`); by default a fresh one, drawn here.
 
     Raises:
-        ConfigurationError: ``ledger_id`` is not a ledger id (:func:`~sagaguard.idempotency.keys.check_ledger_id`).
+        ConfigurationError: ``ledger_id`` is not a ledger id
+            (:func:`~sagaguard.idempotency.keys.check_ledger_id`).
     """
 
     offload_async = False

@@ -227,6 +227,8 @@ class RedisStore:
                     held = next(self._scan(), None) is not None
                     self._client.set(name, LEGACY_LEDGER if held else new_ledger_id(), nx=True)
                     kept = self._client.get(name)
+                if kept is None:  # deleted between the two commands: another open will settle it
+                    raise StoreError(f"redis lost the ledger id at {name} as it was written")
                 text = kept if isinstance(kept, str) else bytes(kept).decode()
             except ERRORS as exc:
                 raise store_error(exc) from exc

@@ -33,6 +33,7 @@ from sagaguard.idempotency.migrations.effects import TABLE_SET as EFFECTS
 from sagaguard.idempotency.migrations.runner import ensure_schema, shown_url, upgrade_schema
 from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from sagaguard.idempotency.store import first_token
+from sagaguard.idempotency.stores.sql_ledger import read_or_insert
 from sagaguard.idempotency.stores.sql_schema import (
     COLUMNS,
     DEFAULT_TABLE,
@@ -44,7 +45,6 @@ from sagaguard.idempotency.stores.sql_schema import (
     EffectRow,
     effect_model,
 )
-from sagaguard.idempotency.stores.sql_ledger import read_or_insert
 from sagaguard.idempotency.stores.sql_statements import DB_NOW, effect_statements
 
 __all__ = [

@@ -49,10 +49,14 @@ def store_ledger_id(conn: sa.Connection, table_name: str, ledger: str) -> str:
     table = ledger_table(table_name)
     quoted = conn.dialect.identifier_preparer.quote(table.name)
     conn.execute(
-        sa.text(f"INSERT INTO {quoted} (slot, ledger_id) VALUES (:slot, :ledger) ON CONFLICT (slot) DO NOTHING"),
+        sa.text(
+            f"INSERT INTO {quoted} (slot, ledger_id) VALUES (:slot, :ledger) ON CONFLICT (slot) DO NOTHING"
+        ),
         {"slot": _SLOT, "ledger": check_ledger_id(ledger)},
     )
-    kept = conn.execute(sa.text(f"SELECT ledger_id FROM {quoted} WHERE slot = :slot"), {"slot": _SLOT}).scalar_one()
+    kept = conn.execute(
+        sa.text(f"SELECT ledger_id FROM {quoted} WHERE slot = :slot"), {"slot": _SLOT}
+    ).scalar_one()
     return check_ledger_id(kept)
 
 
@@ -65,7 +69,9 @@ def read_or_insert(conn: sa.Connection, table_name: str) -> str:
     """
     table = ledger_table(table_name)
     quoted = conn.dialect.identifier_preparer.quote(table.name)
-    kept = conn.execute(sa.text(f"SELECT ledger_id FROM {quoted} WHERE slot = :slot"), {"slot": _SLOT}).first()
+    kept = conn.execute(
+        sa.text(f"SELECT ledger_id FROM {quoted} WHERE slot = :slot"), {"slot": _SLOT}
+    ).first()
     if kept is not None:
         return check_ledger_id(kept[0])
     records = conn.dialect.identifier_preparer.quote(table_name)
