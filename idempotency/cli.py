@@ -297,7 +297,7 @@ def _pretty_json_text(text: str | None) -> str:
         return text
 
 
-def _show(record: Record, now: float, out: TextIO) -> None:
+def _show(record: Record, now: float, out: TextIO, ledger: str) -> None:
     fields: list[tuple[str, str]] = [
         ("key", record.key),
         ("namespace", record.namespace),
@@ -305,7 +305,7 @@ def _show(record: Record, now: float, out: TextIO) -> None:
         ("name", record.name),
         ("ordinal", str(record.ordinal)),
         ("fingerprint", f"{record.fingerprint} (the arguments' digest)"),
-        ("provider key", f"{provider_key(record.key)} (the key sent to the provider or server)"),
+        ("provider key", f"{provider_key(record.key, ledger)} (the key sent to the provider or server)"),
         ("state", record.state.value),
         ("token", str(record.token)),
         ("attempts", str(record.attempts)),
@@ -408,7 +408,7 @@ def cmd_show(store: IdempotencyStore, args: argparse.Namespace, out: TextIO) -> 
         json.dump(record_json(record), out, indent=2, ensure_ascii=False)
         print(file=out)
     else:
-        _show(record, store.now(), out)
+        _show(record, store.now(), out, store.ledger_id())
     return EXIT_OK
 
 
