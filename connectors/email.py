@@ -323,7 +323,7 @@ class EmailEffects:
                 record = self.guard.store.get(identity.key)
                 if record is None or record.state is State.FAILED:
                     return  # never attempted, or refused: nothing went out
-                original = message_id_for(identity.provider_key, self.domain)
+                original = message_id_for(self.guard.provider_key(identity), self.domain)
             self.send_now(reply_to(build(input, original), original))
 
         compensate.__name__ = f"correct_{name.replace('.', '_')}"

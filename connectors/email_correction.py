@@ -97,7 +97,8 @@ def correct_deferred(
         raise ConfigurationError(f"{mail.name}: {outbox_id!r} is not an outbox message id") from None
     unit = current_scope()
     control = outbox.control(engine)
-    identity = EffectIdentity.of(mail.guard.namespace, f"outbox/{original}", mail.name, 0)
+    ledger = mail.guard.ledger_id
+    identity = EffectIdentity.of(mail.guard.namespace, f"outbox/{original}", mail.name, 0, ledger)
     info: dict[str, Any] | None
     try:
         control.cancel(str(original))
@@ -117,7 +118,9 @@ def correct_deferred(
     name = f"{mail.name}.{CORRECTION}"
     dedup = EffectIdentity.of(mail.guard.namespace, unit.id, name, unit.next_ordinal(name)).key
     message_id = _after(original, outbox.clock)
-    provider = EffectIdentity.of(mail.guard.namespace, f"outbox/{message_id}", mail.name, 0).provider_key
+    provider = EffectIdentity.of(
+        mail.guard.namespace, f"outbox/{message_id}", mail.name, 0, ledger
+    ).provider_key
     # The original's ordering key, so the relays deliver the correction after it.
     kind = None if info is None else str(info["aggregatetype"])
     aggregate = None if info is None else str(info["aggregateid"])

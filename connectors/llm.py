@@ -187,7 +187,7 @@ class _ChatBase:
 
     def _keyed(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         if self.store_at_provider:
-            key = _current_effect().key
+            key = _current_effect().identity.search_key
             kwargs = {
                 **kwargs,
                 "store": True,
@@ -264,7 +264,9 @@ class ChatJournal(_ChatBase):
 
     def reconcile(self, request: ReconcileRequest) -> Applied[ChatCompletion] | NotAppliedResolution:
         """The stored completion made under the in-doubt call's effect key, if the provider has it."""
-        page = self.client.chat.completions.list(metadata={METADATA_KEY: request.identity.key}, limit=1)
+        page = self.client.chat.completions.list(
+            metadata={METADATA_KEY: request.identity.search_key}, limit=1
+        )
         return Applied(page.data[0]) if page.data else NOT_APPLIED
 
 
@@ -312,7 +314,9 @@ class AsyncChatJournal(_ChatBase):
 
     async def reconcile(self, request: ReconcileRequest) -> Applied[ChatCompletion] | NotAppliedResolution:
         """See :meth:`ChatJournal.reconcile`."""
-        page = await self.client.chat.completions.list(metadata={METADATA_KEY: request.identity.key}, limit=1)
+        page = await self.client.chat.completions.list(
+            metadata={METADATA_KEY: request.identity.search_key}, limit=1
+        )
         return Applied(page.data[0]) if page.data else NOT_APPLIED
 
 

@@ -199,7 +199,7 @@ def show(*, key: str, as_json: bool, store: str | None) -> None:
             if as_json:
                 echo_json(record_json(record))
             else:
-                show_record(record, opened.now())
+                show_record(record, opened.now(), opened.ledger_id())
 
     run(body)
 

@@ -87,8 +87,9 @@ def _pretty_json_text(text: str | None) -> str:
         return text
 
 
-def show_record(record: Record, now: float) -> None:
-    """Print one record in full, with what to run when it needs an operator."""
+def show_record(record: Record, now: float, ledger: str) -> None:
+    """Print one record in full, with what to run when it needs an operator; ``ledger`` is the
+    store's ledger id, part of the provider key."""
     fields: list[tuple[str, str]] = [
         ("key", record.key),
         ("namespace", record.namespace),
@@ -96,7 +97,7 @@ def show_record(record: Record, now: float) -> None:
         ("name", record.name),
         ("ordinal", str(record.ordinal)),
         ("fingerprint", f"{record.fingerprint} (the arguments' digest)"),
-        ("provider key", f"{provider_key(record.key)} (the key sent to the provider or server)"),
+        ("provider key", f"{provider_key(record.key, ledger)} (the key sent to the provider or server)"),
         ("state", record.state.value),
         ("token", str(record.token)),
         ("attempts", str(record.attempts)),

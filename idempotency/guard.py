@@ -32,7 +32,15 @@ from sagaguard.idempotency.effect import Classifier, Policy, ReconcileRequest, R
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.flow import EffectSpec, Flow
 from sagaguard.idempotency.heartbeat import Heartbeater
-from sagaguard.idempotency.keys import EffectIdentity, current_scope, fingerprint, key_deriver
+from sagaguard.idempotency.keys import (
+    LEGACY_LEDGER,
+    EffectIdentity,
+    check_ledger_id,
+    current_scope,
+    fingerprint,
+    key_deriver,
+)
+from sagaguard.idempotency.keys import provider_key as derive_provider_key
 from sagaguard.idempotency.options import (
     FingerprintSpec,
     RunOptions,
@@ -188,6 +196,28 @@ class Guard:
         self._async_driver = AsyncDriver(self, async_sleep, self._offload)
         self.heartbeater = Heartbeater(store)
         self._operations: dict[Any, Operation[Any]] = {}
+        self._ledger: str | None = None
+
+    @property
+    def ledger_id(self) -> str:
+        """The store's ledger id (:meth:`IdempotencyStore.ledger_id
+        <sagaguard.idempotency.store.IdempotencyStore.ledger_id>`), read once; the empty id for a
+        store that has none (one written before ledger ids: the keys it always derived)."""
+        if self._ledger is None:
+            read = getattr(self.store, "ledger_id", None)
+            self._ledger = LEGACY_LEDGER if read is None else check_ledger_id(read())
+        return self._ledger
+
+    def provider_key(self, identity: EffectIdentity) -> str:
+        """The provider key this guard sends for ``identity``'s effect (what
+        :attr:`EffectContext.provider_key` is inside the call): of its key in this guard's ledger.
+        Use it to re-derive the key outside the call (an undo, a reconciler, a lookup), e.g.
+        ``guard.provider_key(EffectIdentity.of(guard.namespace, scope, "pay.charge", 0))``.
+
+        Raises:
+            StoreUnavailable: the ledger id was not read yet and the store cannot be reached.
+        """
+        return derive_provider_key(identity.key, self.ledger_id)
 
     # -- declaring effects -------------------------------------------------------------------
 
@@ -398,9 +428,10 @@ class Guard:
         fp = fingerprint(printed)
         name = plan.name
         if key is not None:
-            identity = EffectIdentity.explicit(plan.namespace, key, name)
+            identity = EffectIdentity.explicit(plan.namespace, key, name, self.ledger_id)
         else:
             unit = current_scope()
             ordinal = unit.next_ordinal(name)
-            identity = EffectIdentity(plan.namespace, unit.id, name, ordinal, plan.derive(unit.id, ordinal))
+            key = plan.derive(unit.id, ordinal)
+            identity = EffectIdentity(plan.namespace, unit.id, name, ordinal, key, self.ledger_id)
         return Flow(plan.spec, identity, fp, arguments)

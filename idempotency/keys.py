@@ -12,10 +12,12 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import re
+import secrets
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
@@ -25,15 +27,19 @@ from sagaguard.idempotency.errors import CodecError, ConfigurationError, NoScope
 
 __all__ = [
     "KEY_VERSION",
+    "LEGACY_LEDGER",
     "EffectIdentity",
     "Scope",
+    "check_ledger_id",
     "current_scope",
     "derive_explicit_key",
     "derive_key",
     "fingerprint",
     "key_deriver",
+    "new_ledger_id",
     "provider_key",
     "scope",
+    "search_key",
 ]
 
 KEY_VERSION = 1
@@ -126,14 +132,65 @@ def derive_explicit_key(namespace: str, key: str, name: str) -> str:
     return f"sg{KEY_VERSION}_{digest.hexdigest()}"
 
 
-def provider_key(key: str) -> str:
+LEGACY_LEDGER: Final = ""
+"""The ledger id of a ledger that held records before ledgers had ids (an upgraded database, a Redis
+prefix in use): :func:`provider_key` then derives exactly what it derived before, so a record in
+doubt from before the upgrade is re-sent under the key it was first sent with."""
+
+_LEDGER_ID = re.compile(r"[A-Za-z0-9_.-]{0,64}")
+
+
+def new_ledger_id() -> str:
+    """A fresh ledger id: 32 random hex digits (128 bits), drawn once when a ledger is created."""
+    return secrets.token_hex(16)
+
+
+def check_ledger_id(ledger: object) -> str:
+    """``ledger`` if it is a valid ledger id: at most 64 of ``A-Z a-z 0-9 _ . -``, or empty (the
+    legacy derivation, :data:`LEGACY_LEDGER`).
+
+    Raises:
+        ConfigurationError: it is not a str or not of that form.
+    """
+    if type(ledger) is not str or not _LEDGER_ID.fullmatch(ledger):
+        raise ConfigurationError(
+            f"a ledger id is at most 64 letters, digits, '_', '.' or '-' (or empty), got {ledger!r}"
+        )
+    return ledger
+
+
+def provider_key(key: str, ledger: str = LEGACY_LEDGER) -> str:
     """The key to hand to a provider that deduplicates (Stripe ``Idempotency-Key``, an HTTP header).
 
-    Derived from the effect key (not equal to it, so a leaked provider key reveals nothing of the
-    store), stable across processes: a re-send after an in-doubt crash is absorbed by the provider.
+    Derived from the effect key and the ledger's id (not equal to the key, so a leaked provider key
+    reveals nothing of the store), stable across processes and for the life of the ledger: a
+    re-send after an in-doubt crash is absorbed by the provider. The ledger id makes two ledgers
+    (staging and production, two deployments) that share a provider account, a namespace and a
+    scope send different keys, so neither takes the other's answer as its own. The empty id
+    (:data:`LEGACY_LEDGER`, what a ledger that held records before ledger ids has) derives the key
+    of earlier versions, which had no ledger id.
+
+    Args:
+        key: the effect key.
+        ledger: the ledger's id (:meth:`~sagaguard.idempotency.store.IdempotencyStore.ledger_id`).
     """
-    digest = hashlib.sha256(_encode_parts("sagaguard.provider", KEY_VERSION, key))
+    if ledger == LEGACY_LEDGER:
+        digest = hashlib.sha256(_encode_parts("sagaguard.provider", KEY_VERSION, key))
+    else:
+        # One more length-prefixed part: never the encoding of a legacy key's input.
+        digest = hashlib.sha256(_encode_parts("sagaguard.provider", KEY_VERSION, key, ledger))
     return f"sg{KEY_VERSION}p_{digest.hexdigest()[:48]}"
+
+
+def search_key(key: str, ledger: str = LEGACY_LEDGER) -> str:
+    """The effect key qualified by the ledger id: what a connector stamps on the provider's object
+    (Stripe metadata, a stored completion's metadata) to find it again when its answer was lost.
+
+    Two ledgers sharing a provider account, a namespace and a scope derive one effect key; the
+    ledger id keeps a lookup of one from finding the other's object. In a legacy ledger (empty id)
+    it is the key itself, what earlier versions stamped, so their objects are still found.
+    """
+    return key if ledger == LEGACY_LEDGER else f"{key}@{ledger}"
 
 
 _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -199,7 +256,9 @@ class EffectIdentity:
     """Who an effect is: the readable parts and the key derived from them.
 
     The readable parts are stored beside the key for listing and reconciliation; they never go on
-    spans.
+    spans. ``ledger`` is the id of the ledger the effect is recorded in: it enters the provider key,
+    not the effect key (a guard's identities carry its store's; see :meth:`Guard.provider_key
+    <sagaguard.idempotency.guard.Guard.provider_key>`).
     """
 
     namespace: str
@@ -207,23 +266,31 @@ class EffectIdentity:
     name: str
     ordinal: int
     key: str
+    ledger: str = LEGACY_LEDGER
 
     @classmethod
-    def of(cls, namespace: str, scope: str, name: str, ordinal: int) -> EffectIdentity:
+    def of(
+        cls, namespace: str, scope: str, name: str, ordinal: int, ledger: str = LEGACY_LEDGER
+    ) -> EffectIdentity:
         """Build an identity and derive its key."""
-        return cls(namespace, scope, name, ordinal, derive_key(namespace, scope, name, ordinal))
+        return cls(namespace, scope, name, ordinal, derive_key(namespace, scope, name, ordinal), ledger)
 
     @classmethod
-    def explicit(cls, namespace: str, key: str, name: str) -> EffectIdentity:
+    def explicit(cls, namespace: str, key: str, name: str, ledger: str = LEGACY_LEDGER) -> EffectIdentity:
         """An identity for a caller-given key. The namespace still enters the hash (tenants)."""
         if not key:
             raise ConfigurationError("an explicit key must not be empty")
-        return cls(namespace, key, name, 0, derive_explicit_key(namespace, key, name))
+        return cls(namespace, key, name, 0, derive_explicit_key(namespace, key, name), ledger)
 
     @property
     def provider_key(self) -> str:
-        """See :func:`provider_key`."""
-        return provider_key(self.key)
+        """See :func:`provider_key`: of this identity's key in its ledger."""
+        return provider_key(self.key, self.ledger)
+
+    @property
+    def search_key(self) -> str:
+        """See :func:`search_key`: this identity's key qualified by its ledger."""
+        return search_key(self.key, self.ledger)
 
 
 @dataclass(slots=True)

@@ -150,6 +150,22 @@ class IdempotencyStore(Protocol):
         """
         ...
 
+    def ledger_id(self) -> str:
+        """The id of this ledger, part of every provider key derived for its records
+        (:func:`~sagaguard.idempotency.keys.provider_key`), so two ledgers sharing a provider
+        account never send each other's keys.
+
+        Drawn once when the ledger is created and kept in it (memory: at construction; SQL: a row
+        of the ``{table}_ledger`` table; Redis: the key ``{prefix}:{ledger}``), read once when the
+        store opens; concurrent first opens agree on one id (insert if absent, read back). A ledger
+        that already held records when it got its id has the empty id
+        (:data:`~sagaguard.idempotency.keys.LEGACY_LEDGER`), which derives the keys of versions
+        before ledger ids, so nothing recorded changes meaning. A store may be given its id
+        (``ledger_id=``), which then wins over the kept one. A store without this method is
+        treated as having the empty id.
+        """
+        ...
+
     def close(self) -> None:
         """Release connections. The store is unusable afterwards."""
         ...

@@ -122,7 +122,15 @@ class JournalFactory:
             import psycopg
             from psycopg import sql
 
-            tables = ("saga_signals", "saga_steps", "sagas", "effects", "effects_version", "journal_version")
+            tables = (
+                "saga_signals",
+                "saga_steps",
+                "sagas",
+                "effects",
+                "effects_version",
+                "effects_ledger",
+                "journal_version",
+            )
             with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
                 for table in tables:
                     conn.execute(

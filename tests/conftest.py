@@ -360,7 +360,8 @@ def _drop_postgres_table(url: str, table: str) -> None:
 
     with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
         conn.execute("SET lock_timeout = '5s'")
-        for name in (table, f"{table}_version"):  # the table and its schema revision's table
+        # The table, its schema revision's table and its ledger table (the ledger id).
+        for name in (table, f"{table}_version", f"{table}_ledger"):
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 

@@ -78,7 +78,7 @@ def test_send_now_sends_once_and_a_rerun_replays(sink: SmtpSink, store: Idempote
         assert mail.send_now(RECEIPT) == sent
 
     identity = EffectIdentity.of("default", "order-1", "email.send", 0)
-    assert sent.message_id == message_id_for(identity.provider_key, DOMAIN)
+    assert sent.message_id == message_id_for(mail.guard.provider_key(identity), DOMAIN)
     assert sent.accepted == ["ada@example.com"]
     assert sink.count() == 1 and sink.count(sent.message_id) == 1
     assert sink.messages[0].body.rstrip("\n") == RECEIPT.text  # dot-stuffing round-trips
@@ -211,7 +211,9 @@ def test_send_through_the_outbox_is_delivered_after_commit_once(
     relay = outbox.relay(engine)
     assert relay.run_once() == 1
     assert relay.run_once() == 0
-    provider_key = EffectIdentity.of("default", f"outbox/{message_id}", "email.send", 0).provider_key
+    provider_key = mail.guard.provider_key(
+        EffectIdentity.of("default", f"outbox/{message_id}", "email.send", 0)
+    )
     assert [m.message_id for m in sink.messages] == [message_id_for(provider_key, DOMAIN)]
 
 

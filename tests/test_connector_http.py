@@ -77,8 +77,11 @@ def http(
     return IdempotentHttp(guard, httpx.Client(base_url=api.url, timeout=timeout), **options)
 
 
-def key_of(scope_id: str, name: str = "http.post") -> EffectIdentity:
-    return EffectIdentity.of("default", scope_id, name, 0)
+def key_of(
+    scope_id: str, name: str = "http.post", *, ledger: IdempotencyStore | None = None
+) -> EffectIdentity:
+    """The identity of a call made in ``scope_id``, in ``ledger`` (its provider key needs it)."""
+    return EffectIdentity.of("default", scope_id, name, 0, "" if ledger is None else ledger.ledger_id())
 
 
 def test_a_write_is_applied_once_and_a_rerun_replays(
@@ -91,7 +94,7 @@ def test_a_write_is_applied_once_and_a_rerun_replays(
         again = client.post("/orders", json={"sku": "A", "qty": 1}, name="shop.order")
 
     assert again == first and first.status_code == 201
-    assert first.json()["key"] == key_of("order-1", "shop.order").provider_key
+    assert first.json()["key"] == key_of("order-1", "shop.order", ledger=store).provider_key
     assert api.counters()["applied"] == 1 and api.counters()["requests"] == 1
 
 
@@ -145,7 +148,7 @@ def test_409_past_the_budget_is_provider_busy_and_releases_the_key(
 
 
 def test_422_is_a_key_conflict(api: LocalIdempotentApi, memory: MemoryStore) -> None:
-    provider_key = key_of("order-6").provider_key
+    provider_key = key_of("order-6", ledger=memory).provider_key
     httpx.post(
         api.url + "/orders", json={"other": True}, headers={"Idempotency-Key": header_value(provider_key)}
     )

@@ -155,8 +155,9 @@ def test_with_stored_completions_the_lost_answer_is_found(
 
     counters = model.counters()
     assert counters["completions"] == 1 and counters["lists"] == 1
-    key = EffectIdentity.of("default", "run-5", "llm.chat", 0).key
-    assert reply.metadata == {"sagaguard_key": key}
+    identity = EffectIdentity.of("default", "run-5", "llm.chat", 0, memory.ledger_id())
+    key = identity.key
+    assert reply.metadata == {"sagaguard_key": identity.search_key}
     record = memory.get(key)
     assert record is not None and record.state is State.SUCCEEDED
 

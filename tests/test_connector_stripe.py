@@ -104,12 +104,12 @@ def test_the_payment_intent_carries_the_provider_key_and_the_effect_identity(
     payments = effects(server, memory)
     with scope("order-2"):
         payment = payments.charge(500, "usd", payment_method=CARD, metadata={"order": "2"})
-    identity = EffectIdentity.of("default", "order-2", "stripe.charge", 0)
+    identity = EffectIdentity.of("default", "order-2", "stripe.charge", 0, memory.ledger_id())
 
     intent = sdk(server).v1.payment_intents.retrieve(payment.id)
     assert intent.metadata.to_dict() == {
         "order": "2",
-        METADATA_KEY: identity.key,
+        METADATA_KEY: identity.search_key,
         "sagaguard_effect": "stripe.charge",
     }
     # The same request under the effect's provider key is Stripe's replay, not a second charge.
@@ -170,7 +170,7 @@ def test_validation_error_is_not_applied(server: LocalStripe, memory: MemoryStor
 
 def test_idempotency_error_is_a_key_conflict(server: LocalStripe, memory: MemoryStore) -> None:
     """Another program used the effect's provider key with other parameters first."""
-    identity = EffectIdentity.of("default", "order-6", "stripe.charge", 0)
+    identity = EffectIdentity.of("default", "order-6", "stripe.charge", 0, memory.ledger_id())
     other: Any = {"amount": 1, "currency": "usd", "payment_method": CARD, "confirm": True}
     sdk(server).v1.payment_intents.create(other, {"idempotency_key": identity.provider_key})
 

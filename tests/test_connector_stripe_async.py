@@ -190,12 +190,12 @@ def test_async_charge_runs_once_and_shares_its_record_with_the_sync_method(
 
     assert first == again == sync
     assert first.status == "succeeded" and first.amount_received == 1999
-    identity = EffectIdentity.of("default", "order-1", "stripe.charge", 0)
-    assert first.effect_key == identity.key
+    identity = EffectIdentity.of("default", "order-1", "stripe.charge", 0, memory.ledger_id())
+    assert first.effect_key == identity.search_key
     intent = sdk(server).v1.payment_intents.retrieve(first.id)
     assert intent.metadata.to_dict() == {
         "order": "1",
-        METADATA_KEY: identity.key,
+        METADATA_KEY: identity.search_key,
         "sagaguard_effect": "stripe.charge",
     }
     assert server.counters()["charges"] == 1

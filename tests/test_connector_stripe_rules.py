@@ -256,7 +256,7 @@ def test_a_saved_500_moves_to_a_new_attempt_key_recorded_in_the_ledger(
 
     counters = server.counters()
     assert payment.status == "succeeded" and counters["charges"] == 1 and counters["replays"] == 2
-    identity = EffectIdentity.of("default", "saved-1", "stripe.charge", 0)
+    identity = EffectIdentity.of("default", "saved-1", "stripe.charge", 0, memory.ledger_id())
     marker = memory.get(EffectIdentity.explicit("default", marker_key(identity.key, 1), ATTEMPT).key)
     assert marker is not None and marker.state is State.SUCCEEDED
     assert attempt_key(identity.provider_key, 1) in (marker.result or "")
@@ -271,7 +271,7 @@ def test_a_replay_under_an_older_attempt_key_does_not_move_on_again(
     payments = effects(server, memory)
     with scope("saved-2"), pytest.raises((OutcomeUnknown, ProviderUnavailable)):
         payments.charge(5200, "usd", payment_method=CARD)
-    identity = EffectIdentity.of("default", "saved-2", "stripe.charge", 0)
+    identity = EffectIdentity.of("default", "saved-2", "stripe.charge", 0, memory.ledger_id())
     first_attempt = attempt_key(identity.provider_key, 1)
     payments.guard.run(ATTEMPT, lambda: first_attempt, key=marker_key(identity.key, 1), result_type=str)
     after_lease(clock)

@@ -127,7 +127,8 @@ class World:
 
     @property
     def identity(self) -> EffectIdentity:
-        return EffectIdentity.of(NAMESPACE, self.order, EFFECT, 0)
+        """The effect's identity in the shared store's ledger (its provider key needs the id)."""
+        return EffectIdentity.of(NAMESPACE, self.order, EFFECT, 0, self.store.ledger_id())
 
     @property
     def store(self) -> IdempotencyStore:

@@ -693,7 +693,7 @@ def test_retryable_error_is_retried_in_the_claim(
     with scope("s"):
         assert charge(5) == "ok"
     assert [s[0] for s in seen] == [1, 2, 3]
-    assert {s[1] for s in seen} == {provider_key(key)}
+    assert {s[1] for s in seen} == {provider_key(key, store.ledger_id())}
     (token,) = {s[2] for s in seen}  # every try ran under the one claim's token
     assert {s[3] for s in seen} == {key}
     assert sleeps.pauses == pytest.approx([0.1, 0.3])
@@ -760,7 +760,7 @@ def test_provider_idempotent_effect_retries_ambiguous_errors_under_one_provider_
     with scope("s"):
         assert charge(5) == 5
     assert [a for a, _ in calls.seen] == [1, 2, 3]
-    assert {p for _, p in calls.seen} == {identity("s", "pay.charge").provider_key}
+    assert {p for _, p in calls.seen} == {guard.provider_key(identity("s", "pay.charge"))}
     assert sleeps.pauses == pytest.approx([0.25, 0.25])
 
 
@@ -917,11 +917,11 @@ def test_in_doubt_resolution(
             assert charge("cus_1", 500) == got
         assert calls.n == before + (expect == "runs")
     # Every run of the body, the lost one and the re-send, saw the same provider key.
-    assert set(calls.seen) <= {ident.provider_key}
+    assert set(calls.seen) <= {guard.provider_key(ident)}
     if asked:
         request = asked[0]
         assert request.identity.key == ident.key
-        assert request.provider_key == ident.provider_key == provider_key(ident.key)
+        assert request.provider_key == guard.provider_key(ident) == provider_key(ident.key, guard.ledger_id)
         assert dict(request.arguments) == {"customer": "cus_1", "amount": 500}
         assert request.record.state == State.IN_DOUBT
         assert request.record.token == first + 1
@@ -1305,7 +1305,7 @@ def _drop_table(url: str, store: IdempotencyStore) -> None:
 
     table = store._table.name  # type: ignore[attr-defined]
     with psycopg.connect(url, autocommit=True) as conn:
-        for name in (table, f"{table}_version"):
+        for name in (table, f"{table}_version", f"{table}_ledger"):
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
@@ -1363,8 +1363,9 @@ def test_processes_race_one_effect_runs_once(shared_store_factory: StoreFactory,
     ident = identity("race", "race.effect")
     # The winner returned the provider key it was given; every other process replayed it, and it
     # is the key this process derives for the same identity.
-    assert {r["result"] for r in results} == {ident.provider_key}
-    rec = shared_store_factory.open().get(ident.key)
+    opened = shared_store_factory.open()
+    assert {r["result"] for r in results} == {provider_key(ident.key, opened.ledger_id())}
+    rec = opened.get(ident.key)
     assert rec is not None
     assert rec.state == State.SUCCEEDED
 
@@ -1438,7 +1439,7 @@ def test_spans_report_outcomes_without_secrets(guard: Guard, store: IdempotencyS
         str(secret_amount),
         secret_scope,
         *(identity(secret_scope, n).key for n in ("pay.charge", "pay.flaky")),
-        *(identity(secret_scope, n).provider_key for n in ("pay.charge", "pay.flaky")),
+        *(guard.provider_key(identity(secret_scope, n)) for n in ("pay.charge", "pay.flaky")),
         *(r.key for r in all_records(store)),
     }
     for span in finished:

@@ -277,7 +277,7 @@ def test_async_retryable_error_retries_with_async_sleep(
 
     assert run(in_scope("s", lambda: charge(5))) == "ok"
     assert [a for a, _ in seen] == [1, 2, 3]
-    assert {p for _, p in seen} == {identity("s", "pay.charge").provider_key}
+    assert {p for _, p in seen} == {guard.provider_key(identity("s", "pay.charge"))}
     assert sleeps.pauses == pytest.approx([0.1, 0.3])
     assert state_of(store, key) == State.SUCCEEDED
 
@@ -408,10 +408,10 @@ def test_async_in_doubt_resolution(
         assert rec is not None
         assert (rec.state, rec.token) == (State.SUCCEEDED, first + 1)
         assert run(in_scope("order-1", lambda: charge("cus_1", 500))) == got
-    assert set(calls.seen) <= {ident.provider_key}
+    assert set(calls.seen) <= {guard.provider_key(ident)}
     if make is not None:
         assert len(asked) == 1
-        assert asked[0].provider_key == ident.provider_key
+        assert asked[0].provider_key == guard.provider_key(ident)
         assert dict(asked[0].arguments) == {"customer": "cus_1", "amount": 500}
         assert asked[0].record.token == first + 1
 
@@ -663,7 +663,7 @@ def test_async_current_effect_and_heartbeat(
     rec = store.get(ident.key)
     assert rec is not None
     assert rec.attempts == 1  # the call's own claim, nothing taken over
-    assert seen["ctx"] == (ident.key, ident.provider_key, rec.token, 1)
+    assert seen["ctx"] == (ident.key, guard.provider_key(ident), rec.token, 1)
     assert seen["deadline"] == pytest.approx(seen["now"] + LEASE, abs=1e-3)
     assert seen["duplicate"] == ClaimOutcome.EXISTING
 

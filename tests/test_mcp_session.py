@@ -128,11 +128,32 @@ def test_the_idempotency_key_reaches_the_server_in_meta(world: World, guard: Gua
         return await GuardedSession(session, guard, server="payments").call_tool("charge", CHARGE, key="k-1")
 
     result = world.http(body)
-    sent = EffectIdentity.explicit(guard.namespace, "k-1", "mcp.payments.charge").provider_key
+    sent = guard.provider_key(EffectIdentity.explicit(guard.namespace, "k-1", "mcp.payments.charge"))
     client = stripe_sdk.StripeClient("sk_test", base_addresses={"api": world.stripe.url})
     intent = client.v1.payment_intents.retrieve(result.structured_content["id"])
     assert intent.metadata["mcp_key"] == sent  # and Stripe got it as its Idempotency-Key
     assert IDEMPOTENCY_META_KEY == "io.sagaguard/idempotency-key"
+
+
+def test_two_ledgers_calling_one_server_under_one_key_each_charge(world: World, tmp_path: Path) -> None:
+    """Two ledgers (two SQLite files: staging and production) call the same tool under the same
+    key: their MCP keys differ by the ledger id, so the server charges each once (before ledger ids
+    the second call got the first one's PaymentIntent back)."""
+    ids = []
+    for name in ("staging", "production"):
+        ledger = Guard(open_store(f"sqlite:///{tmp_path / name}.db"), lease=1.0)
+
+        async def body(session: Any, ledger: Guard = ledger) -> types.CallToolResult:
+            return await GuardedSession(session, ledger, server="payments").call_tool(
+                "charge", CHARGE, key="k-9"
+            )
+
+        try:
+            ids.append(world.http(body).structured_content["id"])
+        finally:
+            ledger.close()
+            ledger.store.close()
+    assert ids[0] != ids[1] and world.counts()["charges"] == 2
 
 
 def test_read_only_tools_pass_through_and_declarations_win(world: World, guard: Guard) -> None:

@@ -64,7 +64,7 @@ def test_db_status_and_upgrade_exit_codes(
     assert (
         cli_main(["db", "upgrade", "--store", sqlite_url, "--only", "effects", "--effects-table", "fx"]) == 0
     )
-    assert "effects (fx): created at effects_0001" in capsys.readouterr().out
+    assert "effects (fx): created at effects_0002" in capsys.readouterr().out
     assert (
         cli_main(["db", "status", "--store", sqlite_url, "--only", "effects", "--effects-table", "fx"]) == 0
     )
@@ -113,7 +113,7 @@ def test_a_store_refuses_tables_at_another_revision_and_names_the_command(
             "empty",
             "effects",
             None,
-            "effects_0001",
+            "effects_0002",
         )
         assert error.command is not None and error.command.startswith("sagaguard db upgrade --store ")
         assert "secret" not in str(error) and error.command in str(error)
@@ -156,7 +156,7 @@ def test_create_upgrades_an_older_table(tmp_path: Path) -> None:
         assert "holder" in {c["name"] for c in sa.inspect(conn).get_columns("sagaguard_effects")}
     assert (
         schema_status(engine, [ts for ts in table_sets() if ts.name == "effects"])[0].current
-        == "effects_0001"
+        == "effects_0002"
     )
     engine.dispose()
 

@@ -35,7 +35,7 @@ from conftest import (
 
 from sagaguard.idempotency import holder
 from sagaguard.idempotency.errors import LostOwnership, StoreError, StoreUnavailable
-from sagaguard.idempotency.keys import EffectIdentity, fingerprint
+from sagaguard.idempotency.keys import EffectIdentity, check_ledger_id, fingerprint
 from sagaguard.idempotency.records import ClaimOutcome, Disposition, Record, State
 from sagaguard.idempotency.store import FIRST_TOKEN_BITS, IdempotencyStore
 
@@ -1256,3 +1256,16 @@ def test_complete_after_a_take_over_returns_what_was_stored(
     with pytest.raises(LostOwnership):
         first.complete(identity.key, zombie.token, "2", RETENTION)
     assert second.get(identity.key) == done
+
+
+def test_a_new_ledger_has_an_id_of_its_own_kept_for_its_life(store_factory: StoreFactory) -> None:
+    """The ledger id (part of every provider key) is drawn when the ledger is created, read back
+    by every later open, and is no record: listing and purging never see it."""
+    store = store_factory.open()
+    ledger = store.ledger_id()
+    assert ledger != "" and check_ledger_id(ledger) == ledger
+    assert store_factory.open().ledger_id() == ledger
+    assert store.list() == [] and store.purge() == 0
+    store.claim(ident(), FP, LEASE)
+    assert [r.key for r in store.list()] == [ident().key]
+    assert store_factory.open().ledger_id() == ledger  # records do not change it

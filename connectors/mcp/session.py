@@ -376,7 +376,9 @@ class GuardedSession:
         # The row keeps the provider key the request carries (the run's key for the call and its
         # effect's name, agent.tool.{tool}), so an undo whose call's result was never recorded can
         # still ask the server for the work done under it.
-        sent_as = EffectIdentity.explicit(self.guard.namespace, run.call_key(call_id), f"agent.tool.{tool}")
+        sent_as = EffectIdentity.explicit(
+            self.guard.namespace, run.call_key(call_id), f"agent.tool.{tool}", self.guard.ledger_id
+        )
         recorded = {"tool": name, "arguments": args, "idempotency_key": sent_as.provider_key}
 
         async def checked() -> types.CallToolResult:

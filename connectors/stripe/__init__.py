@@ -207,7 +207,7 @@ class StripeEffects(AsyncStripeMethods):
                 charge's key was last seen in progress at Stripe and nothing is listed yet):
                 retry later.
         """
-        identity = EffectIdentity.of(self.guard.namespace, scope, effect, ordinal)
+        identity = EffectIdentity.of(self.guard.namespace, scope, effect, ordinal, self.guard.ledger_id)
         found = None
         if result is None:
             record = self.guard.store.get(identity.key)
@@ -215,7 +215,7 @@ class StripeEffects(AsyncStripeMethods):
                 return []  # never claimed: the charge was not attempted
             result = evidence.recorded_payment(record)
             if result is None:
-                found = self.find_payments(identity.key, since=record.created_at - self.search_margin)
+                found = self.find_payments(identity.search_key, since=record.created_at - self.search_margin)
                 if found is not None:
                     evidence.settled(record, found, self.guard.store.now(), self.key_window)
         intents = flows.drive(flows.charged_intents(result, found), self._do)
@@ -231,7 +231,7 @@ class StripeEffects(AsyncStripeMethods):
         gets past it.
         """
         query = flows.charge_query(request, self.search_margin)
-        found = self.find_payments(request.identity.key, **query)
+        found = self.find_payments(request.identity.search_key, **query)
         resolution = flows.charge_resolution(found, request.record, self.key_window)
         if isinstance(resolution, NotAppliedResolution):
             self._next_attempt_if_stuck(request)
@@ -286,7 +286,7 @@ class StripeEffects(AsyncStripeMethods):
         def call() -> R:
             effect = _current_effect()
             method = getattr(getattr(self.client.v1, write.resource), write.method)
-            params = write.params(effect.key)
+            params = write.params(effect.identity.search_key)
             provider_key = effect.provider_key
             if write.effect == CHARGE and effect.token > 1:  # taken over: a new attempt key may exist
                 generation = attempts.current_attempt(self.guard, effect.identity)

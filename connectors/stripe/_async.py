@@ -80,7 +80,7 @@ class AsyncStripeMethods(StripeBase):
         self, scope: str, *, effect: str = CHARGE, ordinal: int = 0, result: Payment | None = None
     ) -> list[Payment | Refund]:
         """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.undo_charges`."""
-        identity = EffectIdentity.of(self.guard.namespace, scope, effect, ordinal)
+        identity = EffectIdentity.of(self.guard.namespace, scope, effect, ordinal, self.guard.ledger_id)
         found = None
         if result is None:
             # The store is sync: a SQL read must not block the event loop.
@@ -90,7 +90,7 @@ class AsyncStripeMethods(StripeBase):
             result = evidence.recorded_payment(record)
             if result is None:
                 found = await self.find_payments_async(
-                    identity.key, since=record.created_at - self.search_margin
+                    identity.search_key, since=record.created_at - self.search_margin
                 )
                 if found is not None:
                     evidence.settled(record, found, await in_thread(self.guard.store.now), self.key_window)
@@ -100,7 +100,7 @@ class AsyncStripeMethods(StripeBase):
     async def reconcile_charge_async(self, request: ReconcileRequest) -> Resolution[Payment]:
         """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.reconcile_charge`."""
         query = flows.charge_query(request, self.search_margin)
-        found = await self.find_payments_async(request.identity.key, **query)
+        found = await self.find_payments_async(request.identity.search_key, **query)
         resolution = flows.charge_resolution(found, request.record, self.key_window)
         if isinstance(resolution, NotAppliedResolution):
             await self._next_attempt_if_stuck_async(request)
@@ -157,7 +157,7 @@ class AsyncStripeMethods(StripeBase):
         async def call() -> R:
             effect = _current_effect()
             method = self._async_method(write.resource, write.method)
-            params = write.params(effect.key)
+            params = write.params(effect.identity.search_key)
             provider_key = effect.provider_key
             if write.effect == CHARGE and effect.token > 1:  # taken over: a new attempt key may exist
                 generation = await in_thread(attempts.current_attempt, self.guard, effect.identity)

@@ -405,7 +405,7 @@ def reconcile_refund(request: ReconcileRequest, max_pages: int) -> Flow[Resoluti
     """Did the in-doubt refund happen? Refunds of the PaymentIntent, matched on metadata."""
     params = {"payment_intent": request.arguments["payment_intent"], "limit": 100}
     found, complete = yield from collect(
-        "refunds", "list", params, _made_under(request.identity.key), max_pages
+        "refunds", "list", params, _made_under(request.identity.search_key), max_pages
     )
     if found:
         return Applied(Refund.of(found[0]))

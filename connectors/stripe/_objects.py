@@ -40,7 +40,9 @@ class Payment:
     customer: str | None
     latest_charge: str | None
     effect_key: str | None
-    """The ``sagaguard_key`` metadata: the effect key the PaymentIntent was made under."""
+    """The ``sagaguard_key`` metadata: the effect key the PaymentIntent was made under, qualified
+    by the ledger id (``key@ledger``: :attr:`sagaguard.idempotency.keys.EffectIdentity.search_key`;
+    the bare key in a ledger upgraded from before ledger ids)."""
     next_action: str | None = None
     """``next_action.type`` when the status is ``requires_action`` (3-D Secure), else None."""
 

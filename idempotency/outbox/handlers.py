@@ -307,7 +307,10 @@ class DeferredEffect(Generic[P, R]):
             aggregate = self._aggregate_id(arguments)
         else:
             aggregate = unit.id if unit is not None else str(message_id)
-        identity = EffectIdentity.of(self._guard.namespace, _scope_of(str(message_id)), self.name, 0)
+        # The effect the relay runs for the message, in this guard's ledger: its provider key is
+        # the one the handler's guarded call derives (current_effect().provider_key).
+        scope_id = _scope_of(str(message_id))
+        identity = EffectIdentity.of(self._guard.namespace, scope_id, self.name, 0, self._guard.ledger_id)
         return {
             "payload": payload,
             "aggregate_type": self._aggregate_type,

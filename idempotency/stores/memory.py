@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection
 from sagaguard.idempotency import holder as _holder
 from sagaguard.idempotency.checks import storable_text
 from sagaguard.idempotency.errors import LostOwnership
-from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.keys import EffectIdentity, check_ledger_id, new_ledger_id
 from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from sagaguard.idempotency.store import first_token
 
@@ -28,15 +28,25 @@ class MemoryStore:
 
     Args:
         clock: seconds since the epoch; inject one to test lease expiry without sleeping.
+        ledger_id: the ledger's id (see :meth:`ledger_id`); by default a fresh one, drawn here.
+
+    Raises:
+        ConfigurationError: ``ledger_id`` is not a ledger id
+            (:func:`~sagaguard.idempotency.keys.check_ledger_id`).
     """
 
     offload_async = False
     """Whether the guard runs this store's calls in a worker thread for async effects."""
 
-    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None, *, ledger_id: str | None = None) -> None:
         self._clock = clock or time.time
         self._records: dict[str, Record] = {}
         self._lock = threading.Lock()
+        self._ledger = new_ledger_id() if ledger_id is None else check_ledger_id(ledger_id)
+
+    def ledger_id(self) -> str:
+        """This ledger's id: drawn at construction (or given), for the life of the store."""
+        return self._ledger
 
     def now(self) -> float:
         return self._clock()

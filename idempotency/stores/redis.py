@@ -43,8 +43,14 @@ from sagaguard.idempotency.backends.redis_client import (
 from sagaguard.idempotency.backends.redis_persistence import check_persistence
 from sagaguard.idempotency.backends.redis_replicas import ReplicaWait
 from sagaguard.idempotency.checks import storable_text
-from sagaguard.idempotency.errors import CodecError, LostOwnership, StoreError, StoreUnavailable
-from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.errors import (
+    CodecError,
+    ConfigurationError,
+    LostOwnership,
+    StoreError,
+    StoreUnavailable,
+)
+from sagaguard.idempotency.keys import LEGACY_LEDGER, EffectIdentity, check_ledger_id, new_ledger_id
 from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from sagaguard.idempotency.store import first_token
 from sagaguard.idempotency.stores.redis_scripts import (
@@ -144,6 +150,9 @@ class RedisStore:
             ``replica_timeout`` is :class:`~sagaguard.idempotency.errors.StoreUnavailable` and its
             effect does not run (see :mod:`sagaguard.idempotency.backends.redis_replicas`).
         replica_timeout: seconds ``WAIT`` waits for the replicas.
+        ledger_id: the ledger id to derive provider keys with, in place of the one kept at
+            ``{prefix}:{ledger}`` (see :meth:`ledger_id`): for a copy of a ledger that must not
+            send its original's keys, or a restored one that must keep them (docs/concepts.md).
 
     Raises:
         ConfigurationError: the URL, the prefix, ``max_connections``, ``wait_replicas`` or
@@ -166,7 +175,9 @@ class RedisStore:
         max_connections: int = MAX_CONNECTIONS,
         wait_replicas: int | None = None,
         replica_timeout: float = 1.0,
+        ledger_id: str | None = None,
     ) -> None:
+        self._ledger = None if ledger_id is None else check_ledger_id(ledger_id)
         replicas = ReplicaWait.of(wait_replicas, replica_timeout)
         try:
             client, self._owned = connect(url_or_client, prefix, max_connections=max_connections)
@@ -188,6 +199,46 @@ class RedisStore:
                 client.close()
             raise store_error(exc) from exc
         check_persistence(client, "effect store")  # warns when a restart would lose records
+        if self._ledger is None:
+            try:
+                self.ledger_id()  # read once at open
+            except BaseException:
+                if self._owned:
+                    client.close()
+                raise
+
+    def ledger_id(self) -> str:
+        """This ledger's id (see :meth:`IdempotencyStore.ledger_id
+        <sagaguard.idempotency.store.IdempotencyStore.ledger_id>`): the one given, else the one kept
+        at ``{prefix}:{ledger}``, read once at open. A prefix that has none gets one there with
+        ``SET NX`` (then read back, so concurrent first opens agree): a fresh id, or the empty id
+        when the prefix already holds records (kept by a version before ledger ids). A string key,
+        its own slot on a cluster (one key per command), skipped by the record scans (hashes only).
+
+        Raises:
+            StoreUnavailable: Redis cannot be reached.
+            StoreError: Redis failed, or the kept id is malformed (written by hand).
+        """
+        if self._ledger is None:
+            name = self._kp + "ledger}"
+            try:
+                kept = self._client.get(name)
+                if kept is None:
+                    held = next(self._scan(), None) is not None
+                    self._client.set(name, LEGACY_LEDGER if held else new_ledger_id(), nx=True)
+                    kept = self._client.get(name)
+                if kept is None:  # deleted between the two commands: another open will settle it
+                    raise StoreError(f"redis lost the ledger id at {name} as it was written")
+                text = kept if isinstance(kept, str) else bytes(kept).decode()
+            except ERRORS as exc:
+                raise store_error(exc) from exc
+            except (TypeError, UnicodeDecodeError) as exc:
+                raise StoreError(f"redis holds a malformed ledger id at {name}: {exc}") from exc
+            try:
+                self._ledger = check_ledger_id(text)
+            except ConfigurationError as exc:
+                raise StoreError(f"redis holds a malformed ledger id at {name}: {exc}") from exc
+        return self._ledger
 
     def _name(self, key: str) -> str:
         return self._kp + key + "}"

@@ -28,11 +28,12 @@ from sagaguard.idempotency.backends.sql_driver import SqlDriver, Statement
 from sagaguard.idempotency.backends.sql_engine import make_engine
 from sagaguard.idempotency.checks import storable_text
 from sagaguard.idempotency.errors import ConfigurationError, LostOwnership, StoreError, StoreUnavailable
-from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.keys import EffectIdentity, check_ledger_id
 from sagaguard.idempotency.migrations.effects import TABLE_SET as EFFECTS
 from sagaguard.idempotency.migrations.runner import ensure_schema, shown_url, upgrade_schema
 from sagaguard.idempotency.records import ClaimOutcome, ClaimResult, Disposition, Record, State
 from sagaguard.idempotency.store import first_token
+from sagaguard.idempotency.stores.sql_ledger import read_or_insert
 from sagaguard.idempotency.stores.sql_schema import (
     COLUMNS,
     DEFAULT_TABLE,
@@ -104,6 +105,9 @@ class SqlStore:
             revision. Either way, a store at this code's revision costs one query to open.
             Without ``create`` a database that cannot be reached at open is checked by the
             first call that reaches it instead (that call raises what the open would have).
+        ledger_id: the ledger id to derive provider keys with, in place of the one kept in the
+            database (see :meth:`ledger_id`): for a copy of a ledger that must not send its
+            original's keys, or a restored one that must keep them (docs/concepts.md).
 
     Raises:
         SchemaVersionMismatch: the table is newer than this code, or (without ``create``)
@@ -122,7 +126,9 @@ class SqlStore:
         clock: Callable[[], float] | None = None,
         table_name: str = DEFAULT_TABLE,
         create: bool = True,
+        ledger_id: str | None = None,
     ) -> None:
+        self._ledger = None if ledger_id is None else check_ledger_id(ledger_id)
         model: Any = effect_model(table_name)
         self._table: sa.Table = model.__table__
         owned = isinstance(url_or_engine, str)
@@ -159,6 +165,28 @@ class SqlStore:
         except BaseException:
             self.close()
             raise
+        if not self._unchecked and self._ledger is None:
+            try:
+                self.ledger_id()  # read once at open, as the revision is
+            except BaseException:
+                self.close()
+                raise
+
+    def ledger_id(self) -> str:
+        """This ledger's id (see :meth:`IdempotencyStore.ledger_id
+        <sagaguard.idempotency.store.IdempotencyStore.ledger_id>`): the one given, else the one kept
+        in the ``{table_name}_ledger`` table, read once (at open, or by the first call that reaches
+        a database that was away then).
+
+        Raises:
+            StoreUnavailable: the database cannot be reached.
+            StoreError: the database failed.
+            ConfigurationError: the kept id is malformed (written by hand).
+        """
+        if self._ledger is None:
+            with self._core() as conn:
+                self._ledger = read_or_insert(conn, self._table.name)
+        return self._ledger
 
     # -- plumbing ----------------------------------------------------------------------------
 

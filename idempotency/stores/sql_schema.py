@@ -27,6 +27,7 @@ __all__ = [
     "COLUMNS",
     "add_missing_columns",
     "create_effects_table",
+    "create_records_table",
     "effects_tables",
     "DEFAULT_TABLE",
     "METADATA",
@@ -38,8 +39,9 @@ __all__ = [
     "effect_model",
 ]
 
-SCHEMA_VERSION: Final = 2
-"""Version of the effects table layout (the Alembic revision that records it: ``effects_0001``)."""
+SCHEMA_VERSION: Final = 3
+"""Version of the effects table set's layout (the Alembic revision that records it:
+``effects_0002``, which added the ledger table)."""
 
 DEFAULT_TABLE: Final = "sagaguard_effects"
 """The effects table's name unless told otherwise."""
@@ -139,18 +141,32 @@ def effect_model(table_name: str = DEFAULT_TABLE) -> type[EffectFields]:
 
 
 def effects_tables(table_name: str) -> list[sa.Table]:
-    """The effects table named ``table_name``, as the ``effects`` table set's one table.
+    """The ``effects`` table set's tables: the effects table named ``table_name`` and its ledger
+    table (:mod:`~sagaguard.idempotency.stores.sql_ledger`).
 
     Raises:
         ConfigurationError: the name is not a plain identifier of at most 48 characters.
     """
+    from sagaguard.idempotency.stores.sql_ledger import ledger_table
+
     model: Any = effect_model(table_name)
-    return [model.__table__]
+    return [model.__table__, ledger_table(table_name)]
+
+
+def create_records_table(conn: sa.Connection, table_name: str) -> None:
+    """Create the effects table named ``table_name`` and its indexes where missing (layout 2)."""
+    model: Any = effect_model(table_name)
+    METADATA.create_all(conn, tables=[model.__table__])
 
 
 def create_effects_table(conn: sa.Connection, table_name: str) -> None:
-    """Create the effects table named ``table_name`` and its indexes where missing."""
+    """Create the effects table set's tables for a new database, at this code's layout: the effects
+    table, its indexes and its ledger table holding a fresh ledger id."""
+    from sagaguard.idempotency.keys import new_ledger_id
+    from sagaguard.idempotency.stores.sql_ledger import store_ledger_id
+
     METADATA.create_all(conn, tables=effects_tables(table_name))
+    store_ledger_id(conn, table_name, new_ledger_id())
 
 
 def add_missing_columns(conn: sa.Connection, table_name: str, names: tuple[str, ...]) -> None:

@@ -134,6 +134,10 @@ class CrashingStore:
     def purge(self, *, limit: int = 1000) -> int:
         return self.inner.purge(limit=limit)
 
+    def ledger_id(self) -> str:
+        # Forwarded: the wrapped ledger's provider keys must be the ones its guard derives unwrapped.
+        return self.inner.ledger_id()
+
     def close(self) -> None:
         self.inner.close()
 

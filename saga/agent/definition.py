@@ -327,7 +327,7 @@ def _compensation(undo: Undo, call: ToolCall, guard: Guard, registry: UndoRegist
         # The row's result once the call returned; None when the row never recorded one (the
         # outcome is unknown: the undo finds the effect by its arguments or undoing()'s key).
         recorded = ToolCall.from_json(result) or call
-        with undoing_call(recorded, registry, guard.namespace):
+        with undoing_call(recorded, registry, guard.namespace, guard.ledger_id):
             undo(recorded.arguments, recorded.result if recorded.done else None)
         if not recorded.done:
             # Undone while its outcome was unknown: its record stops counting as in doubt. Inside

@@ -38,7 +38,7 @@ when the call's outcome is unknown: a crash landed between its effect and its re
 identity is then :func:`undoing`'s). It must be idempotent: it runs at least once (through the
 guard, under its own key)."""
 
-_undoing: contextvars.ContextVar[tuple[ToolCall, UndoRegistry | None, str]] = contextvars.ContextVar(
+_undoing: contextvars.ContextVar[tuple[ToolCall, UndoRegistry | None, str, str]] = contextvars.ContextVar(
     "sagaguard_undoing"
 )
 """The call being undone here, the registry its undo came from, and the undoing guard's namespace."""
@@ -55,7 +55,7 @@ def undoing() -> ToolCall:
     return _current()[0]
 
 
-def _current() -> tuple[ToolCall, UndoRegistry | None, str]:
+def _current() -> tuple[ToolCall, UndoRegistry | None, str, str]:
     found = _undoing.get(None)
     if found is None:
         raise LookupError("undoing() is called outside an undo")
@@ -66,14 +66,15 @@ def provider_key(effect: str, ordinal: int = 0) -> str:
     """The provider key (the ``Idempotency-Key`` a connector sent) of the guarded effect ``effect``
     made by the undone call's body: its ``ordinal``-th call of that name in the call's scope
     (:func:`undoing`'s ``key``), under the namespace of the guard running the undo (use the same
-    namespace for the agent and the worker). An undo whose call's answer was lost finds the
+    namespace for the agent and the worker), in that guard's ledger (its ledger id enters the key:
+    :meth:`~sagaguard.idempotency.guard.Guard.provider_key`). An undo whose call's answer was lost finds the
     effect by it, e.g. ``hotel.cancel_by_key(provider_key("booking.hotel"))``.
 
     Raises:
         LookupError: no undo is running here.
     """
-    call, _, namespace = _current()
-    return EffectIdentity.of(namespace, call.key, effect, ordinal).provider_key
+    call, _, namespace, ledger = _current()
+    return EffectIdentity.of(namespace, call.key, effect, ordinal, ledger).provider_key
 
 
 def dependency(name: str, kind: type[D]) -> D:
@@ -85,7 +86,7 @@ def dependency(name: str, kind: type[D]) -> D:
         LookupError: no undo is running here, or nothing is provided under ``name``.
         TypeError: the value is not a ``kind``.
     """
-    _, registry, _ = _current()
+    _, registry, _, _ = _current()
     if registry is None:
         raise LookupError(f"dependency {name!r}: the running undo has no registry")
     return registry.dependency(name, kind)
@@ -93,11 +94,12 @@ def dependency(name: str, kind: type[D]) -> D:
 
 @contextlib.contextmanager
 def undoing_call(
-    call: ToolCall, registry: UndoRegistry | None = None, namespace: str = "default"
+    call: ToolCall, registry: UndoRegistry | None = None, namespace: str = "default", ledger: str = ""
 ) -> Iterator[None]:
     """Make ``call`` what :func:`undoing` returns while the block runs (the compensation's driver),
-    with the registry :func:`dependency` reads and the namespace :func:`provider_key` keys in."""
-    reset = _undoing.set((call, registry, namespace))
+    with the registry :func:`dependency` reads and the namespace and ledger id (the guard's
+    :attr:`~sagaguard.idempotency.guard.Guard.ledger_id`) :func:`provider_key` keys in."""
+    reset = _undoing.set((call, registry, namespace, ledger))
     try:
         yield
     finally:

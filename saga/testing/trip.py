@@ -87,7 +87,7 @@ def trip_saga(guard: Guard, client: CounterClient, *, guarded: bool = True) -> S
         if done is None:
             # The step's result was never recorded (it failed, or crashed, after its effect): ask
             # the service whether the effect happened, by the provider key it was sent under.
-            sent = EffectIdentity.of(guard.namespace, ctx.step_scope, effect, 0).provider_key
+            sent = guard.provider_key(EffectIdentity.of(guard.namespace, ctx.step_scope, effect, 0))
             found = client.charges(provider_key=sent)
             if not found:
                 return

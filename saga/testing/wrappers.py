@@ -93,6 +93,10 @@ class CrashingSagaStore:
     def now(self) -> float:
         return self.inner.now()
 
+    def ledger_id(self) -> str:
+        # Forwarded: the wrapped ledger's provider keys must be the ones its guard derives unwrapped.
+        return self.inner.ledger_id()
+
     def claim(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult:
         detail = f"{identity.scope}|{identity.name}"
         self._names[identity.key] = detail

@@ -8,7 +8,7 @@ this one creating layout 2 (copy the columns here before changing the model).
 
 from alembic import context, op
 
-from sagaguard.idempotency.stores.sql_schema import add_missing_columns, create_effects_table
+from sagaguard.idempotency.stores.sql_schema import add_missing_columns, create_records_table
 
 revision = "effects_0001"
 down_revision = None
@@ -20,7 +20,7 @@ def upgrade() -> None:
     """Bring a table made before versioned schemas to layout 2."""
     name = context.config.attributes["sagaguard_name"]
     conn = op.get_bind()
-    create_effects_table(conn, name)
+    create_records_table(conn, name)
     add_missing_columns(conn, name, ("holder",))
 
 
