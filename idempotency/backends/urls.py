@@ -179,16 +179,14 @@ def postgres_hosts(url: str, *, what: str = "store") -> str:
                 f"the {what} URL {masked(url)!r} has a malformed host {part!r} in its list: "
                 "use host:port,host:port"
             )
-        names.append(f"[{host}]" if ":" in host else host)  # an IPv6 address keeps its brackets
+        names.append(host)  # an IPv6 address without its brackets, as libpq's host= wants it
         ports.append(str(port if port is not None else 5432))
-    path, qmark, query = tail.partition("?")
+    path, _, query = tail.partition("?")
     if "host" in parse_qs(query) or "port" in parse_qs(query):
         raise ConfigurationError(
             f"the {what} URL {masked(url)!r} lists hosts both before the path and in its query"
         )
-    # libpq wants IPv6 addresses bare in host=, brackets only inside a URL's authority.
-    bare = [n.strip("[]") for n in names]
-    extra = urlencode({"host": ",".join(bare), "port": ",".join(ports)}, safe=",:")
+    extra = urlencode({"host": ",".join(names), "port": ",".join(ports)}, safe=",:")
     return f"{scheme}://{userinfo}{at}{path or '/'}?{extra}" + (f"&{query}" if query else "")
 
 
