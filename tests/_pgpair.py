@@ -167,6 +167,9 @@ class LocalPgPair:
         self._run("pg_basebackup", "-d", conninfo, "-D", str(standby), "-R", "-X", "stream", "-c", "fast")
         with (standby / "postgresql.conf").open("a") as conf:
             conf.write(f"port = {self.ports[1]}\n")  # the copy carries the primary's port
+            # ... and its synchronous_standby_names: promoted, the standby would wait at every commit
+            # for a standby of its own that does not exist, and hang every writer.
+            conf.write("synchronous_standby_names = ''\n")
         self._pg_ctl(standby, "start")
         deadline = time.monotonic() + READY_TIMEOUT
         want = "sync" if self.synchronous else "async"
