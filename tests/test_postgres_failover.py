@@ -89,13 +89,17 @@ class Tally:
         self.errors: Counter[str] = Counter()
         self.untyped: list[BaseException] = []
         self.fault_at: float | None = None
+        self.promoted_at: float | None = None
         self.first_success_after_fault: float | None = None
 
     def attempt(self, call: Callable[[], object]) -> bool:
         """Run one call; True when it returned. Typed errors are counted, others kept."""
         with self.lock:
             self.in_flight += 1
-            after_fault = self.fault_at is not None  # started after the kill: on the new primary
+            # Started after the promotion: on the new primary. (A call started between the kill and
+            # the promotion may still commit on the old primary: its backend outlives the killed
+            # postmaster for a moment, and its commit still waits for the standby.)
+            after_fault = self.promoted_at is not None
         try:
             call()
         except (IdempotencyError, SagaError, SQLAlchemyError) as exc:
@@ -208,7 +212,8 @@ def test_a_primary_killed_mid_run_loses_no_acknowledged_claim_phase_or_message(p
             before = len(committed)
         pair.kill_primary()
         pair.promote()
-        promoted = time.monotonic()
+        with tally.lock:
+            tally.promoted_at = promoted = time.monotonic()
         try:
             _until(lambda: len(committed) >= before + 20, "20 enqueues on the new primary")
         finally:
