@@ -31,6 +31,7 @@ import pytest
 import tenacity
 from _pgpair import LocalPgPair, PairStartError, pair_problem
 from conftest import require_service
+from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
@@ -229,8 +230,6 @@ def test_a_primary_killed_mid_run_loses_no_acknowledged_claim_phase_or_message(p
         counts = client.counts()
 
         with engine.connect() as conn:
-            from sqlalchemy import text
-
             states = dict(conn.execute(text("SELECT scope, state FROM sagaguard_effects")).all())
             port = conn.execute(text("SELECT inet_server_port()")).scalar()
         recorded = {saga_id: journal.load(saga_id) for saga_id in outcomes}

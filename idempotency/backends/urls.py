@@ -87,7 +87,8 @@ def check_url(url: object, *, what: str = "store") -> str:
 
     Raises:
         ConfigurationError: ``url`` is not a string; its scheme is unknown; it cannot be parsed; a
-            Postgres URL names no host or no database; a Redis URL has a bad port or database number;
+            Postgres URL names no host or no database, or a malformed host list (see
+            :func:`postgres_hosts`); a Redis URL has a bad port or database number;
             a Redis Cluster URL names no node or a database other than 0 (see :func:`cluster_url`).
     """
     if not isinstance(url, str):
