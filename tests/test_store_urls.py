@@ -46,6 +46,15 @@ BAD = [
     pytest.param("postgresql:/u:secret@db.example/shop", "unknown", id="pg-one-slash"),
     pytest.param("u:secret@db.example/shop", "unknown", id="userinfo-no-scheme"),
     pytest.param("postgresql://u@db.example?password=secret", "names no database", id="pg-query-password"),
+    # A libpq host list (host:port,host:port) is taken; a malformed one names its problem.
+    pytest.param("postgresql://u:secret@a:5432,,b:5433/shop", "malformed host ''", id="pg-list-empty"),
+    pytest.param("postgresql://u:secret@a:5432,b:x/shop", "malformed", id="pg-list-bad-port"),
+    pytest.param("postgresql://u:secret@a:5432,b:70000/shop", "malformed", id="pg-list-port-range"),
+    pytest.param("postgresql://u:secret@a,b/shop?host=c", "both", id="pg-list-twice"),
+    pytest.param("postgresql://u:secret@a:1,b:2", "names no database", id="pg-list-no-db"),
+    pytest.param("postgresql://u:secret@/shop?host=a,b&port=1,2,3", "2 hosts and 3 ports", id="pg-q-ports"),
+    pytest.param("postgresql://u:secret@/shop?host=a,,b", "empty host", id="pg-q-empty-host"),
+    pytest.param("postgresql://u:secret@/shop?host=a&port=0", "not a number from 1", id="pg-q-port-zero"),
 ]
 
 

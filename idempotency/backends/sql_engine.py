@@ -25,7 +25,7 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import QueuePool, StaticPool
 
-from sagaguard.idempotency.backends.urls import check_url, driver_hint, masked
+from sagaguard.idempotency.backends.urls import check_url, driver_hint, masked, postgres_hosts
 from sagaguard.idempotency.errors import ConfigurationError
 
 __all__ = ["BUSY_TIMEOUT_MS", "make_engine", "retry_locked"]
@@ -89,7 +89,8 @@ def make_engine(url: str | sa.URL) -> sa.Engine:
     if not isinstance(url, sa.URL):
         check_url(url)
     try:
-        parsed = sa.make_url(url)
+        # A libpq host list (host1:5432,host2:5433) moves into the query, where SQLAlchemy takes it.
+        parsed = sa.make_url(postgres_hosts(url) if isinstance(url, str) else url)
         backend = parsed.get_backend_name()
         if backend in ("postgresql", "postgres"):
             if parsed.drivername in ("postgresql", "postgres"):

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from sagaguard.idempotency.errors import ConfigurationError
 
-__all__ = ["CLUSTER_SCHEMES", "ClusterURL", "check_url", "cluster_url", "driver_hint", "masked"]
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "ClusterURL",
+    "check_url",
+    "cluster_url",
+    "driver_hint",
+    "masked",
+    "postgres_hosts",
+]
 
 _EXAMPLES = (
     "memory://, sqlite:///file.db, postgresql://user@host/db, redis://host:6379/0 "
@@ -79,7 +87,8 @@ def check_url(url: object, *, what: str = "store") -> str:
 
     Raises:
         ConfigurationError: ``url`` is not a string; its scheme is unknown; it cannot be parsed; a
-            Postgres URL names no host or no database; a Redis URL has a bad port or database number;
+            Postgres URL names no host or no database, or a malformed host list (see
+            :func:`postgres_hosts`); a Redis URL has a bad port or database number;
             a Redis Cluster URL names no node or a database other than 0 (see :func:`cluster_url`).
     """
     if not isinstance(url, str):
@@ -116,7 +125,8 @@ def _parse(url: str, what: str) -> tuple[str | None, str | None, dict[str, list[
 
 
 def _check_postgres(url: str, what: str) -> None:
-    host, path, query = _parse(url, what)
+    host, path, query = _parse(postgres_hosts(url, what=what), what)
+    _check_host_list(url, query, what)
     # Without a host or a database, libpq falls back to $PGHOST / the local socket and to a database
     # named after the user: records would land somewhere nobody chose.
     if not host and not query.get("host"):
@@ -127,6 +137,76 @@ def _check_postgres(url: str, what: str) -> None:
     if not (path or "").lstrip("/") and not query.get("dbname"):
         raise ConfigurationError(
             f"the {what} URL {masked(url)!r} names no database: use postgresql://user@host/db"
+        )
+
+
+def postgres_hosts(url: str, *, what: str = "store") -> str:
+    """``url`` with a libpq multi-host list in its authority moved into the query, where SQLAlchemy
+    passes it on to libpq; any other URL unchanged.
+
+    libpq takes ``postgresql://user@host1:5432,host2:5433/db?target_session_attrs=read-write`` (try
+    the hosts in order, keep the first that accepts writes: the primary after a failover), but the
+    standard URL parser and SQLAlchemy read the authority as one host and one port and refuse it.
+    The same list in the query, ``postgresql://user@/db?host=host1,host2&port=5432,5433&...``, is
+    what libpq also accepts and SQLAlchemy hands over untouched, so that is what this returns.
+
+    Args:
+        url: a ``postgresql://`` URL (any ``postgres`` spelling or driver).
+        what: what the URL is for, named in errors.
+
+    Returns:
+        The URL, its host list (if any) in the query.
+
+    Raises:
+        ConfigurationError: the list has an empty node, a node that is not ``host[:port]``, a port
+            that is not a number from 1 to 65535, or the query names hosts as well.
+    """
+    scheme, sep, rest = url.partition("://")
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]
+    userinfo, at, hosts = netloc.rpartition("@")
+    if not sep or not scheme.lower().startswith("postgres") or "," not in hosts:
+        return url
+    names: list[str] = []
+    ports: list[str] = []
+    for part in hosts.split(","):
+        try:
+            parsed = urlsplit("//" + part)
+            host, port = parsed.hostname, parsed.port
+        except ValueError as exc:
+            raise ConfigurationError(f"malformed {what} URL {masked(url)!r}: {exc}") from exc
+        if not host or parsed.path or parsed.username is not None or parsed.query:
+            raise ConfigurationError(
+                f"the {what} URL {masked(url)!r} has a malformed host {part!r} in its list: "
+                "use host:port,host:port"
+            )
+        names.append(host)  # an IPv6 address without its brackets, as libpq's host= wants it
+        ports.append(str(port if port is not None else 5432))
+    path, _, query = tail.partition("?")
+    if "host" in parse_qs(query) or "port" in parse_qs(query):
+        raise ConfigurationError(
+            f"the {what} URL {masked(url)!r} lists hosts both before the path and in its query"
+        )
+    extra = urlencode({"host": ",".join(names), "port": ",".join(ports)}, safe=",:")
+    return f"{scheme}://{userinfo}{at}{path or '/'}?{extra}" + (f"&{query}" if query else "")
+
+
+def _check_host_list(url: str, query: dict[str, list[str]], what: str) -> None:
+    """A ``?host=a,b&port=1,2`` list in the query: ports are numbers, one for all hosts or one each
+    (libpq's rule; otherwise it fails at the first connect, which would read as an outage)."""
+    hosts = ",".join(query.get("host", [])).split(",") if query.get("host") else []
+    ports = ",".join(query.get("port", [])).split(",") if query.get("port") else []
+    if any(not h for h in hosts):
+        raise ConfigurationError(f"the {what} URL {masked(url)!r} has an empty host in its list")
+    for port in ports:
+        if not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ConfigurationError(
+                f"the {what} URL {masked(url)!r}: port {port!r} is not a number from 1 to 65535"
+            )
+    if hosts and len(ports) > 1 and len(ports) != len(hosts):
+        raise ConfigurationError(
+            f"the {what} URL {masked(url)!r} names {len(hosts)} hosts and {len(ports)} ports: "
+            "give one port for all of them or one for each"
         )
 
 
