@@ -29,6 +29,7 @@ from sagaguard.idempotency.cliopts import (
     store_url,
 )
 from sagaguard.idempotency.cliutil import SchemaMissing, duration, open_existing_store, sqlite_file
+from sagaguard.idempotency.errors import SchemaVersionMismatch
 
 __all__ = ["audit", "entry_json", "rfc3339"]
 
@@ -101,18 +102,25 @@ def audit(
                 now = opened.now()
             finally:
                 opened.close()
-        log = open_audit(url, create=False)
         try:
-            where = AuditFilter(
-                target=target,
-                target_prefix=prefix,
-                actor=actor,
-                action=action,
-                since=None if since is None else now - since,
-            )
-            entries = log.list(where, limit=limit)
-        finally:
-            log.close()
+            log = open_audit(url, create=False)
+        except SchemaVersionMismatch as exc:
+            if exc.state != "empty":
+                raise  # older or newer tables: the error names `sagaguard db upgrade`
+            log = None  # nobody has acted on this ledger yet: its audit table is made on first use
+        entries: list[AuditEntry] = []
+        if log is not None:
+            try:
+                where = AuditFilter(
+                    target=target,
+                    target_prefix=prefix,
+                    actor=actor,
+                    action=action,
+                    since=None if since is None else now - since,
+                )
+                entries = log.list(where, limit=limit)
+            finally:
+                log.close()
         if as_json:
             echo_json([entry_json(e) for e in entries])
         elif not entries:

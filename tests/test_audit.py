@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from conftest import FakeClock, require_postgres, require_redis
 
 from sagaguard.idempotency.audit import (
@@ -156,9 +157,12 @@ def test_cli_resolve_records_the_actor_and_audit_lists_it(
     identity = EffectIdentity.of("default", "order-7", "stripe.charge", 0)
     claimed = store.claim(identity, "fp", 0.001).record  # its lease has run out by the resolve
     store.close()
-    # Nobody acted yet: no audit table, and looking creates none (the audit is a versioned table set).
-    assert main(["audit"]) == 2
-    assert f"do not exist: run `sagaguard db upgrade --store {url}`" in capsys.readouterr().err
+    # Nobody acted yet: no audit table; looking lists nothing and creates none (a versioned table set).
+    assert main(["audit"]) == 0
+    assert "no audit entries" in capsys.readouterr().out
+    engine = sa.create_engine(url)
+    assert "sagaguard_audit" not in sa.inspect(engine).get_table_names()
+    engine.dispose()
     assert main(["effects", "resolve", claimed.key[:16], "--not-applied", "--actor", "ana"]) == 0
     assert main(["effects", "resolve", claimed.key[:16], "--not-applied"]) == 1  # gone now: refused
     capsys.readouterr()
