@@ -1,7 +1,7 @@
 """The console in a real browser (Debian's chromium, headless, driven by Playwright): list,
-filter, open a saga, resolve a charge a SIGKILL left without a record, retry a parked
-compensation, cancel a run and see its undos in the timeline, an action refused without the
-token, a POST without the CSRF token refused. Saves the screenshots the docs show.
+filter, a bulk action's preview, open a saga, resolve a charge a SIGKILL left without a record,
+retry a parked compensation, cancel a run and see its undos in the timeline, an action refused
+without the token, a POST without the CSRF token refused. Saves the screenshots the docs show.
 
 The agent is ``tests/_agentsagachild.py`` killed right after the API applied its charge; the
 console is ``sagaguard ui`` in its own process; the undos run in a ``sagaguard sagas worker``
@@ -167,6 +167,14 @@ def test_the_console_in_a_browser(
             page.click("text=Filter")
             expect(page.locator("table.list a", has_text="trip-2")).to_be_visible()
             expect(page.locator("table.list a", has_text="trip-1")).to_have_count(0)
+
+            # A bulk action's preview over the filtered list: how many, which, nothing done yet.
+            page.click("text=Cancel all matching…")
+            expect(page.locator("#bulk-count")).to_contain_text("This will touch 1 item")
+            expect(page.locator("ul.targets li")).to_have_text(["trip-2"])
+            page.click("text=Not now")
+            with journal_of(db) as j:
+                assert j.load("trip-2").saga.cancel_requested is False  # type: ignore[union-attr]
 
             # Refused without the token: the confirmation goes through, the action does not.
             page.goto(base + "/sagas/trip-1")
