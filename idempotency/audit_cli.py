@@ -108,7 +108,7 @@ def audit(
             if exc.state != "empty":
                 raise  # older or newer tables: the error names `sagaguard db upgrade`
             log = None  # nobody has acted on this ledger yet: its audit table is made on first use
-        entries: list[AuditEntry] = []
+        entries: Sequence[AuditEntry] = []
         if log is not None:
             try:
                 where = AuditFilter(

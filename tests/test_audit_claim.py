@@ -171,7 +171,7 @@ def test_an_audit_table_made_before_versioned_schemas_gets_the_unique_claim(tmp_
     _version(url, "sagaguard_audit", None)
     with pytest.raises(SchemaVersionMismatch, match="before versioned schemas"):
         SqlAudit(url, create=False)
-    log = SqlAudit(url)  # create: upgraded in place
+    log = SqlAudit(url, create=True)  # create=True: upgraded in place
     try:
         assert [e.target for e in log.list(AuditFilter())] == ["s"]  # kept
         action_id = uuid.uuid4().hex

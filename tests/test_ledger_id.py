@@ -164,7 +164,7 @@ def test_an_upgraded_sql_ledger_resends_an_in_doubt_call_under_its_first_key(
     previous_release(url)
     assert api.counters()["applied"] == 1
 
-    upgraded = SqlStore(url, clock=clock)  # create=True: effects_0002 runs
+    upgraded = SqlStore(url, clock=clock, create=True)  # create=True: effects_0002 runs
     try:
         assert upgraded.ledger_id() == ""
         after_lease(clock)
@@ -195,7 +195,7 @@ def test_an_upgraded_stripe_ledger_finds_its_in_doubt_charge_by_the_old_metadata
         )
     old.close()
     previous_release(url)
-    upgraded = SqlStore(url, clock=clock)
+    upgraded = SqlStore(url, clock=clock, create=True)
     try:
         after_lease(clock)
         with scope("order-5"):

@@ -56,8 +56,8 @@ def test_an_old_sagas_table_gets_the_holder_column_at_open(engine: sa.Engine, cl
         conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN holder")
         conn.exec_driver_sql(f"DROP TABLE {prefix}journal_version")  # made before versioned schemas
     try:
-        reopened = SqlJournal(engine, clock=clock, table_prefix=prefix)
-        SqlJournal(engine, clock=clock, table_prefix=prefix)  # a second open adds nothing
+        reopened = SqlJournal(engine, clock=clock, table_prefix=prefix, create=True)
+        SqlJournal(engine, clock=clock, table_prefix=prefix, create=True)  # a second open adds nothing
         with engine.connect() as conn:
             names = [c["name"] for c in sa.inspect(conn).get_columns(table)]
         assert names.count("holder") == 1

@@ -278,7 +278,7 @@ def test_a_journal_created_before_schema_3_gains_the_new_step_columns(tmp_path: 
         conn.execute(sa.text("ALTER TABLE sagaguard_saga_steps DROP COLUMN resolution"))
         conn.execute(sa.text("DROP TABLE sagaguard_journal_version"))  # made before versioned schemas
     engine.dispose()
-    journal = SqlJournal(url)
+    journal = SqlJournal(url, create=True)  # create=True: upgraded in place
     try:
         trip = Trip()
         guard = Guard(MemoryStore(), sleep=lambda _s: None)

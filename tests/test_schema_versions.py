@@ -141,16 +141,21 @@ def test_a_store_refuses_tables_at_another_revision_and_names_the_command(
         gen.close()
 
 
-def test_create_upgrades_an_older_table(tmp_path: Path) -> None:
-    """``create=True`` (the default) on a table made before versioned schemas upgrades it, as the
-    stores added columns at open before."""
+def test_the_default_refuses_an_older_table_and_create_true_upgrades_it(tmp_path: Path) -> None:
+    """By default a store creates its tables on a new database but alters nothing at open: a table
+    made before versioned schemas is refused, naming the command; ``create=True`` upgrades it, as
+    the stores added columns at open before."""
     url = f"sqlite:///{tmp_path}/old.db"
     SqlStore(url).close()
     engine = make_engine(url)
     with engine.begin() as conn:  # back to the first layout, unversioned
         conn.exec_driver_sql("DROP TABLE sagaguard_effects_version")
         conn.exec_driver_sql("ALTER TABLE sagaguard_effects DROP COLUMN holder")
-    store = SqlStore(url)
+    with pytest.raises(SchemaVersionMismatch, match="sagaguard db upgrade --store"):
+        SqlStore(url)
+    with engine.connect() as conn:  # refused: nothing altered
+        assert "holder" not in {c["name"] for c in sa.inspect(conn).get_columns("sagaguard_effects")}
+    store = SqlStore(url, create=True)
     store.close()
     with engine.connect() as conn:
         assert "holder" in {c["name"] for c in sa.inspect(conn).get_columns("sagaguard_effects")}
@@ -214,16 +219,17 @@ def test_the_least_privilege_recipe_on_postgres(tmp_path: Path) -> None:
                 assert Guard(store).run("charge", lambda: 42) == 42
         finally:
             store.close()
-        SqlStore(app_url).close()  # create=True at this revision writes nothing: allowed too
+        SqlStore(app_url).close()  # the default at this revision writes nothing: allowed too
 
         engine = make_engine(owner_url)
         with engine.begin() as conn:  # the owner's tables fall behind (a release before versions)
             conn.exec_driver_sql("DROP TABLE sagaguard_effects_version")
         engine.dispose()
-        with pytest.raises(SchemaVersionMismatch, match="sagaguard db upgrade --store"):
-            SqlStore(app_url, create=False)
+        for create in (False, None):  # the default alters nothing at open: refused, naming the command
+            with pytest.raises(SchemaVersionMismatch, match="sagaguard db upgrade --store"):
+                SqlStore(app_url, create=create)
         with pytest.raises(StoreError, match=r"permission denied|must be owner"):
-            SqlStore(app_url)  # create=True needs the owner's rights to upgrade
+            SqlStore(app_url, create=True)  # create=True needs the owner's rights to upgrade
     finally:
         gen.close()
         with psycopg.connect(base, autocommit=True) as admin:

@@ -50,7 +50,7 @@ def columns(engine: sa.Engine, table: str) -> list[str]:
 def test_opening_an_old_table_adds_the_holder_column_once(old_table: tuple[sa.Engine, str]) -> None:
     engine, table = old_table
     assert "holder" not in columns(engine, table)
-    stores = [SqlStore(engine, table_name=table) for _ in range(2)]  # the second finds it there
+    stores = [SqlStore(engine, table_name=table, create=True) for _ in range(2)]  # the second finds it there
     assert columns(engine, table).count("holder") == 1
 
     store = stores[0]
@@ -85,7 +85,8 @@ def test_stores_racing_to_upgrade_one_table_all_open(old_table: tuple[sa.Engine,
     def open_one() -> None:
         try:
             barrier.wait()
-            SqlStore(str(engine.url.render_as_string(hide_password=False)), table_name=table).close()
+            url = str(engine.url.render_as_string(hide_password=False))
+            SqlStore(url, table_name=table, create=True).close()
         except BaseException as exc:
             errors.append(exc)
 

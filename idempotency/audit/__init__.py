@@ -48,14 +48,17 @@ def default_actor() -> str:
 
 
 def open_audit(
-    url: str, *, create: bool = True, prefix: str = "sg", effects_table: str | None = None
+    url: str, *, create: bool | None = None, prefix: str = "sg", effects_table: str | None = None
 ) -> AuditLog:
     """The audit log of the ledger at ``url`` (the store's URL).
 
     Args:
         url: ``memory://`` (a new, empty log), ``sqlite:///..``, ``postgresql://..`` or ``redis://..``.
-        create: on SQL, create the audit table when missing (or upgrade it when older); without
-            it, a table not at this code's revision is refused.
+        create: on SQL, as the stores': None (the default): create the audit table when
+            missing (a new database), at this code's schema revision, and refuse a table at an
+            older or newer revision, naming ``sagaguard db upgrade`` (nothing is altered at
+            open); True: also upgrade a table when older; False: write no DDL and refuse a table
+            missing, older or newer.
         prefix: on Redis, the store's key prefix (the log is ``<prefix>:audit``).
         effects_table: on SQL, the store's effects table (the default ``sagaguard_effects``): the
             audit table is named after it (``shop_effects`` -> ``shop_audit``; see
@@ -64,8 +67,9 @@ def open_audit(
     Raises:
         ConfigurationError: a malformed URL, an unknown scheme, its driver is not installed, or a
             table name that is not valid.
-        SchemaVersionMismatch: on SQL, the audit table is newer than this code, or (without
-            ``create``) missing or older; the message names ``sagaguard db upgrade``.
+        SchemaVersionMismatch: on SQL, the audit table is newer than this code, older (unless
+            ``create`` is True) or missing (``create`` False); the message names
+            ``sagaguard db upgrade``.
         StoreUnavailable: the backend cannot be reached.
     """
     scheme = check_url(url, what="store")

@@ -32,18 +32,21 @@ class SqlAudit:
             open by :meth:`close`).
         table_name: the audit table; a store under another effects table keeps its audit in
             :func:`~sagaguard.idempotency.audit.sql_schema.audit_table_for` of that name.
-        create: create the table when it is missing, or upgrade it when older, at open (as the
-            stores do); without it, the table must be at this code's revision.
+        create: as the stores': None (the default): create the table when missing (a new
+            database), at this code's schema revision, and refuse a table at an older or newer
+            revision, naming ``sagaguard db upgrade`` (nothing is altered at open); True: also
+            upgrade a table when older; False: write no DDL and refuse a table missing, older or
+            newer.
 
     Raises:
         ConfigurationError: a malformed URL or table name.
-        SchemaVersionMismatch: the table is newer than this code, or (without ``create``) missing
-            or older; the message names ``sagaguard db upgrade``.
+        SchemaVersionMismatch: the table is newer than this code, older (unless ``create`` is
+            True) or missing (``create`` False); the message names ``sagaguard db upgrade``.
         StoreUnavailable: the database cannot be reached.
     """
 
     def __init__(
-        self, url_or_engine: str | sa.Engine, *, table_name: str = DEFAULT_TABLE, create: bool = True
+        self, url_or_engine: str | sa.Engine, *, table_name: str = DEFAULT_TABLE, create: bool | None = None
     ) -> None:
         (self._table,) = audit_tables(table_name)
         self._owned = isinstance(url_or_engine, str)

@@ -237,23 +237,31 @@ def upgrade_schema(engine: sa.Engine, table_set: TableSet, value: str | None = N
     return done[-1]
 
 
-def ensure_schema(engine: sa.Engine, table_set: TableSet, value: str, *, create: bool, url: str) -> None:
+def ensure_schema(
+    engine: sa.Engine, table_set: TableSet, value: str, *, create: bool | None, url: str
+) -> None:
     """Make sure ``table_set``'s tables are at this code's revision as a store opens.
 
     At this code's revision it costs one query (the version table's row, read without Alembic).
-    Otherwise, with ``create`` the tables are created or upgraded (:func:`upgrade_schema`); without
-    it, nothing is written and the store refuses.
+    Otherwise, by ``create``:
+
+    - None (the stores' default): tables that do not exist yet are created at this revision and
+      stamped (a new database: the quickstart is one step); tables older or newer than the code
+      are refused, never altered at open (upgrading is ``sagaguard db upgrade``, reviewed and run
+      by a role that may change the schema);
+    - True: missing tables are created and older ones upgraded (:func:`upgrade_schema`);
+    - False: nothing is written; tables missing, older or newer are refused.
 
     Args:
         engine: the database.
         table_set: the table set.
         value: its configured table name or prefix.
-        create: create missing tables and upgrade older ones.
+        create: what may be written (above).
         url: the database's URL, for messages (its password is masked here).
 
     Raises:
-        SchemaVersionMismatch: the tables are newer than this code, or (without ``create``)
-            missing or older; the message names the command to run.
+        SchemaVersionMismatch: the tables are newer than this code, older (unless ``create`` is
+            True) or missing (when ``create`` is False); the message names the command to run.
         ConfigurationError: the configured name is not valid.
         StoreUnavailable: the database cannot be reached.
         StoreError: the database failed.
@@ -276,8 +284,12 @@ def ensure_schema(engine: sa.Engine, table_set: TableSet, value: str, *, create:
             return _status(conn, table_set, value)
 
     status = _translated(look)
-    if status.state is not SchemaState.UP_TO_DATE:
-        raise _mismatch(status, url, table_set)
+    if status.state is SchemaState.UP_TO_DATE:
+        return
+    if create is None and status.state is SchemaState.EMPTY:
+        upgrade_schema(engine, table_set, value)  # creates at this revision, stamped; safe to race
+        return
+    raise _mismatch(status, url, table_set)
 
 
 def shown_url(engine: sa.Engine) -> str:

@@ -99,21 +99,22 @@ class SqlStore:
         clock: seconds since the epoch; inject one to test lease expiry without sleeping.
             By default every time is the database's own, read inside the statement that uses it.
         table_name: the effects table; several stores may share one database under other names.
-        create: create the table (and its indexes) when missing, at this code's schema revision,
-            and upgrade a table of an older revision (``sagaguard db upgrade`` does the same);
-            without it the store writes no DDL and refuses a table that is not at this code's
-            revision. Either way, a store at this code's revision costs one query to open.
-            Without ``create`` a database that cannot be reached at open is checked by the
-            first call that reaches it instead (that call raises what the open would have).
+        create: None (the default): create the table (and its indexes) when missing (a new
+            database), at this code's schema revision, and refuse a table at an older or newer
+            revision, naming ``sagaguard db upgrade`` (nothing is altered at open); True: also
+            upgrade a table when older; False: write no DDL and refuse a table missing, older or
+            newer. Either way, a store at this code's revision costs one query to open. With
+            False a database that cannot be reached at open is checked by the first call that
+            reaches it instead (that call raises what the open would have).
         ledger_id: the ledger id to derive provider keys with, in place of the one kept in the
             database (see :meth:`ledger_id`): for a copy of a ledger that must not send its
             original's keys, or a restored one that must keep them (docs/concepts.md).
 
     Raises:
-        SchemaVersionMismatch: the table is newer than this code, or (without ``create``)
-            missing or older: the message names ``sagaguard db upgrade --store URL``.
+        SchemaVersionMismatch: the table is newer than this code, older (unless ``create`` is
+            True) or missing (``create`` False): the message names ``sagaguard db upgrade --store URL``.
         ConfigurationError: bad URL or table name.
-        StoreUnavailable: ``create`` is set and the database cannot be reached.
+        StoreUnavailable: ``create`` is not False and the database cannot be reached.
     """
 
     offload_async = True
@@ -125,7 +126,7 @@ class SqlStore:
         *,
         clock: Callable[[], float] | None = None,
         table_name: str = DEFAULT_TABLE,
-        create: bool = True,
+        create: bool | None = None,
         ledger_id: str | None = None,
     ) -> None:
         self._ledger = None if ledger_id is None else check_ledger_id(ledger_id)
@@ -156,7 +157,7 @@ class SqlStore:
         try:
             ensure_schema(engine, EFFECTS, table_name, create=create, url=self._url)
         except StoreUnavailable:
-            if create:
+            if create is not False:
                 self.close()
                 raise
             # Without create a store opens while its database is away, as it always has: the

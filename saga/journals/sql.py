@@ -142,13 +142,14 @@ class SqlJournal:
         clock: seconds since the epoch; inject one to test lease expiry without sleeping.
         table_prefix: the tables are ``{prefix}sagas``, ``{prefix}saga_steps`` and
             ``{prefix}saga_signals``.
-        create: create the tables when missing, at this code's schema revision, and upgrade
-            tables of an older revision (``sagaguard db upgrade`` does the same); without it the
-            journal writes no DDL and refuses tables that are not at this code's revision.
+        create: None (the default): create the tables when missing (a new database), at this
+            code's schema revision, and refuse tables at an older or newer revision, naming
+            ``sagaguard db upgrade`` (nothing is altered at open); True: also upgrade tables when
+            older; False: write no DDL and refuse tables missing, older or newer.
 
     Raises:
-        SchemaVersionMismatch: the tables are newer than this code, or (without ``create``)
-            missing or older: the message names ``sagaguard db upgrade --store URL``.
+        SchemaVersionMismatch: the tables are newer than this code, older (unless ``create`` is
+            True) or missing (``create`` False): the message names ``sagaguard db upgrade --store URL``.
         ConfigurationError: bad URL or prefix.
         JournalUnavailable: the database cannot be reached.
         JournalError: the database failed while creating or upgrading the tables.
@@ -160,7 +161,7 @@ class SqlJournal:
         *,
         clock: Callable[[], float] | None = None,
         table_prefix: str = DEFAULT_PREFIX,
-        create: bool = True,
+        create: bool | None = None,
     ) -> None:
         models = journal_models(table_prefix)
         self._tables = [cast(sa.Table, getattr(model, "__table__")) for model in models]  # noqa: B009
