@@ -33,6 +33,10 @@ pytestmark = pytest.mark.timeout(180)  # fresh processes that import LangGraph, 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "_agentsagadeclared.py"
 PAGE = ROOT / "docs" / "agent_sagas.md"
+ONLY_SLOW = [
+    pytest.mark.slow,
+    pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow"),
+]
 DECLARATION = re.compile(r"changes_world\((?:[^()]|\([^()]*\))*\)")
 
 
@@ -71,7 +75,7 @@ def test_the_child_declares_its_tools_exactly_as_the_page_does() -> None:
 
 @pytest.mark.parametrize(
     "crash_at",
-    ["in_booking", pytest.param("booked", marks=pytest.mark.slow)],  # ~8 s each: one in the default suite
+    ["in_booking", pytest.param("booked", marks=ONLY_SLOW)],  # seconds each: one in the default suite
 )
 def test_the_recipe_killed_inside_a_compensatable_tool_resumes_and_completes(
     api: LocalIdempotentApi, tmp_path: Path, crash_at: str
