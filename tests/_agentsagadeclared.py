@@ -77,7 +77,8 @@ class ScriptedModel(BaseChatModel):
         turn = sum(isinstance(m, AIMessage) for m in messages)
         if turn >= len(SCRIPT):
             return ChatResult(generations=[ChatGeneration(message=AIMessage(content="done"))])
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content="", tool_calls=SCRIPT[turn]))])
+        answer = AIMessage(content="", tool_calls=SCRIPT[turn])
+        return ChatResult(generations=[ChatGeneration(message=answer)])
 
 
 def _applied(response: httpx.Response) -> None:
@@ -123,9 +124,7 @@ def charge(amount: int) -> dict[str, Any]:
 def build(checkpointer: Any) -> Any:
     """model -> tools (the trip tools, steps of the open agent run) -> model."""
     tools = ToolGuard(guard, saga=True, declare={"charge": changes_world(undo="refund")})
-    node = ToolNode(
-        [book_hotel, charge], wrap_tool_call=tools.wrap_tool_call, handle_tool_errors=False
-    )
+    node = ToolNode([book_hotel, charge], wrap_tool_call=tools.wrap_tool_call, handle_tool_errors=False)
     model = ScriptedModel()
     builder = StateGraph(MessagesState)
     builder.add_node("model", lambda state: {"messages": [model.invoke(state["messages"])]})

@@ -87,7 +87,9 @@ def test_a_world_changing_tool_is_at_most_once_and_its_options_apply() -> None:
         ),
     ],
 )
-def test_the_defaults_by_declaration(declaration: ToolDeclaration, policy: Policy | str, retries: bool) -> None:
+def test_the_defaults_by_declaration(
+    declaration: ToolDeclaration, policy: Policy | str, retries: bool
+) -> None:
     """The shortest declaration is the one that works: a compensatable step is at least once (its
     body re-runs in the same scope after a crash, its guarded effects replay), never retried inside
     its claim; a pivot and a tool without an undo stay at most once; the declaration's own policy wins."""

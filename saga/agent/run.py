@@ -125,7 +125,8 @@ class _Step:
         call = self.call
         arguments = call.arguments if isinstance(call.arguments, dict) else {}
         policy = {"policy": Policy.AT_LEAST_ONCE} if self.kind is StepKind.COMPENSATABLE else {}
-        return {"arguments": arguments, "key": call.key, "result_type": result_type, **policy, **(options or {})}
+        fixed = {"arguments": arguments, "key": call.key, "result_type": result_type}
+        return {**fixed, **policy, **(options or {})}
 
 
 def _in_doubt(exc: BaseException) -> bool:
