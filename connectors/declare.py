@@ -4,7 +4,7 @@ A tool is **read-only** unless declared otherwise. A read-only tool (a search, a
 made from a tool) never parks a run: a crash inside it, or an error it raises, leaves no record that
 stops a re-run (it is journaled ``at_least_once``, so a finished call replays its recorded result).
 A tool that changes the world is declared so, next to the tool or in a mapping given to the
-adapter; only those are at most once, and only those can be left in doubt::
+adapter; only those can be left in doubt::
 
     @tool                          # LangGraph / LangChain (or @function_tool, or a CrewAI tool)
     @changes_world
@@ -28,6 +28,13 @@ sagas (:class:`sagaguard.connectors.frameworks.langgraph_saga.SagaTools`,
 :class:`sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn`) read it, the others ignore it. Each
 gives the undo the call's arguments and the tool's output as :func:`recorded_output` reads it, so the same
 undo serves every framework.
+
+A compensatable step is **at least once**: a crash inside it and the resumed run runs its body
+again, in the same scope, so the guarded effects inside it (a connector's call, ``guard.run``)
+replay or are reconciled and the run goes on with no operator. A tool whose body changes the world
+outside a guarded effect is at most once only when it says so
+(``changes_world(undo="name", policy="at_most_once")``); a pivot and a tool without an undo are
+at most once already.
 """
 
 from __future__ import annotations
@@ -71,7 +78,8 @@ class ToolDeclaration:
     """
 
     changes_world: bool = False
-    """The tool changes the world: at most once, and a crash inside it leaves it in doubt."""
+    """The tool changes the world: at most once (a crash inside it leaves it in doubt), unless it
+    has an undo (a compensatable step runs again after a crash, see :func:`tool_options`)."""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """:meth:`Guard.run` options for the tool's effect (``reconciler=``, ``policy=``, ...)."""
     undo: str | None = None
@@ -116,7 +124,8 @@ def changes_world(
 def changes_world(
     tool: Any = None, /, *, undo: str | None = None, pivot: bool = False, **options: Any
 ) -> Any:
-    """Declare a tool that changes the world: its calls are at most once.
+    """Declare a tool that changes the world: its calls are at most once, except a compensatable
+    step's (``undo=``), which runs again after a crash (see :func:`tool_options`).
 
     Use it bare (``@changes_world``), with :meth:`Guard.run` options for the tool's effect
     (``@changes_world(reconciler=...)``), or as a value (``declare={"pay": changes_world()}``).
@@ -192,13 +201,31 @@ def _doubt_elsewhere(exc: BaseException) -> Disposition | None:
 def tool_options(declaration: ToolDeclaration, policy: Policy | str | None = None) -> dict[str, Any]:
     """The :meth:`Guard.run` options of a tool call with this declaration.
 
+    - :data:`read_only` (the default): ``at_least_once``; a call a crash interrupted is asked again.
+    - ``changes_world(undo="name")``, a compensatable step: ``at_least_once``; its body runs again
+      in the same scope, so the guarded effects inside it replay or are reconciled and the run
+      goes on, with no operator.
+    - ``changes_world(pivot=True)`` and ``changes_world()``: ``at_most_once``; a call a crash
+      interrupted is in doubt until it is reconciled or an operator settles it.
+
+    No call is retried inside its claim: the framework (or the model) decides about a failed tool.
+    A compensatable tool whose body changes the world *outside* a guarded effect (a plain HTTP
+    call with no idempotency key, an SDK call of its own) must say
+    ``changes_world(undo="name", policy="at_most_once")``, or guard that call: run again, it would
+    happen twice. The declaration's own options win over these defaults.
+
     Args:
         declaration: the tool's declaration.
         policy: the adapter's ``policy=``, which when given applies to every tool (the behaviour
             before declarations: ``policy="at_most_once"`` makes every tool at most once).
     """
     options: dict[str, Any]
-    if declaration.changes_world:
+    if declaration.undo is not None:
+        # A compensatable step: its body re-runs after a crash, in the same scope, so the guarded
+        # effects inside it replay or are reconciled instead of running again, and the run goes on.
+        # No retries inside the claim: the framework (or the model) decides about a failed tool.
+        options = {"policy": Policy.AT_LEAST_ONCE, "classify": _doubt_elsewhere, "retry": NO_RETRY}
+    elif declaration.changes_world:
         options = {"policy": Policy.AT_MOST_ONCE, "classify": _doubt_elsewhere}
     else:
         # No retries inside the claim: the framework (or the model) decides about a failed tool.

@@ -15,6 +15,7 @@ from sagaguard.connectors.declare import (
     tool_options,
 )
 from sagaguard.idempotency import ConfigurationError, OutcomeUnknown, Policy
+from sagaguard.idempotency.effect import NO_RETRY
 from sagaguard.idempotency.records import Disposition
 
 
@@ -72,6 +73,39 @@ def test_a_world_changing_tool_is_at_most_once_and_its_options_apply() -> None:
     # A doubt raised by an effect inside the tool is that effect's: the tool's claim is released.
     assert options["classify"](OutcomeUnknown.__new__(OutcomeUnknown)) is Disposition.RETRYABLE
     assert options["classify"](ConnectionResetError()) is None  # the tool's own doubt: its policy
+
+
+@pytest.mark.parametrize(
+    ("declaration", "policy", "retries"),
+    [
+        pytest.param(read_only, Policy.AT_LEAST_ONCE, False, id="read-only"),
+        pytest.param(changes_world(undo="cancel"), Policy.AT_LEAST_ONCE, False, id="compensatable"),
+        pytest.param(changes_world(pivot=True), Policy.AT_MOST_ONCE, True, id="pivot"),
+        pytest.param(changes_world(), Policy.AT_MOST_ONCE, True, id="changes-world"),
+        pytest.param(
+            changes_world(undo="cancel", policy="at_most_once"), "at_most_once", False, id="said-at-most-once"
+        ),
+    ],
+)
+def test_the_defaults_by_declaration(
+    declaration: ToolDeclaration, policy: Policy | str, retries: bool
+) -> None:
+    """The shortest declaration is the one that works: a compensatable step is at least once (its
+    body re-runs in the same scope after a crash, its guarded effects replay), never retried inside
+    its claim; a pivot and a tool without an undo stay at most once; the declaration's own policy wins."""
+    options = tool_options(declaration)
+    assert options["policy"] == policy
+    assert ("retry" not in options) is retries  # absent: the guard's default; NO_RETRY for tools
+    if not retries:
+        assert options["retry"] is NO_RETRY
+    if declaration.changes_world:
+        # A doubt raised by an effect inside the tool is that effect's: the tool's claim is released.
+        assert options["classify"](OutcomeUnknown.__new__(OutcomeUnknown)) is Disposition.RETRYABLE
+        assert options["classify"](ConnectionResetError()) is None  # the tool's own error: default
+
+
+def test_the_adapter_policy_overrides_a_compensatable_step_s_default() -> None:
+    assert tool_options(changes_world(undo="cancel"), "at_most_once")["policy"] is Policy.AT_MOST_ONCE
 
 
 def test_a_mapping_wins_and_the_adapter_policy_overrides_every_declaration() -> None:

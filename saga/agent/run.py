@@ -40,6 +40,7 @@ from opentelemetry import trace
 from sagaguard.idempotency.backends.offload import in_thread
 from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.codec import encode_error
+from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError, OutcomeUnknown
 from sagaguard.idempotency.keys import fingerprint
 from sagaguard.idempotency.telemetry import tracing
@@ -117,10 +118,15 @@ class _Step:
     undo: str | None
 
     def effect(self, result_type: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:
-        """The keyword arguments of ``Guard.run`` / ``Guard.arun`` for the call's effect."""
+        """The keyword arguments of ``Guard.run`` / ``Guard.arun`` for the call's effect: a
+        compensatable call is ``at_least_once`` unless ``options`` say otherwise (a crash inside it
+        and the resumed run runs it again, so the guarded effects inside it replay), a pivot is
+        the guard's ``at_most_once``."""
         call = self.call
         arguments = call.arguments if isinstance(call.arguments, dict) else {}
-        return {"arguments": arguments, "key": call.key, "result_type": result_type, **(options or {})}
+        policy = {"policy": Policy.AT_LEAST_ONCE} if self.kind is StepKind.COMPENSATABLE else {}
+        fixed = {"arguments": arguments, "key": call.key, "result_type": result_type}
+        return {**fixed, **policy, **(options or {})}
 
 
 def _in_doubt(exc: BaseException) -> bool:
@@ -383,7 +389,10 @@ class AgentRun:
         """Make one tool call of the run.
 
         - ``undo=`` (compensatable): one commit registers the call and its undo, then the call runs
-          under the guard (once per key), then its result is recorded on its row.
+          under the guard (once per key), then its result is recorded on its row. It is
+          ``at_least_once`` unless ``options`` say ``policy="at_most_once"``: a call a crash
+          interrupted runs again when the run resumes, so ``fn`` must make its changes to the world
+          through guarded effects (which replay) or say at most once.
         - ``pivot=True``: registered the same way, with nothing to undo; once it ran, a failure
           undoes only the calls after it and a cancellation is refused.
         - neither (nothing to undo: a read, a model call): ``fn()`` runs as is, not journaled.

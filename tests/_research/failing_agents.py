@@ -16,7 +16,7 @@ or ``worker``; the same JSON line). One ``Agent`` (``OpenAIChatCompletionsModel`
   :class:`sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn` (``async with``; run id
   ``{session}/turn-1``): loop model calls journaled, ``book_review`` and ``pay`` declared by name at the
   adapter (``SagaTurn(declare=DECLARE)``: ``changes_world(undo="cancel_review")`` and
-  ``changes_world(undo="refund")``, both ``policy="at_least_once"``), the tools built from
+  ``changes_world(undo="refund")``, at least once as every compensatable step), the tools built from
   :class:`_research.failing_common.PlanTools` with ``failure_error_function=None``, their insides
   guarded as in the LangGraph child (the booking under the tool call's ``Idempotency-Key``, the
   charge a :class:`sagaguard.connectors.stripe.StripeEffects` effect in the tool call's scope), the read-only

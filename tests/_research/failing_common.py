@@ -78,8 +78,8 @@ RECOVER_FOR = 60.0
 """Seconds a resume waits for a killed compensation's lease to run out before it gives up."""
 
 DECLARE: dict[str, ToolDeclaration] = {
-    "book_review": changes_world(undo="cancel_review", policy="at_least_once"),
-    "pay": changes_world(undo="refund", policy="at_least_once"),
+    "book_review": changes_world(undo="cancel_review"),  # at least once, the compensatable default
+    "pay": changes_world(undo="refund"),
 }
 """The steps of the agent saga, declared by name at the adapter (``SagaTools(DECLARE)``,
 ``SagaTurn(declare=DECLARE)``): what the two tools do inside is guarded on its own (the booking by

@@ -19,7 +19,7 @@ driven by the world's ``TASK agent_failing`` plan (:func:`_research.world.failin
   their ids), the ``ToolNode``'s handler is :class:`sagaguard.connectors.frameworks.langgraph.ToolGuard`
   in saga mode with the steps declared by name (``ToolGuard(guard, saga=True, declare=DECLARE)``:
   ``book_review`` ``changes_world(undo="cancel_review")``, ``pay`` ``changes_world(undo="refund")``,
-  both ``policy="at_least_once"``: what they do inside is
+  at least once as every compensatable step: what they do inside is
   guarded on its own, the booking by the desk's ``Idempotency-Key``, the charge as a
   :class:`sagaguard.connectors.stripe.StripeEffects` effect with its reconciler), the read-only tools run
   through the ``ToolGuard`` (the report's model call journaled with

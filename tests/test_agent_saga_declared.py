@@ -1,0 +1,100 @@
+"""The agent-saga recipe as the docs write it finishes after a SIGKILL inside a compensatable tool,
+with no operator (issue 26 item 1).
+
+The child (``tests/_agentsagadeclared.py``) is the LangGraph recipe of docs/agent_sagas.md with the
+page's own declarations, checked against the page here, so the page cannot drift from what is
+tested. Killed inside the booking tool after the API applied the booking (before or after the
+booking's own record), the agent is restarted at once: the run resumes, the tool's body runs again
+in the same scope, its guarded request replays (or is re-sent under its key and absorbed), and the
+trip completes: nothing undone, each effect once at the API (counted there, in another process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sagaguard.connectors.testing.http_server import LocalIdempotentApi
+from sagaguard.idempotency import open_store
+from sagaguard.idempotency.records import State
+
+pytestmark = pytest.mark.timeout(180)  # fresh processes that import LangGraph, on a shared machine
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILD = Path(__file__).resolve().parent / "_agentsagadeclared.py"
+PAGE = ROOT / "docs" / "agent_sagas.md"
+ONLY_SLOW = [
+    pytest.mark.slow,
+    pytest.mark.skipif("'slow' not in config.getoption('markexpr')", reason="runs with -m slow"),
+]
+DECLARATION = re.compile(r"changes_world\((?:[^()]|\([^()]*\))*\)")
+
+
+def _run(api: LocalIdempotentApi, folder: Path, crash_at: str = "") -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(p for p in (str(ROOT), str(CHILD.parent), os.environ.get("PYTHONPATH", "")) if p)
+    env = {
+        **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "AGENT_API": api.url,
+        "AGENT_DIR": str(folder), "SAGAGUARD_CRASH_AT": crash_at,
+    }  # fmt: skip
+    argv = [sys.executable, str(CHILD)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90, check=False)
+
+
+def _applied(api: LocalIdempotentApi) -> Counter[str]:
+    found = httpx.get(f"{api.url}/resources", timeout=10).json()["resources"]
+    return Counter(resource["path"] for resource in found)
+
+
+@pytest.fixture
+def api() -> Any:
+    with LocalIdempotentApi() as server:
+        yield server
+
+
+def test_the_child_declares_its_tools_exactly_as_the_page_does() -> None:
+    """Every declaration of the child appears, character for character, in docs/agent_sagas.md's
+    LangGraph recipe, and no compensatable step in the page's examples needs a ``policy=``."""
+    page = PAGE.read_text(encoding="utf-8")
+    recipe = page[page.index("## LangGraph") :]
+    recipe = recipe[: recipe.index("\n## ", 1)]
+    child = set(DECLARATION.findall(CHILD.read_text(encoding="utf-8")))
+    assert child == {'changes_world(undo="cancel_booking")', 'changes_world(undo="refund")'}
+    for declaration in child:
+        assert declaration in recipe, declaration
+    code = "".join(re.findall(r"```python\n(.*?)```", page, re.S))  # the page's examples
+    assert not [d for d in DECLARATION.findall(code) if "undo=" in d and "policy=" in d]
+
+
+@pytest.mark.parametrize(
+    "crash_at",
+    ["in_booking", pytest.param("booked", marks=ONLY_SLOW)],  # seconds each: one in the default suite
+)
+def test_the_recipe_killed_inside_a_compensatable_tool_resumes_and_completes(
+    api: LocalIdempotentApi, tmp_path: Path, crash_at: str
+) -> None:
+    killed = _run(api, tmp_path, crash_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert _applied(api) == {"/bookings": 1}
+    again = _run(api, tmp_path)  # restarted at once, on the same host: no operator
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout) == {"state": "completed", "answer": "done"}
+    assert _applied(api) == {"/bookings": 1, "/charges": 1}  # nothing twice, nothing undone
+    store = open_store(f"sqlite:///{tmp_path / 'agent.db'}")
+    try:
+        states = {record.name: record.state for record in store.list()}
+    finally:
+        store.close()
+    assert states == {
+        "agent.tool.book_hotel": State.SUCCEEDED, "agent.tool.charge": State.SUCCEEDED,
+        "booking.hotel": State.SUCCEEDED, "payments.charge": State.SUCCEEDED,
+    }  # fmt: skip
