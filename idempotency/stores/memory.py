@@ -124,7 +124,7 @@ class MemoryStore:
             rec = Record(
                 key, old.namespace, old.scope, old.name, old.ordinal, old.fingerprint, State.SUCCEEDED,
                 token, old.lease_until, old.attempts, old.created_at, now, now + retention, result, None,
-                old.holder,
+                old.holder, old.result_type,
             )  # fmt: skip
             self._records[key] = rec
             return rec
