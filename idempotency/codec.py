@@ -121,6 +121,8 @@ def type_name(tp: Any) -> str | None:
     """
     if tp is None or tp is type(None):
         return "None"
+    if tp is Any:  # a class since Python 3.11, but it declares nothing to check
+        return None
     origin = typing.get_origin(tp)
     if isinstance(origin, type) and not typing.is_typeddict(tp):
         tp = origin

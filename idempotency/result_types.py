@@ -19,12 +19,15 @@ import importlib
 import json
 from typing import Any
 
+from pydantic import ValidationError
+
 from sagaguard.idempotency.codec import Codec
 from sagaguard.idempotency.errors import CodecError, ConfigurationError
 
 __all__ = ["ResultMismatch", "ResultTypeUnavailable", "check_result", "expected_shape", "recorded_codec"]
 
 _SHAPE_LIMIT = 600
+_PROBLEMS = 5
 
 
 class ResultMismatch(ConfigurationError):
@@ -75,10 +78,30 @@ def recorded_codec(name: str) -> Codec[Any]:
         raise ResultTypeUnavailable(f"the effect's result type {name!r} has no JSON codec here: {exc}") from exc
 
 
+def _bare(schema: Any) -> Any:
+    """``schema`` without its titles and descriptions (the shape only)."""
+    if isinstance(schema, dict):
+        return {k: _bare(v) for k, v in schema.items() if k not in ("title", "description")}
+    if isinstance(schema, list):
+        return [_bare(v) for v in schema]
+    return schema
+
+
 def expected_shape(codec: Codec[Any]) -> str:
-    """The JSON schema of what ``codec`` reads, compact, cut to a readable length."""
-    schema = json.dumps(codec.json_schema(), separators=(",", ":"), sort_keys=True)
+    """The JSON schema of what ``codec`` reads, without titles and descriptions, compact, cut to a
+    readable length."""
+    schema = json.dumps(_bare(codec.json_schema()), separators=(",", ":"), sort_keys=True)
     return schema if len(schema) <= _SHAPE_LIMIT else schema[: _SHAPE_LIMIT - 3] + "..."
+
+
+def _problems(exc: CodecError) -> str:
+    """What pydantic found wrong, one short clause per field (at most five)."""
+    cause = exc.__cause__
+    if not isinstance(cause, ValidationError):
+        return str(exc)
+    found = [f"{'.'.join(map(str, e['loc'])) or 'the value'}: {e['msg']}" for e in cause.errors()]
+    more = f" (and {len(found) - _PROBLEMS} more)" if len(found) > _PROBLEMS else ""
+    return "; ".join(found[:_PROBLEMS]) + more
 
 
 def check_result(name: str, text: str) -> None:
@@ -92,8 +115,7 @@ def check_result(name: str, text: str) -> None:
     try:
         codec.decode(text)
     except CodecError as exc:
-        detail = str(exc).split(": ", 1)[-1]
         raise ResultMismatch(
-            f"the result is not a {name}, the type this effect records: {detail}; "
+            f"the result is not a {name}, the type this effect records ({_problems(exc)}); "
             f"expected JSON of this shape: {expected_shape(codec)}"
         ) from None
