@@ -121,6 +121,8 @@ def test_the_cli_refuses_a_wrong_shape_with_exit_2_and_shows_it(
     url = f"sqlite:///{tmp_path}/ledger.db"
     store = open_store(url)
     _, record = in_doubt(store, "stripe.charge", Payment)
+    assert main(["--store", url, "effects", "show", record.key[:16]]) == 0
+    assert "result type   sagaguard.connectors.stripe._objects.Payment (what --result" in capsys.readouterr().out
     bad = ["effects", "resolve", record.key[:16], "--applied", "--result", '{"charge_id": "ch_1"}']
     assert main(["--store", url, *bad]) == 2
     err = capsys.readouterr().err
