@@ -428,7 +428,9 @@ class Guard:
         fp = fingerprint(printed)
         name = plan.name
         if key is not None:
-            identity = EffectIdentity.explicit(plan.namespace, key, name, self.ledger_id, plan.spec.codec.type_name)
+            identity = EffectIdentity.explicit(
+                plan.namespace, key, name, self.ledger_id, plan.spec.codec.type_name
+            )
         else:
             unit = current_scope()
             ordinal = unit.next_ordinal(name)

@@ -75,7 +75,9 @@ def recorded_codec(name: str) -> Codec[Any]:
     try:
         return Codec(tp)
     except CodecError as exc:
-        raise ResultTypeUnavailable(f"the effect's result type {name!r} has no JSON codec here: {exc}") from exc
+        raise ResultTypeUnavailable(
+            f"the effect's result type {name!r} has no JSON codec here: {exc}"
+        ) from exc
 
 
 def _bare(schema: Any) -> Any:

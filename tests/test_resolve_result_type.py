@@ -74,14 +74,18 @@ def test_a_wrong_shape_is_refused_and_the_right_one_replayed(case: str, tmp_path
     operation, record = in_doubt(store, name, declared)
     assert record.result_type == type_name(declared) is not None
 
-    with pytest.raises(ResultMismatch, match=rf"not a {record.result_type}.*expected JSON of this shape: \{{") as refused:
+    with pytest.raises(
+        ResultMismatch, match=rf"not a {record.result_type}.*expected JSON of this shape: \{{"
+    ) as refused:
         resolve_effect(store, record.key, applied=True, result=json.dumps(wrong), actor="ana")
     assert not isinstance(refused.value, CodecError)  # the operator's refusal, not a replay's failure
     assert store.get(record.key) == record  # untouched: still in doubt, same token
 
     resolve_effect(store, record.key, applied=True, result=json.dumps(right), actor="ana")
     with scope("order-1"):  # the next run replays the operator's result as the declared type
-        replayed = operation.run(lambda: pytest.fail("an applied effect ran again"), arguments={"amount": 4200})
+        replayed = operation.run(
+            lambda: pytest.fail("an applied effect ran again"), arguments={"amount": 4200}
+        )
     expected = Codec(declared).decode(json.dumps(right))
     assert replayed == expected and type(replayed) is type(expected)
     store.close()
@@ -107,7 +111,7 @@ def test_a_type_that_cannot_be_imported_here_is_refused_clearly(clock: FakeClock
     )
     claimed = store.claim(identity, fingerprint({}), 30.0).record
     clock.advance(31)
-    with pytest.raises(ResultTypeUnavailable, match="'shop_gone.models.Parcel' cannot be imported here"):
+    with pytest.raises(ResultTypeUnavailable, match=r"'shop_gone\.models\.Parcel' cannot be imported here"):
         resolve_effect(store, claimed.key, applied=True, result="{}", actor="ana")
     assert store.get(claimed.key) == claimed
     # Not applied needs no result, so no type: the operator can always send it to be run again.
@@ -122,7 +126,9 @@ def test_the_cli_refuses_a_wrong_shape_with_exit_2_and_shows_it(
     store = open_store(url)
     _, record = in_doubt(store, "stripe.charge", Payment)
     assert main(["--store", url, "effects", "show", record.key[:16]]) == 0
-    assert "result type   sagaguard.connectors.stripe._objects.Payment (what --result" in capsys.readouterr().out
+    assert (
+        "result type   sagaguard.connectors.stripe._objects.Payment (what --result" in capsys.readouterr().out
+    )
     bad = ["effects", "resolve", record.key[:16], "--applied", "--result", '{"charge_id": "ch_1"}']
     assert main(["--store", url, *bad]) == 2
     err = capsys.readouterr().err
@@ -147,7 +153,9 @@ def test_the_console_refuses_a_wrong_shape_with_a_400(clock: FakeClock) -> None:
     store = MemoryStore(clock=clock)
     _, record = in_doubt(store, "email.send", Sent)
     token = "t0k3n-for-the-result-type-test"
-    app = create_app(ConsoleSettings("memory://", token=token), store=store, journal=MemoryJournal(), audit=MemoryAudit())
+    app = create_app(
+        ConsoleSettings("memory://", token=token), store=store, journal=MemoryJournal(), audit=MemoryAudit()
+    )
     client = TestClient(app, follow_redirects=False)
     headers = {"authorization": f"Bearer {token}", "accept": "application/json"}
     body = {"target": record.key, "verdict": "applied", "result": {"id": "m1"}}

@@ -154,7 +154,9 @@ def test_create_upgrades_an_older_table(tmp_path: Path) -> None:
     store = SqlStore(url)
     store.close()
     with engine.connect() as conn:
-        assert {"holder", "result_type"} <= {c["name"] for c in sa.inspect(conn).get_columns("sagaguard_effects")}
+        assert {"holder", "result_type"} <= {
+            c["name"] for c in sa.inspect(conn).get_columns("sagaguard_effects")
+        }
     effects = [ts for ts in table_sets() if ts.name == "effects"]
     assert schema_status(engine, effects)[0].current == "effects_0003"
     with engine.begin() as conn:  # a table at effects_0002, the layout before result types
