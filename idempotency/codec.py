@@ -27,7 +27,7 @@ from pydantic_core import PydanticSerializationError
 
 from sagaguard.idempotency.errors import CodecError
 
-__all__ = ["Codec", "ErrorInfo", "decode_error", "encode_error"]
+__all__ = ["Codec", "ErrorInfo", "decode_error", "encode_error", "type_name"]
 
 T = TypeVar("T")
 
@@ -41,10 +41,12 @@ class Codec(Generic[T]):
         CodecError: at construction, when ``tp`` cannot round-trip through JSON.
     """
 
-    __slots__ = ("_adapter", "_name")
+    __slots__ = ("_adapter", "_name", "type_name")
 
     def __init__(self, tp: Any) -> None:
         self._name = getattr(tp, "__name__", repr(tp))
+        self.type_name = type_name(tp)
+        """The declared type as :func:`type_name` names it (recorded with every claim)."""
         if tp is None or tp is type(None):
             tp = type(None)
         try:
@@ -68,6 +70,10 @@ class Codec(Generic[T]):
     def for_return_of(cls, hints: dict[str, Any]) -> Codec[Any]:
         """The codec for a function's return annotation (``Any`` when it has none)."""
         return cls(hints.get("return", Any))
+
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON schema of the text :meth:`decode` reads (pydantic's, validation mode)."""
+        return self._adapter.json_schema()
 
     def encode(self, value: T) -> str:
         """Value to JSON text.
@@ -103,6 +109,26 @@ class Codec(Generic[T]):
             return self._adapter.validate_json(text)
         except ValidationError as exc:
             raise CodecError(f"recorded result does not read back as {self._name}: {exc}") from exc
+
+
+def type_name(tp: Any) -> str | None:
+    """The name a record keeps of a declared result type, which
+    :func:`~sagaguard.idempotency.result_types.recorded_codec` imports back: ``module.QualName`` of a
+    class (``"sagaguard.connectors.stripe.Payment"``, ``"builtins.dict"``), of a parametrised
+    class's origin (``dict[str, Any]`` is ``"builtins.dict"``: its outer shape only), ``"None"`` for
+    ``None``; None for ``Any`` and every other form (unions, ``Literal``...), whose results are not
+    checked. A class defined inside a function (``<locals>`` in its name) is not importable: None.
+    """
+    if tp is None or tp is type(None):
+        return "None"
+    if tp is Any:  # a class since Python 3.11, but it declares nothing to check
+        return None
+    origin = typing.get_origin(tp)
+    if isinstance(origin, type) and not typing.is_typeddict(tp):
+        tp = origin
+    if not isinstance(tp, type) or "<locals>" in tp.__qualname__:
+        return None
+    return f"{tp.__module__}.{tp.__qualname__}"
 
 
 class ErrorInfo(typing.NamedTuple):

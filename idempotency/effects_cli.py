@@ -219,6 +219,10 @@ def _result_text(text: str | None) -> str:
 
 
 def _check_shape(record: Record, result: str) -> None:
+    """The connectors' name-based checks, for records that name no result type (written before
+    types were recorded); a record that names one is checked against it by ``resolve_effect``."""
+    if record.result_type is not None:
+        return
     for finder in result_checks:
         check = finder(record.name)
         if check is None:
@@ -240,8 +244,8 @@ def _check_shape(record: Record, result: str) -> None:
     "--result",
     metavar="JSON",
     help="with --applied (required): the effect's result as JSON, as its return type stores it "
-    "(null for an effect that returns nothing); checked against the effect's shape where its "
-    "connector declares one",
+    "(null for an effect that returns nothing); checked against the result type the record "
+    "names (a record that names none: the connector's shape, MCP calls only)",
 )
 @click.option(
     "--retention",

@@ -111,6 +111,8 @@ def show_record(record: Record, now: float, ledger: str) -> None:
             else (f"in {duration(record.expires_at - now)}" if record.expires_at > now else "expired"),
         ),
     ]
+    if record.result_type is not None:  # what `resolve --applied --result` must decode as
+        fields.insert(4, ("result type", f"{record.result_type} (what --result is checked against)"))
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
         click.echo(f"{name.ljust(width)}  {value}")

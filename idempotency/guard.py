@@ -428,10 +428,14 @@ class Guard:
         fp = fingerprint(printed)
         name = plan.name
         if key is not None:
-            identity = EffectIdentity.explicit(plan.namespace, key, name, self.ledger_id)
+            identity = EffectIdentity.explicit(
+                plan.namespace, key, name, self.ledger_id, plan.spec.codec.type_name
+            )
         else:
             unit = current_scope()
             ordinal = unit.next_ordinal(name)
             key = plan.derive(unit.id, ordinal)
-            identity = EffectIdentity(plan.namespace, unit.id, name, ordinal, key, self.ledger_id)
+            identity = EffectIdentity(
+                plan.namespace, unit.id, name, ordinal, key, self.ledger_id, plan.spec.codec.type_name
+            )
         return Flow(plan.spec, identity, fp, arguments)

@@ -267,6 +267,9 @@ class EffectIdentity:
     ordinal: int
     key: str
     ledger: str = LEGACY_LEDGER
+    result_type: str | None = field(default=None, compare=False)
+    """The declared type of the effect's result (:func:`~sagaguard.idempotency.result_types.type_name`),
+    which the claim records beside the identity; not part of who the effect is (not compared)."""
 
     @classmethod
     def of(
@@ -276,11 +279,13 @@ class EffectIdentity:
         return cls(namespace, scope, name, ordinal, derive_key(namespace, scope, name, ordinal), ledger)
 
     @classmethod
-    def explicit(cls, namespace: str, key: str, name: str, ledger: str = LEGACY_LEDGER) -> EffectIdentity:
+    def explicit(
+        cls, namespace: str, key: str, name: str, ledger: str = LEGACY_LEDGER, result_type: str | None = None
+    ) -> EffectIdentity:
         """An identity for a caller-given key. The namespace still enters the hash (tenants)."""
         if not key:
             raise ConfigurationError("an explicit key must not be empty")
-        return cls(namespace, key, name, 0, derive_explicit_key(namespace, key, name), ledger)
+        return cls(namespace, key, name, 0, derive_explicit_key(namespace, key, name), ledger, result_type)
 
     @property
     def provider_key(self) -> str:

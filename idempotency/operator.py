@@ -21,6 +21,7 @@ from sagaguard.idempotency.cliutil import duration
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError, LostOwnership, RecordNotFound
 from sagaguard.idempotency.holder import is_dead_on_this_host
 from sagaguard.idempotency.records import Disposition, Record, State
+from sagaguard.idempotency.result_types import ResultMismatch, ResultTypeUnavailable, check_result
 from sagaguard.idempotency.store import IdempotencyStore
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "NothingToResolve",
     "OperatorRefused",
     "ResolveConflict",
+    "ResultMismatch",
+    "ResultTypeUnavailable",
     "find_effect",
     "holder_gone",
     "needs_resolution",
@@ -131,6 +134,10 @@ def _settle(
             f"(token {record.token}, lease {duration(record.lease_until - now)} left); "
             "wait for the lease to run out, or force it if that worker is gone"
         )
+    if result is not None and record.result_type is not None:
+        # What is written here is what every later run replays: a result that does not read back as
+        # the declared type would fail each of them (CodecError), with the record settled for good.
+        check_result(record.result_type, result)
     try:
         if result is not None:
             return store.complete(record.key, record.token, result, retention)
@@ -162,7 +169,10 @@ def resolve_effect(
     """Settle an effect in doubt after checking the outside world, and audit it.
 
     ``applied=True`` records it SUCCEEDED with ``result`` (JSON text, as its return type stores it),
-    which every later run replays; ``applied=False`` removes the record, so the next run executes
+    which every later run replays; the result must read back as the result type the record names
+    (:attr:`Record.result_type <sagaguard.idempotency.records.Record.result_type>`, written by the
+    claim), else nothing is written (records without one, written before types were recorded or
+    of effects declaring none, take any JSON); ``applied=False`` removes the record, so the next run executes
     the effect.
 
     Args:
@@ -185,6 +195,9 @@ def resolve_effect(
     Raises:
         ConfigurationError: ``applied`` without ``result``, ``result`` without ``applied``, or a
             result that is not JSON.
+        ResultMismatch: the result does not read back as the record's result type (nothing
+            written; the message shows the expected JSON shape).
+        ResultTypeUnavailable: the record's result type cannot be imported in this process.
         RecordNotFound: no such record.
         AmbiguousKey: the prefix matches several records.
         NothingToResolve: the effect has finished.

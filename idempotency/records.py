@@ -61,6 +61,11 @@ class Record:
     holder: str | None = None
     """Who claimed or last took over the record (:mod:`sagaguard.idempotency.holder`); None in records
     written before holders were recorded."""
+    result_type: str | None = None
+    """The declared type of the effect's result, as :func:`~sagaguard.idempotency.result_types.type_name`
+    names it (``"sagaguard.connectors.stripe.Payment"``, ``"builtins.dict"``), written by the claim; an
+    operator's result is checked against it. None: no type declared (``Any``), one that cannot be named
+    by import, or a record written before result types were recorded."""
 
     def lease_live(self, now: float) -> bool:
         """Whether the current holder's lease has not yet run out at ``now``."""

@@ -78,14 +78,20 @@ def new_url(backend: str, tmp_path: Path) -> Iterator[str]:
     yield from fresh_database(backend, tmp_path, fixture=False)
 
 
+OLD_COLUMNS: dict[str, list[str]] = {}
+"""The old tables' columns as the fixture made them (filled by the first :func:`rows`)."""
+
+
 def rows(url: str) -> dict[str, list[tuple[object, ...]]]:
-    """Every row of every old table, every column, in primary-key order."""
+    """Every row of every old table, every column the old table had, in primary-key order."""
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
             found = {}
             for table in TABLES:
-                columns = [c["name"] for c in sa.inspect(conn).get_columns(table)]
+                columns = OLD_COLUMNS.setdefault(
+                    f"{url} {table}", [c["name"] for c in sa.inspect(conn).get_columns(table)]
+                )
                 listed = ", ".join(columns)
                 found[table] = [tuple(r) for r in conn.exec_driver_sql(f"SELECT {listed} FROM {table}")]
                 found[table].sort(key=repr)
@@ -141,6 +147,11 @@ def test_the_previous_release_upgrades_with_nothing_lost(
     assert "audit (sagaguard_audit): created at audit_0001" in out  # that release had no audit
 
     assert rows(old_url) == before  # every row, every column, as it was
+    upgraded = make_engine(old_url)
+    with upgraded.connect() as conn:  # a column added since is empty in the old records
+        typed = "SELECT count(*) FROM sagaguard_effects WHERE result_type IS NOT NULL"
+        assert conn.exec_driver_sql(typed).scalar() == 0
+    upgraded.dispose()
     # The tables are now what a new database gets.
     assert cli_main(["db", "upgrade", "--store", new_url]) == 0
     assert layout(old_url) == layout(new_url)

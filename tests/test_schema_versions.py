@@ -64,7 +64,7 @@ def test_db_status_and_upgrade_exit_codes(
     assert (
         cli_main(["db", "upgrade", "--store", sqlite_url, "--only", "effects", "--effects-table", "fx"]) == 0
     )
-    assert "effects (fx): created at effects_0002" in capsys.readouterr().out
+    assert "effects (fx): created at effects_0003" in capsys.readouterr().out
     assert (
         cli_main(["db", "status", "--store", sqlite_url, "--only", "effects", "--effects-table", "fx"]) == 0
     )
@@ -113,7 +113,7 @@ def test_a_store_refuses_tables_at_another_revision_and_names_the_command(
             "empty",
             "effects",
             None,
-            "effects_0002",
+            "effects_0003",
         )
         assert error.command is not None and error.command.startswith("sagaguard db upgrade --store ")
         assert "secret" not in str(error) and error.command in str(error)
@@ -151,6 +151,7 @@ def test_the_default_refuses_an_older_table_and_create_true_upgrades_it(tmp_path
     with engine.begin() as conn:  # back to the first layout, unversioned
         conn.exec_driver_sql("DROP TABLE sagaguard_effects_version")
         conn.exec_driver_sql("ALTER TABLE sagaguard_effects DROP COLUMN holder")
+        conn.exec_driver_sql("ALTER TABLE sagaguard_effects DROP COLUMN result_type")
     with pytest.raises(SchemaVersionMismatch, match="sagaguard db upgrade --store"):
         SqlStore(url)
     with engine.connect() as conn:  # refused: nothing altered
@@ -158,11 +159,21 @@ def test_the_default_refuses_an_older_table_and_create_true_upgrades_it(tmp_path
     store = SqlStore(url, create=True)
     store.close()
     with engine.connect() as conn:
-        assert "holder" in {c["name"] for c in sa.inspect(conn).get_columns("sagaguard_effects")}
-    assert (
-        schema_status(engine, [ts for ts in table_sets() if ts.name == "effects"])[0].current
-        == "effects_0002"
-    )
+        assert {"holder", "result_type"} <= {
+            c["name"] for c in sa.inspect(conn).get_columns("sagaguard_effects")
+        }
+    effects = [ts for ts in table_sets() if ts.name == "effects"]
+    assert schema_status(engine, effects)[0].current == "effects_0003"
+    with engine.begin() as conn:  # a table at effects_0002, the layout before result types
+        conn.exec_driver_sql("ALTER TABLE sagaguard_effects DROP COLUMN result_type")
+        conn.exec_driver_sql("UPDATE sagaguard_effects_version SET version_num = 'effects_0002'")
+    for create in (False, None):  # refused by default too: nothing is altered at open
+        with pytest.raises(SchemaVersionMismatch, match="effects_0002"):
+            SqlStore(url, create=create)
+    SqlStore(url, create=True).close()  # effects_0003 adds the column
+    with engine.connect() as conn:
+        assert "result_type" in {c["name"] for c in sa.inspect(conn).get_columns("sagaguard_effects")}
+    assert schema_status(engine, effects)[0].current == "effects_0003"
     engine.dispose()
 
 

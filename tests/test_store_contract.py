@@ -1269,3 +1269,35 @@ def test_a_new_ledger_has_an_id_of_its_own_kept_for_its_life(store_factory: Stor
     store.claim(ident(), FP, LEASE)
     assert [r.key for r in store.list()] == [ident().key]
     assert store_factory.open().ledger_id() == ledger  # records do not change it
+
+
+def test_the_claim_records_the_result_type_and_every_later_write_keeps_it(
+    store: IdempotencyStore, clock: FakeClock
+) -> None:
+    """The declared result type rides on the claim (no write of its own): a fresh claim stores it,
+    completion, an ambiguous failure and a take-over keep it, a take-over by code that declares
+    another type records that one, and a claim that declares none leaves a record without one."""
+    payment = "sagaguard.connectors.stripe._objects.Payment"
+    typed = dataclasses.replace(ident(), result_type=payment)
+    first = store.claim(typed, FP, LEASE)
+    assert first.outcome is CLAIMED and first.record.result_type == payment
+    assert store.get(typed.key).result_type == payment  # type: ignore[union-attr]
+    done = store.complete(typed.key, first.record.token, RESULT, RETENTION)
+    assert done.result_type == payment and store.get(typed.key).result_type == payment  # type: ignore[union-attr]
+
+    second = dataclasses.replace(ident(1), result_type=payment)
+    claimed = store.claim(second, FP, LEASE).record
+    parked = store.fail(second.key, claimed.token, Disposition.AMBIGUOUS, ERROR, RETENTION)
+    assert parked is not None and parked.result_type == payment
+    untyped_retry = store.claim(ident(1), FP, LEASE)  # code that declares no type takes it over
+    assert untyped_retry.outcome is TOOK_OVER and untyped_retry.record.result_type == payment
+    clock.advance(LEASE + 1)
+    retyped = store.claim(dataclasses.replace(ident(1), result_type="builtins.dict"), FP, LEASE)
+    assert retyped.outcome is TOOK_OVER and retyped.record.result_type == "builtins.dict"
+    taken = store.take_over(second.key, retyped.record.token, LEASE)
+    assert taken is not None and taken.result_type == "builtins.dict"
+
+    plain = store.claim(ident(2), FP, LEASE)
+    assert plain.record.result_type is None and store.get(ident(2).key).result_type is None  # type: ignore[union-attr]
+    listed = {r.key: r.result_type for r in store.list(limit=10)}
+    assert listed == {typed.key: payment, second.key: "builtins.dict", ident(2).key: None}

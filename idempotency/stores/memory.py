@@ -64,7 +64,7 @@ class MemoryStore:
                 rec = Record(
                     identity.key, identity.namespace, identity.scope, identity.name, identity.ordinal,
                     fingerprint, State.IN_PROGRESS, token, now + lease, 1, now, now,
-                    holder=_holder.current(),
+                    holder=_holder.current(), result_type=identity.result_type,
                 )  # fmt: skip
                 self._records[identity.key] = rec
                 return ClaimResult(ClaimOutcome.CLAIMED, rec)
@@ -76,6 +76,8 @@ class MemoryStore:
                     lease_until=now + lease,
                     updated_at=now,
                     holder=_holder.current(),
+                    # The taking-over code's declaration is the one its replays decode with.
+                    result_type=identity.result_type or old.result_type,
                 )
                 self._records[identity.key] = rec
                 return ClaimResult(ClaimOutcome.TOOK_OVER, rec)
@@ -122,7 +124,7 @@ class MemoryStore:
             rec = Record(
                 key, old.namespace, old.scope, old.name, old.ordinal, old.fingerprint, State.SUCCEEDED,
                 token, old.lease_until, old.attempts, old.created_at, now, now + retention, result, None,
-                old.holder,
+                old.holder, old.result_type,
             )  # fmt: skip
             self._records[key] = rec
             return rec

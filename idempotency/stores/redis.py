@@ -81,7 +81,7 @@ def _number(value: Any) -> float | None:
 
 def _record(key: str, reply: Sequence[Any]) -> Record:
     """Build a record from a marker followed by the fields in :data:`FIELDS` order."""
-    _, ns, sc, nm, od, fp, st, tk, lu, at, ca, ua, ea, rs, er, hd = reply
+    _, ns, sc, nm, od, fp, st, tk, lu, at, ca, ua, ea, rs, er, hd, rt = reply
     return Record(
         key=key,
         namespace=ns,
@@ -99,6 +99,7 @@ def _record(key: str, reply: Sequence[Any]) -> Record:
         result=_field(rs),
         error=_field(er),
         holder=_field(hd),
+        result_type=_field(rt),
     )
 
 
@@ -313,7 +314,7 @@ class RedisStore:
         reply = self._run(
             self._claim, identity.key, self._now_arg(), float(lease), identity.namespace, identity.name,
             fingerprint, identity.scope, str(identity.ordinal), str(first_token()), _holder.current(),
-            replicated=True,
+            identity.result_type or "", replicated=True,
         )  # fmt: skip
         return ClaimResult(ClaimOutcome(reply[0]), _record(identity.key, reply))
 

@@ -15,6 +15,7 @@ __all__ = ["CLAIM", "COMPLETE", "FAIL", "FIELDS", "HEARTBEAT", "PURGE", "TAKE_OV
 FIELDS = (
     "namespace", "scope", "name", "ordinal", "fingerprint", "state", "token",
     "lease_until", "attempts", "created_at", "updated_at", "expires_at", "result", "error", "holder",
+    "result_type",
 )  # fmt: skip
 """Hash fields in reply order. The Lua below indexes them from 1: state is r[6], token r[7]..."""
 
@@ -39,7 +40,8 @@ end
 """
 
 # ARGV: now, lease, namespace, name, fingerprint, scope, ordinal, first_token (random, from Python:
-# a new record starts there; a replaced or taken-over one counts on from its own token), holder.
+# a new record starts there; a replaced or taken-over one counts on from its own token), holder,
+# result_type (empty: none declared; a take-over keeps the recorded one then).
 # Tokens stay strings in the reply: cjson prints numbers with 14 digits, which would round a
 # 15-digit token.
 CLAIM = (
@@ -55,8 +57,10 @@ if not st or ((st == 'succeeded' or st == 'failed') and r[12] and tonumber(r[12]
   redis.call('HSET', k, 'namespace', ARGV[3], 'scope', ARGV[6], 'name', ARGV[4],
     'ordinal', ARGV[7], 'fingerprint', ARGV[5], 'state', 'in_progress', 'token', tok,
     'lease_until', lu, 'attempts', 1, 'created_at', n, 'updated_at', n, 'holder', ARGV[9])
+  local rt = false
+  if ARGV[10] ~= '' then rt = ARGV[10]; redis.call('HSET', k, 'result_type', rt) end
   return cjson.encode({'claimed', ARGV[3], ARGV[6], ARGV[4], ARGV[7], ARGV[5], 'in_progress',
-    tok, lu, 1, n, n, false, false, false, ARGV[9]})
+    tok, lu, 1, n, n, false, false, false, ARGV[9], rt})
 end
 if (st == 'in_progress' or st == 'in_doubt') and tonumber(r[8]) <= now and r[5] == ARGV[5] then
   -- A live record never has a TTL (only finishing sets one), so no PERSIST is needed here.
@@ -64,6 +68,7 @@ if (st == 'in_progress' or st == 'in_doubt') and tonumber(r[8]) <= now and r[5] 
     f(now + tonumber(ARGV[2])), tonumber(r[9]) + 1, f(now), ARGV[9]
   redis.call('HSET', k, 'state', r[6], 'token', r[7], 'lease_until', r[8], 'attempts', r[9],
     'updated_at', r[11], 'holder', r[15])
+  if ARGV[10] ~= '' then r[16] = ARGV[10]; redis.call('HSET', k, 'result_type', r[16]) end
   table.insert(r, 1, 'took_over')
   return cjson.encode(r)
 end

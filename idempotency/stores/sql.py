@@ -73,7 +73,7 @@ def _record(row: Sequence[Any]) -> Record:
     return Record(
         row[0], row[1], row[2], row[3], int(row[4]), row[5], _STATES[row[6]], int(row[7]),
         float(row[8]), int(row[9]), float(row[10]), float(row[11]),
-        None if row[12] is None else float(row[12]), row[13], row[14], row[15],
+        None if row[12] is None else float(row[12]), row[13], row[14], row[15], row[16],
     )  # fmt: skip
 
 
@@ -276,6 +276,7 @@ class SqlStore:
             "lease": float(lease),
             "first_token": first_token(),  # used only if no row is in the way
             "holder": _holder.current(),
+            "result_type": identity.result_type,
         }
         self._verify()
         for _ in range(_CLAIM_ATTEMPTS):
@@ -296,7 +297,7 @@ class SqlStore:
                 return [(True, identity.key, identity.namespace, identity.scope, identity.name,
                          identity.ordinal, params["fingerprint"], State.IN_PROGRESS.value,
                          params["first_token"], fresh["lease_until"], 1, now, now,
-                         None, None, None, params["holder"])]  # fmt: skip
+                         None, None, None, params["holder"], params["result_type"])]  # fmt: skip
             cursor.execute("BEGIN IMMEDIATE")  # the upsert and the read, as one
         rows = self._run(cursor, "claim", params)
         if not rows:  # read the record in the way (SQLite: in the same transaction)
@@ -344,7 +345,7 @@ class SqlStore:
         return Record(
             key, held.namespace, held.scope, held.name, held.ordinal, held.fingerprint,
             State.SUCCEEDED, token, lease_until, held.attempts, held.created_at,
-            updated_at, expires_at, result, None, held.holder,
+            updated_at, expires_at, result, None, held.holder, held.result_type,
         )  # fmt: skip
 
     def fail(

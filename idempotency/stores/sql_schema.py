@@ -39,9 +39,9 @@ __all__ = [
     "effect_model",
 ]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """Version of the effects table set's layout (the Alembic revision that records it:
-``effects_0002``, which added the ledger table)."""
+``effects_0003``, which added the ``result_type`` column)."""
 
 DEFAULT_TABLE: Final = "sagaguard_effects"
 """The effects table's name unless told otherwise."""
@@ -50,7 +50,7 @@ _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")  # 48 leaves room for i
 
 COLUMNS: Final = (
     "key, namespace, scope, name, ordinal, fingerprint, state, token, lease_until, attempts, "
-    "created_at, updated_at, expires_at, result, error, holder"
+    "created_at, updated_at, expires_at, result, error, holder, result_type"
 )
 """Every column, in the order of :class:`~sagaguard.idempotency.records.Record`'s fields."""
 
@@ -83,10 +83,12 @@ class EffectFields(_SagaguardModel):
     result: str | None = Field(default=None, sa_type=sa.Text)
     error: str | None = Field(default=None, sa_type=sa.Text)
     holder: str | None = Field(default=None, sa_type=sa.Text)  # added in schema version 2
+    result_type: str | None = Field(default=None, sa_type=sa.Text)  # added in schema version 4
 
 
-ADDED_COLUMNS: Final = ("holder",)
-"""Nullable text columns added since the first layout (added to an older table by ``effects_0001``)."""
+ADDED_COLUMNS: Final = ("holder", "result_type")
+"""Nullable text columns added since the first layout (``holder`` by ``effects_0001``,
+``result_type`` by ``effects_0003``)."""
 
 RARE_STATES: Final = frozenset({State.IN_DOUBT.value, State.FAILED.value})
 """The states an operator lists and a guarded call that succeeds never writes: the one index on

@@ -59,10 +59,10 @@ def _upsert(table: str, source: str, guard: str, at: str) -> str:
 
     return f"""
     INSERT INTO {table} AS e (key, namespace, scope, name, ordinal, fingerprint, state,
-                              token, lease_until, attempts, created_at, updated_at, holder)
+                              token, lease_until, attempts, created_at, updated_at, holder, result_type)
     SELECT :key, :namespace, :scope, :name, :ordinal, :fingerprint, 'in_progress',
            CAST(:first_token AS BIGINT), {at} + CAST(:lease AS DOUBLE PRECISION), 1,
-           {at}, {at}, :holder
+           {at}, {at}, :holder, :result_type
     {source} WHERE {guard}
     ON CONFLICT (key) DO UPDATE SET
         {pick("namespace")}, {pick("scope")}, {pick("name")}, {pick("ordinal")},
@@ -75,7 +75,9 @@ def _upsert(table: str, source: str, guard: str, at: str) -> str:
         expires_at = CASE WHEN {fresh} THEN NULL ELSE e.expires_at END,
         result = CASE WHEN {fresh} THEN NULL ELSE e.result END,
         error = CASE WHEN {fresh} THEN NULL ELSE e.error END,
-        holder = excluded.holder
+        holder = excluded.holder,
+        result_type = CASE WHEN {fresh} THEN excluded.result_type
+                           ELSE COALESCE(excluded.result_type, e.result_type) END
     WHERE {_claimable("e", "excluded.created_at", "excluded.fingerprint")}
     RETURNING true AS won, {COLUMNS}"""
 
@@ -117,9 +119,9 @@ def effect_statements(table: str, dialect: str, *, bound_now: bool) -> dict[str,
         "claim": claim,
         "insert": f"""
         INSERT INTO {table} (key, namespace, scope, name, ordinal, fingerprint, state, token,
-                             lease_until, attempts, created_at, updated_at, holder)
+                             lease_until, attempts, created_at, updated_at, holder, result_type)
         VALUES (:key, :namespace, :scope, :name, :ordinal, :fingerprint, 'in_progress',
-                :first_token, :lease_until, 1, :now, :now, :holder)
+                :first_token, :lease_until, 1, :now, :now, :holder, :result_type)
         ON CONFLICT (key) DO NOTHING""",
         "get": f"SELECT {COLUMNS} FROM {table} WHERE key = :key",
         "now": f"SELECT {DB_NOW[dialect]}",
