@@ -51,7 +51,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from crewai import Crew
 from crewai.context import capture_execution_context, get_current_task_id
@@ -68,6 +68,7 @@ from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import CodecError, ConfigurationError, NoScope
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import current_scope, fingerprint
+from sagaguard.idempotency.options import PassedOptions
 
 if TYPE_CHECKING:
     from sagaguard.connectors.frameworks.crewai_saga import CrewSaga
@@ -318,7 +319,7 @@ class CrewGuard:
         exclude: Collection[str] = (),
         models: Iterable[type[BaseModel]] = (),
         saga: CrewSaga | None = None,
-        **options: Any,
+        **options: Unpack[PassedOptions],
     ) -> None:
         self.guard = guard
         self.saga = saga
@@ -333,7 +334,7 @@ class CrewGuard:
         self.declare = dict(declare or {})
         self.on_doubt = on_doubt
         self.policy = policy
-        self._options: dict[str, Any] = {**options, "tool": True}  # tool calls: execute_tool spans
+        self._options: PassedOptions = {**options}
         self._counts = _Counts()
 
     # -- wiring ----------------------------------------------------------------------------------

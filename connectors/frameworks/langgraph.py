@@ -44,7 +44,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, Unpack, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -66,7 +66,7 @@ from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError, NoScope
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import Scope, scope
-from sagaguard.idempotency.options import RunOptions
+from sagaguard.idempotency.options import PassedOptions, RunOptions
 
 __all__ = [
     "DurabilityWarning",
@@ -353,7 +353,7 @@ class ToolGuard:
         prefix: str = "langgraph.tool.",
         exclude: Collection[str] = (),
         strict: bool = False,
-        **options: Any,
+        **options: Unpack[PassedOptions],
     ) -> None:
         self.guard = guard
         self.saga = saga
@@ -363,7 +363,7 @@ class ToolGuard:
         self.prefix = prefix
         self.exclude = frozenset(exclude)
         self.strict = strict
-        self._options: dict[str, Any] = dict(options)
+        self._options: PassedOptions = {**options}
 
     def site(self, request: ToolCallRequest) -> ToolCallSite[ToolMessage] | None:
         """The call as the pipeline sees it; None for an excluded tool (it runs as it is).

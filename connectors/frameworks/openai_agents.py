@@ -78,6 +78,7 @@ from sagaguard.connectors.toolcall import STOP, SagaMode, ToolCallSite, arun_too
 from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.options import RunOptions
 
 __all__ = [
     "MODEL_EFFECT",
@@ -353,7 +354,7 @@ class JournaledRun:
         declare: Mapping[str, ToolDeclaration] | None = None,
         on_doubt: OnDoubt = STOP,
         policy: Policy | str | None = None,
-        tool_options: Mapping[str, Mapping[str, Any]] | None = None,
+        tool_options: Mapping[str, RunOptions] | None = None,
         provider: ModelProvider | None = None,
         fingerprint_model: bool = True,
         stream: Literal["error", "passthrough"] = "error",
@@ -369,7 +370,9 @@ class JournaledRun:
         self.declare = dict(declare or {})
         self.on_doubt = on_doubt
         self.policy = policy
-        self.tool_options = {name: dict(options) for name, options in (tool_options or {}).items()}
+        self.tool_options: dict[str, RunOptions] = {
+            name: {**options} for name, options in (tool_options or {}).items()
+        }
         self.provider = provider if provider is not None else MultiProvider()
         self.fingerprint_model = fingerprint_model
         self.stream: Literal["error", "passthrough"] = stream
@@ -457,7 +460,7 @@ class JournaledRun:
         if not isinstance(tool, FunctionTool) or (self.tools is not None and tool.name not in self.tools):
             return tool
         declaration = declaration_of(tool, tool.name, self.declare)
-        options = self.tool_options.get(tool.name, {})
+        options: RunOptions = self.tool_options.get(tool.name, {})
         inner = _raising(tool) if self.saga is not False and is_step(declaration) else tool.on_invoke_tool
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:

@@ -42,6 +42,7 @@ from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.codec import encode_error
 from sagaguard.idempotency.errors import ConfigurationError, OutcomeUnknown
 from sagaguard.idempotency.keys import fingerprint
+from sagaguard.idempotency.options import RunOptions
 from sagaguard.idempotency.telemetry import tracing
 from sagaguard.saga.agent.call import RUN_PREFIX, ToolCall, run_step_name, tool_step_name
 from sagaguard.saga.agent.definition import (
@@ -116,11 +117,11 @@ class _Step:
     kind: StepKind
     undo: str | None
 
-    def effect(self, result_type: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:
-        """The keyword arguments of ``Guard.run`` / ``Guard.arun`` for the call's effect."""
-        call = self.call
-        arguments = call.arguments if isinstance(call.arguments, dict) else {}
-        return {"arguments": arguments, "key": call.key, "result_type": result_type, **(options or {})}
+    @property
+    def fingerprinted(self) -> dict[str, Any]:
+        """What the call's effect fingerprints: its recorded arguments (when they are a mapping)."""
+        arguments = self.call.arguments
+        return arguments if isinstance(arguments, dict) else {}
 
 
 def _in_doubt(exc: BaseException) -> bool:
@@ -378,7 +379,7 @@ class AgentRun:
         call_id: str | None = None,
         result_type: Any = Any,
         record: Callable[[T], Any] | None = None,
-        options: Mapping[str, Any] | None = None,
+        options: RunOptions | None = None,
     ) -> T:
         """Make one tool call of the run.
 
@@ -416,7 +417,10 @@ class AgentRun:
             return fn()
         row, span = self._register(step)
         with _in_span(span):
-            value = self.runner.guard.run(step.call.effect, fn, **step.effect(result_type, options))
+            value = self.runner.guard.run(
+                step.call.effect, fn, arguments=step.fingerprinted, key=step.call.key,
+                result_type=result_type, **(options or {}),
+            )  # fmt: skip
         if row.state is not StepState.SUCCEEDED:
             self._recorded(row, step.call, value if record is None else record(value))
         return value
@@ -432,7 +436,7 @@ class AgentRun:
         call_id: str | None = None,
         result_type: Any = Any,
         record: Callable[[T], Any] | None = None,
-        options: Mapping[str, Any] | None = None,
+        options: RunOptions | None = None,
     ) -> T:
         """The async twin of :meth:`call`, line for line: ``fn`` is awaited under
         :meth:`~sagaguard.idempotency.guard.Guard.arun` (``options`` are its options), and the journal
@@ -444,7 +448,10 @@ class AgentRun:
             return await fn()
         row, span = await in_thread(self._register, step)
         with _in_span(span):
-            value = await self.runner.guard.arun(step.call.effect, fn, **step.effect(result_type, options))
+            value = await self.runner.guard.arun(
+                step.call.effect, fn, arguments=step.fingerprinted, key=step.call.key,
+                result_type=result_type, **(options or {}),
+            )  # fmt: skip
         if row.state is not StepState.SUCCEEDED:
             await in_thread(self._recorded, row, step.call, value if record is None else record(value))
         return value
