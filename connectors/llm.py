@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -73,6 +73,7 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
+C = TypeVar("C", openai.OpenAI, openai.AsyncOpenAI)
 
 METADATA_KEY = "sagaguard_key"
 """The metadata field holding the effect key on completions stored at the provider."""
@@ -123,22 +124,29 @@ class _Chat:
         self.completions = _Completions(create)
 
 
-class _ChatBase:
+class _ChatBase(Generic[C]):
+    create: Callable[..., Any]
+
     def __init__(
         self,
         guard: Guard,
+        client: C,
         *,
-        name: str,
-        store_at_provider: bool,
-        policy: Policy | str,
-        retry: Retry | None,
-        usage: LlmUsage | None,
+        name: str = "llm.chat",
+        store_at_provider: bool = False,
+        max_retries: int = 0,
+        policy: Policy | str = Policy.AT_LEAST_ONCE,
+        retry: Retry | None = None,
+        usage: LlmUsage | None = None,
     ) -> None:
         self.guard = guard
         self.name = name
         self.store_at_provider = store_at_provider
         self.usage = usage if usage is not None else LlmUsage()
         self._options = _options(policy, retry)
+        self.client: C = client.with_options(max_retries=count("max_retries", max_retries, minimum=0))
+        self.chat = _Chat(self.create)
+        self.completions = self.chat.completions
 
     def _run_options(self, reconciler: Callable[[ReconcileRequest], Any]) -> RunOptions:
         # A reconciler only when the answers are stored at the provider (an attribute a caller may
@@ -163,7 +171,7 @@ class _ChatBase:
         return kwargs
 
 
-class ChatJournal(_ChatBase):
+class ChatJournal(_ChatBase[openai.OpenAI]):
     """Journals ``client.chat.completions.create`` (non-streaming) as the effect ``name``.
 
     Args:
@@ -177,25 +185,6 @@ class ChatJournal(_ChatBase):
         retry: the guard's retry budget for timeouts, 5xx and rate limits.
         usage: where to total usage (default: a new :class:`LlmUsage`, as ``self.usage``).
     """
-
-    def __init__(
-        self,
-        guard: Guard,
-        client: openai.OpenAI,
-        *,
-        name: str = "llm.chat",
-        store_at_provider: bool = False,
-        max_retries: int = 0,
-        policy: Policy | str = Policy.AT_LEAST_ONCE,
-        retry: Retry | None = None,
-        usage: LlmUsage | None = None,
-    ) -> None:
-        super().__init__(
-            guard, name=name, store_at_provider=store_at_provider, policy=policy, retry=retry, usage=usage
-        )
-        self.client = client.with_options(max_retries=count("max_retries", max_retries, minimum=0))
-        self.chat = _Chat(self.create)
-        self.completions = self.chat.completions
 
     def create(self, *, key: str | None = None, **kwargs: Any) -> ChatCompletion:
         """``client.chat.completions.create(**kwargs)``, once per effect identity.
@@ -229,27 +218,8 @@ class ChatJournal(_ChatBase):
         return Applied(page.data[0]) if page.data else NOT_APPLIED
 
 
-class AsyncChatJournal(_ChatBase):
+class AsyncChatJournal(_ChatBase[openai.AsyncOpenAI]):
     """The async twin of :class:`ChatJournal`, over an ``openai.AsyncOpenAI``."""
-
-    def __init__(
-        self,
-        guard: Guard,
-        client: openai.AsyncOpenAI,
-        *,
-        name: str = "llm.chat",
-        store_at_provider: bool = False,
-        max_retries: int = 0,
-        policy: Policy | str = Policy.AT_LEAST_ONCE,
-        retry: Retry | None = None,
-        usage: LlmUsage | None = None,
-    ) -> None:
-        super().__init__(
-            guard, name=name, store_at_provider=store_at_provider, policy=policy, retry=retry, usage=usage
-        )
-        self.client = client.with_options(max_retries=count("max_retries", max_retries, minimum=0))
-        self.chat = _Chat(self.create)
-        self.completions = self.chat.completions
 
     async def create(self, *, key: str | None = None, **kwargs: Any) -> ChatCompletion:
         """See :meth:`ChatJournal.create`."""
