@@ -29,17 +29,23 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
 import openai
 from openai.types.chat import ChatCompletion
 
 from sagaguard.connectors.errors import ProviderRejected, ProviderUnavailable, classify, replayable
-from sagaguard.connectors.telemetry import record_llm_call, usage_of
+from sagaguard.connectors.model_call import (
+    LlmUsage,
+    Tokens,
+    account,
+    ajournaled_call,
+    journaled_call,
+    mark_paid,
+    paid_box,
+)
+from sagaguard.connectors.telemetry import usage_of
 from sagaguard.idempotency.checks import count
 from sagaguard.idempotency.effect import (
     NOT_APPLIED,
@@ -51,7 +57,8 @@ from sagaguard.idempotency.effect import (
 )
 from sagaguard.idempotency.effect import current_effect as _current_effect
 from sagaguard.idempotency.errors import ConfigurationError
-from sagaguard.idempotency.guard import Guard, Operation
+from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.options import RunOptions
 from sagaguard.idempotency.records import Disposition
 
 __all__ = [
@@ -66,41 +73,12 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
+C = TypeVar("C", openai.OpenAI, openai.AsyncOpenAI)
 
 METADATA_KEY = "sagaguard_key"
 """The metadata field holding the effect key on completions stored at the provider."""
 _TRANSPORT = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
 """``create`` options that do not change the answer: left out of the fingerprint."""
-
-
-@dataclass
-class LlmUsage:
-    """Model calls and tokens paid, and saved by replays, in this process. Thread-safe."""
-
-    calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    saved_calls: int = 0
-    saved_input_tokens: int = 0
-    saved_output_tokens: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, *, paid: bool, input_tokens: int, output_tokens: int) -> None:
-        """Count one call."""
-        with self._lock:
-            if paid:
-                self.calls += 1
-                self.input_tokens += input_tokens
-                self.output_tokens += output_tokens
-            else:
-                self.saved_calls += 1
-                self.saved_input_tokens += input_tokens
-                self.saved_output_tokens += output_tokens
-
-    @property
-    def saved_tokens(self) -> int:
-        """Input plus output tokens that replays did not pay for."""
-        return self.saved_input_tokens + self.saved_output_tokens
 
 
 def map_error(exc: openai.OpenAIError) -> Exception:
@@ -128,8 +106,9 @@ def _classify(exc: BaseException) -> Disposition | None:
     return classify(exc)
 
 
-def _options(policy: Policy | str, retry: Retry | None) -> dict[str, Any]:
-    # The Retry is built here once, not by the guard on every call.
+def _options(policy: Policy | str, retry: Retry | None) -> RunOptions:
+    # Unlike a framework's model call, a chat completion's timeouts, 5xx and rate limits are retried
+    # in the claim. The Retry is built here once, not by the guard on every call.
     return {"policy": policy, "classify": _classify, "permanent": replayable, "retry": retry or Retry()}
 
 
@@ -145,38 +124,34 @@ class _Chat:
         self.completions = _Completions(create)
 
 
-class _ChatBase:
+class _ChatBase(Generic[C]):
+    create: Callable[..., Any]
+
     def __init__(
         self,
         guard: Guard,
+        client: C,
         *,
-        name: str,
-        store_at_provider: bool,
-        policy: Policy | str,
-        retry: Retry | None,
-        usage: LlmUsage | None,
+        name: str = "llm.chat",
+        store_at_provider: bool = False,
+        max_retries: int = 0,
+        policy: Policy | str = Policy.AT_LEAST_ONCE,
+        retry: Retry | None = None,
+        usage: LlmUsage | None = None,
     ) -> None:
         self.guard = guard
         self.name = name
         self.store_at_provider = store_at_provider
         self.usage = usage if usage is not None else LlmUsage()
         self._options = _options(policy, retry)
-        self._operations: dict[tuple[str, bool], Operation[ChatCompletion]] = {}
+        self.client: C = client.with_options(max_retries=count("max_retries", max_retries, minimum=0))
+        self.chat = _Chat(self.create)
+        self.completions = self.chat.completions
 
-    def _journaled(self, reconciler: Callable[[ReconcileRequest], Any]) -> Operation[ChatCompletion]:
-        """The guard's operation for this journal's calls, its options checked once (per name and
-        ``store_at_provider``, attributes a caller may change)."""
-        cache_key = (self.name, self.store_at_provider)
-        found = self._operations.get(cache_key)
-        if found is None:
-            found = self.guard.operation(
-                self.name,
-                result_type=ChatCompletion,
-                reconciler=reconciler if self.store_at_provider else None,
-                **self._options,
-            )
-            self._operations[cache_key] = found
-        return found
+    def _run_options(self, reconciler: Callable[[ReconcileRequest], Any]) -> RunOptions:
+        # A reconciler only when the answers are stored at the provider (an attribute a caller may
+        # change between calls).
+        return {**self._options, "reconciler": reconciler if self.store_at_provider else None}
 
     def _request(self, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The fingerprinted arguments, and the SDK's keyword arguments (without the key metadata)."""
@@ -195,13 +170,8 @@ class _ChatBase:
             }
         return kwargs
 
-    def _account(self, result: ChatCompletion, paid: bool) -> None:
-        tokens_in, tokens_out = usage_of(result)
-        self.usage.add(paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
-        record_llm_call(self.name, paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
 
-
-class ChatJournal(_ChatBase):
+class ChatJournal(_ChatBase[openai.OpenAI]):
     """Journals ``client.chat.completions.create`` (non-streaming) as the effect ``name``.
 
     Args:
@@ -216,25 +186,6 @@ class ChatJournal(_ChatBase):
         usage: where to total usage (default: a new :class:`LlmUsage`, as ``self.usage``).
     """
 
-    def __init__(
-        self,
-        guard: Guard,
-        client: openai.OpenAI,
-        *,
-        name: str = "llm.chat",
-        store_at_provider: bool = False,
-        max_retries: int = 0,
-        policy: Policy | str = Policy.AT_LEAST_ONCE,
-        retry: Retry | None = None,
-        usage: LlmUsage | None = None,
-    ) -> None:
-        super().__init__(
-            guard, name=name, store_at_provider=store_at_provider, policy=policy, retry=retry, usage=usage
-        )
-        self.client = client.with_options(max_retries=count("max_retries", max_retries, minimum=0))
-        self.chat = _Chat(self.create)
-        self.completions = self.chat.completions
-
     def create(self, *, key: str | None = None, **kwargs: Any) -> ChatCompletion:
         """``client.chat.completions.create(**kwargs)``, once per effect identity.
 
@@ -247,20 +198,17 @@ class ChatJournal(_ChatBase):
             ProviderUnavailable: no answer within the retry budget (nothing recorded).
         """
         arguments, sdk_kwargs = self._request(kwargs)
-        paid = False
 
         def call() -> ChatCompletion:
-            nonlocal paid
-            paid = True
             try:
                 return cast(ChatCompletion, self.client.chat.completions.create(**self._keyed(sdk_kwargs)))
             except openai.OpenAIError as exc:
                 raise map_error(exc) from exc
 
-        operation = self._journaled(self.reconcile)
-        result = operation.run(call, arguments=arguments, key=key)
-        self._account(result, paid)
-        return result
+        return journaled_call(
+            self.guard, self.name, call, result_type=ChatCompletion, key=key, arguments=arguments,
+            tokens=usage_of, usage=self.usage, **self._run_options(self.reconcile),
+        )  # fmt: skip
 
     def reconcile(self, request: ReconcileRequest) -> Applied[ChatCompletion] | NotAppliedResolution:
         """The stored completion made under the in-doubt call's effect key, if the provider has it."""
@@ -270,36 +218,14 @@ class ChatJournal(_ChatBase):
         return Applied(page.data[0]) if page.data else NOT_APPLIED
 
 
-class AsyncChatJournal(_ChatBase):
+class AsyncChatJournal(_ChatBase[openai.AsyncOpenAI]):
     """The async twin of :class:`ChatJournal`, over an ``openai.AsyncOpenAI``."""
-
-    def __init__(
-        self,
-        guard: Guard,
-        client: openai.AsyncOpenAI,
-        *,
-        name: str = "llm.chat",
-        store_at_provider: bool = False,
-        max_retries: int = 0,
-        policy: Policy | str = Policy.AT_LEAST_ONCE,
-        retry: Retry | None = None,
-        usage: LlmUsage | None = None,
-    ) -> None:
-        super().__init__(
-            guard, name=name, store_at_provider=store_at_provider, policy=policy, retry=retry, usage=usage
-        )
-        self.client = client.with_options(max_retries=count("max_retries", max_retries, minimum=0))
-        self.chat = _Chat(self.create)
-        self.completions = self.chat.completions
 
     async def create(self, *, key: str | None = None, **kwargs: Any) -> ChatCompletion:
         """See :meth:`ChatJournal.create`."""
         arguments, sdk_kwargs = self._request(kwargs)
-        paid = False
 
         async def call() -> ChatCompletion:
-            nonlocal paid
-            paid = True
             try:
                 return cast(
                     ChatCompletion, await self.client.chat.completions.create(**self._keyed(sdk_kwargs))
@@ -307,10 +233,10 @@ class AsyncChatJournal(_ChatBase):
             except openai.OpenAIError as exc:
                 raise map_error(exc) from exc
 
-        operation = self._journaled(self.reconcile)
-        result = await operation.arun(call, arguments=arguments, key=key)
-        self._account(result, paid)
-        return result
+        return await ajournaled_call(
+            self.guard, self.name, call, result_type=ChatCompletion, key=key, arguments=arguments,
+            tokens=usage_of, usage=self.usage, **self._run_options(self.reconcile),
+        )  # fmt: skip
 
     async def reconcile(self, request: ReconcileRequest) -> Applied[ChatCompletion] | NotAppliedResolution:
         """See :meth:`ChatJournal.reconcile`."""
@@ -320,24 +246,15 @@ class AsyncChatJournal(_ChatBase):
         return Applied(page.data[0]) if page.data else NOT_APPLIED
 
 
-_PAID: ContextVar[list[bool] | None] = ContextVar("sagaguard_llm_paid", default=None)
-
-
-def _mark_paid() -> None:
-    box = _PAID.get()
-    if box is not None:
-        box[0] = True
-
-
 class _ModelDecorator:
-    def __init__(self, guard: Guard, name: str, usage: LlmUsage, extract: Callable[[Any], tuple[int, int]],
-                 options: dict[str, Any]) -> None:  # fmt: skip
-        self.guard, self.name, self.usage, self.extract, self.options = guard, name, usage, extract, options
+    """A model callable journaled through :meth:`Guard.effect` (its arguments bound, fingerprinted
+    and keyed as the decorator's), with the options and accounting of every journaled model call
+    (:mod:`sagaguard.connectors.model_call`)."""
 
-    def _account(self, result: Any, paid: bool) -> None:
-        tokens_in, tokens_out = self.extract(result)
-        self.usage.add(paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
-        record_llm_call(self.name, paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
+    def __init__(
+        self, guard: Guard, name: str, usage: LlmUsage, tokens: Tokens, options: Mapping[str, Any]
+    ) -> None:
+        self.guard, self.name, self.usage, self.tokens, self.options = guard, name, usage, tokens, options
 
     @overload
     def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
@@ -351,40 +268,32 @@ class _ModelDecorator:
 
             @functools.wraps(fn)
             async def abody(*args: Any, **kwargs: Any) -> Any:
-                _mark_paid()
+                mark_paid()
                 return await afn(*args, **kwargs)
 
             aguarded: Callable[..., Awaitable[Any]] = self.guard.effect(self.name, **self.options)(abody)
 
             @functools.wraps(fn)
             async def aouter(*args: Any, **kwargs: Any) -> Any:
-                box = [False]
-                token = _PAID.set(box)
-                try:
+                with paid_box() as box:
                     result = await aguarded(*args, **kwargs)
-                finally:
-                    _PAID.reset(token)
-                self._account(result, box[0])
+                account(self.name, result, paid=box[0], tokens=self.tokens, usage=self.usage)
                 return result
 
             return aouter
 
         @functools.wraps(fn)
         def body(*args: Any, **kwargs: Any) -> Any:
-            _mark_paid()
+            mark_paid()
             return fn(*args, **kwargs)
 
         guarded: Callable[..., Any] = self.guard.effect(self.name, **self.options)(body)
 
         @functools.wraps(fn)
         def outer(*args: Any, **kwargs: Any) -> Any:
-            box = [False]
-            token = _PAID.set(box)
-            try:
+            with paid_box() as box:
                 result = guarded(*args, **kwargs)
-            finally:
-                _PAID.reset(token)
-            self._account(result, box[0])
+            account(self.name, result, paid=box[0], tokens=self.tokens, usage=self.usage)
             return result
 
         return outer

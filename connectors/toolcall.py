@@ -32,7 +32,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from sagaguard.connectors.declare import ToolDeclaration, is_step, recorded_output, tool_options
 from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
@@ -40,6 +40,7 @@ from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import Scope, scope
+from sagaguard.idempotency.options import PassedOptions, RunOptions
 from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 from sagaguard.saga.agent import AgentRun, current_run
 
@@ -59,7 +60,8 @@ T = TypeVar("T")
 STOP = Stop()
 """The default ``on_doubt``: an in-doubt call raises ``OutcomeUnknown``."""
 
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_EMPTY = cast(RunOptions, MappingProxyType({}))
+"""No options (read-only: one shared instance is every site's default)."""
 
 SagaMode = bool | Callable[[], AgentRun]
 """An adapter's saga mode: False (every call is a guarded effect), True (the calls of tools declared
@@ -105,9 +107,9 @@ class ToolCallSite(Generic[T]):
     """What a step records of the result for its undo (the tool's own output)."""
     policy: Policy | str | None = None
     """The adapter's one policy for every tool, over the declarations (None: the declarations)."""
-    defaults: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    defaults: PassedOptions = field(default_factory=lambda: _EMPTY)
     """The adapter's :meth:`Guard.run` options for every tool (the declaration's win over them)."""
-    options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    options: RunOptions = field(default_factory=lambda: _EMPTY)
     """The adapter's options for this tool by name (they win over the declaration's)."""
     framework_call_id: bool = True
     """:attr:`call_id` is the framework's own tool-call id, put on the spans as
@@ -127,7 +129,7 @@ class Effect:
 
     name: str
     key: str | None
-    options: Mapping[str, Any]
+    options: RunOptions
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class Step:
 
     undo: str | None
     pivot: bool
-    options: Mapping[str, Any]
+    options: RunOptions
 
 
 def decide(site: ToolCallSite[Any], *, saga: SagaMode) -> Effect | Step:
@@ -147,7 +149,10 @@ def decide(site: ToolCallSite[Any], *, saga: SagaMode) -> Effect | Step:
         saga: the adapter's saga mode (:data:`SagaMode`).
     """
     declaration = site.declaration
-    options = {**site.defaults, **tool_options(declaration, site.policy), **site.options, "tool": True}
+    # tool_options gives its declaration's options as a plain mapping (a declaration's own options
+    # are the caller's Guard.run options): the guard checks their names when it runs the call.
+    declared = cast(RunOptions, tool_options(declaration, site.policy))
+    options: RunOptions = {**site.defaults, **declared, **site.options, "tool": True}
     if saga is not False and is_step(declaration):
         return Step(declaration.undo, declaration.pivot, options)
     return Effect(site.effect, site.key, options)

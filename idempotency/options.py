@@ -22,6 +22,7 @@ from sagaguard.idempotency.flow import EffectSpec
 
 __all__ = [
     "RUN_OPTIONS",
+    "PassedOptions",
     "RunOptions",
     "FingerprintSpec",
     "binder",
@@ -173,11 +174,11 @@ def _everything(arguments: Mapping[str, Any]) -> Mapping[str, Any]:
     return arguments
 
 
-class RunOptions(TypedDict, total=False):
-    """The per-effect options of :meth:`Guard.run` / ``arun`` (and of the adapters that build them),
-    written once so that mypy checks what each caller passes. See :meth:`Guard.effect` for each."""
+class PassedOptions(TypedDict, total=False):
+    """The options of :class:`RunOptions` that an agent framework adapter passes through to every
+    tool call it guards (its ``**options``): all but ``policy`` (the adapter's own ``policy=``
+    says it for every tool) and ``tool`` (the adapter marks its calls itself)."""
 
-    policy: Policy | str
     provider_idempotent: bool
     provider_window: float | None
     reconciler: Callable[[ReconcileRequest], Any] | None
@@ -188,6 +189,13 @@ class RunOptions(TypedDict, total=False):
     lease: float | None
     retention: float | None
     wait: float | None
+
+
+class RunOptions(PassedOptions, total=False):
+    """The per-effect options of :meth:`Guard.run` / ``arun`` (and of the adapters that build them),
+    written once so that mypy checks what each caller passes. See :meth:`Guard.effect` for each."""
+
+    policy: Policy | str
     tool: bool
 
 

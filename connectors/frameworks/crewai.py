@@ -51,7 +51,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from crewai import Crew
 from crewai.context import capture_execution_context, get_current_task_id
@@ -62,13 +62,13 @@ from pydantic import BaseModel
 from sagaguard.connectors.declare import ToolDeclaration, declaration_of, recorded_output
 from sagaguard.connectors.frameworks._crewai_patch import is_marked, mark, shadow
 from sagaguard.connectors.in_doubt import OnDoubt, Pending
-from sagaguard.connectors.telemetry import record_llm_call
+from sagaguard.connectors.model_call import ajournaled_call, journaled_call
 from sagaguard.connectors.toolcall import STOP, SagaMode, ToolCallSite, arun_tool_call, run_tool_call
-from sagaguard.idempotency.effect import NO_RETRY, Policy
+from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import CodecError, ConfigurationError, NoScope
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import current_scope, fingerprint
-from sagaguard.idempotency.records import Disposition
+from sagaguard.idempotency.options import PassedOptions
 
 if TYPE_CHECKING:
     from sagaguard.connectors.frameworks.crewai_saga import CrewSaga
@@ -266,9 +266,12 @@ def load_answer(data: Mapping[str, Any], models: Mapping[str, type[BaseModel]] |
     return data["json"]
 
 
-def _not_applied(exc: BaseException) -> Disposition | None:
-    # A failed model call has no answer to act on: drop the claim; CrewAI decides about retries.
-    return Disposition.RETRYABLE if isinstance(exc, Exception) else None
+class _LlmCall(TypedDict):
+    """How CrewAI names one model call for :func:`~sagaguard.connectors.model_call.journaled_call`."""
+
+    arguments: dict[str, Any]
+    key: str
+    result_type: Any
 
 
 # -- the guard ---------------------------------------------------------------------------------------
@@ -316,7 +319,7 @@ class CrewGuard:
         exclude: Collection[str] = (),
         models: Iterable[type[BaseModel]] = (),
         saga: CrewSaga | None = None,
-        **options: Any,
+        **options: Unpack[PassedOptions],
     ) -> None:
         self.guard = guard
         self.saga = saga
@@ -331,7 +334,7 @@ class CrewGuard:
         self.declare = dict(declare or {})
         self.on_doubt = on_doubt
         self.policy = policy
-        self._options: dict[str, Any] = {**options, "tool": True}  # tool calls: execute_tool spans
+        self._options: PassedOptions = {**options}
         self._counts = _Counts()
 
     # -- wiring ----------------------------------------------------------------------------------
@@ -457,39 +460,31 @@ class CrewGuard:
         call, acall = llm.call, llm.acall
 
         @functools.wraps(call)
-        def journaled_call(messages: Any, tools: Any = None, *args: Any, **kwargs: Any) -> Any:
+        def journaled(messages: Any, tools: Any = None, *args: Any, **kwargs: Any) -> Any:
             unit, arguments, n = self._llm_identity(messages, tools)
-            paid = False
-
-            def ask() -> dict[str, Any]:
-                nonlocal paid
-                paid = True
-                return self._dump(call(messages, tools, *args, **kwargs))
-
             self._register_declared(kwargs.get("response_model"))
-
-            data = self.guard.run(self.llm_effect, ask, **self._llm_options(unit, arguments, n))
-            return self._answer(unit, n, data, paid)
+            data = journaled_call(
+                self.guard, self.llm_effect, lambda: self._dump(call(messages, tools, *args, **kwargs)),
+                **self._llm_options(unit, arguments, n),
+            )  # fmt: skip
+            return self._answer(unit, n, data)
 
         @functools.wraps(acall)
-        async def journaled_acall(messages: Any, tools: Any = None, *args: Any, **kwargs: Any) -> Any:
+        async def ajournaled(messages: Any, tools: Any = None, *args: Any, **kwargs: Any) -> Any:
             unit, arguments, n = self._llm_identity(messages, tools)
-            paid = False
-
-            async def ask() -> dict[str, Any]:
-                nonlocal paid
-                paid = True
-                return self._dump(await acall(messages, tools, *args, **kwargs))
-
             self._register_declared(kwargs.get("response_model"))
 
-            data = await self.guard.arun(self.llm_effect, ask, **self._llm_options(unit, arguments, n))
-            return self._answer(unit, n, data, paid)
+            async def ask() -> dict[str, Any]:
+                return self._dump(await acall(messages, tools, *args, **kwargs))
 
-        mark(journaled_call)
-        mark(journaled_acall)
-        shadow(llm, "call", journaled_call)
-        shadow(llm, "acall", journaled_acall)
+            options = self._llm_options(unit, arguments, n)
+            data = await ajournaled_call(self.guard, self.llm_effect, ask, **options)
+            return self._answer(unit, n, data)
+
+        mark(journaled)
+        mark(ajournaled)
+        shadow(llm, "call", journaled)
+        shadow(llm, "acall", ajournaled)
         return llm
 
     # -- identities ------------------------------------------------------------------------------
@@ -509,20 +504,13 @@ class CrewGuard:
         arguments = {"messages": _jsonable(messages), "tools": _tool_names(tools)}
         return unit, arguments, self._counts.peek(unit, self.llm_effect)
 
-    def _llm_options(self, unit: str, arguments: dict[str, Any], n: int) -> dict[str, Any]:
-        return {
-            "arguments": arguments,
-            "key": json.dumps([unit, self.llm_effect, n], separators=(",", ":")),
-            "result_type": dict[str, Any],
-            "policy": Policy.AT_LEAST_ONCE,
-            "classify": _not_applied,
-            "retry": NO_RETRY,
-        }
+    def _llm_options(self, unit: str, arguments: dict[str, Any], n: int) -> _LlmCall:
+        key = json.dumps([unit, self.llm_effect, n], separators=(",", ":"))
+        return {"arguments": arguments, "key": key, "result_type": dict[str, Any]}
 
-    def _answer(self, unit: str, n: int, data: Mapping[str, Any], paid: bool) -> Any:
+    def _answer(self, unit: str, n: int, data: Mapping[str, Any]) -> Any:
         # The count advances only when a call returns: a failed one is asked again under its key.
         self._counts.advance(unit, self.llm_effect, n)
-        record_llm_call(self.llm_effect, paid=paid, input_tokens=0, output_tokens=0)
         with self._models_lock:
             models = dict(self._models)
         return load_answer(data, models)

@@ -34,7 +34,7 @@ Run the agent with ``durability="sync"`` and a checkpointer: see
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain_core.language_models import BaseChatModel
@@ -53,6 +53,7 @@ from sagaguard.connectors.in_doubt import OnDoubt
 from sagaguard.connectors.toolcall import STOP
 from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.options import PassedOptions
 
 __all__ = ["GuardMiddleware"]
 
@@ -128,7 +129,7 @@ class GuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         model_effect: str = "langchain.model",
         exclude: Collection[str] = (),
         strict: bool = False,
-        **options: Any,
+        **options: Unpack[PassedOptions],
     ) -> None:
         super().__init__()
         self.guard = guard

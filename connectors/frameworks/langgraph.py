@@ -44,7 +44,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, Unpack, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -59,13 +59,14 @@ from pydantic import ConfigDict
 
 from sagaguard.connectors.declare import ToolDeclaration, declaration_of, is_step, recorded_output
 from sagaguard.connectors.in_doubt import OnDoubt, Pending
+from sagaguard.connectors.model_call import ajournaled_call, journaled_call
 from sagaguard.connectors.scoped import ScopedDecorator, scoped_by
-from sagaguard.connectors.telemetry import record_llm_call
 from sagaguard.connectors.toolcall import STOP, ToolCallSite, arun_tool_call, run_tool_call
 from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError, NoScope
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import Scope, scope
+from sagaguard.idempotency.options import PassedOptions, RunOptions
 
 __all__ = [
     "DurabilityWarning",
@@ -352,7 +353,7 @@ class ToolGuard:
         prefix: str = "langgraph.tool.",
         exclude: Collection[str] = (),
         strict: bool = False,
-        **options: Any,
+        **options: Unpack[PassedOptions],
     ) -> None:
         self.guard = guard
         self.saga = saga
@@ -362,7 +363,7 @@ class ToolGuard:
         self.prefix = prefix
         self.exclude = frozenset(exclude)
         self.strict = strict
-        self._options: dict[str, Any] = dict(options)
+        self._options: PassedOptions = {**options}
 
     def site(self, request: ToolCallRequest) -> ToolCallSite[ToolMessage] | None:
         """The call as the pipeline sees it; None for an excluded tool (it runs as it is).
@@ -517,13 +518,10 @@ class JournaledChatModel(BaseChatModel):
             [unit.id, self.effect_name, unit.next_ordinal(self.effect_name)], separators=(",", ":")
         )
 
-    def _run_options(self) -> dict[str, Any]:
-        return {"key": self._key(), "result_type": AIMessage, "policy": self.policy}
-
-    def _account(self, message: AIMessage, paid: bool) -> ChatResult:
-        tokens_in, tokens_out = _tokens(message)
-        record_llm_call(self.effect_name, paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
-        return ChatResult(generations=[ChatGeneration(message=message)])
+    def _run_options(self) -> RunOptions:
+        # The guard's own classification and retry, as before the one model call: a failed call is
+        # in doubt, and at least once asks it again.
+        return {"policy": self.policy, "classify": None, "retry": None}
 
     def _generate(
         self,
@@ -532,16 +530,12 @@ class JournaledChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        paid = False
-
-        def call() -> AIMessage:
-            nonlocal paid
-            paid = True
-            return _ai(self.inner.invoke(messages, stop=stop, **kwargs))
-
-        arguments = _message_args(messages, stop, kwargs)
-        message = self.guard.run(self.effect_name, call, arguments=arguments, **self._run_options())
-        return self._account(message, paid)
+        message = journaled_call(
+            self.guard, self.effect_name, lambda: _ai(self.inner.invoke(messages, stop=stop, **kwargs)),
+            result_type=AIMessage, key=self._key(), arguments=_message_args(messages, stop, kwargs),
+            tokens=_tokens, **self._run_options(),
+        )  # fmt: skip
+        return ChatResult(generations=[ChatGeneration(message=message)])
 
     async def _agenerate(
         self,
@@ -550,13 +544,11 @@ class JournaledChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        paid = False
-
         async def call() -> AIMessage:
-            nonlocal paid
-            paid = True
             return _ai(await self.inner.ainvoke(messages, stop=stop, **kwargs))
 
-        arguments = _message_args(messages, stop, kwargs)
-        message = await self.guard.arun(self.effect_name, call, arguments=arguments, **self._run_options())
-        return self._account(message, paid)
+        message = await ajournaled_call(
+            self.guard, self.effect_name, call, result_type=AIMessage, key=self._key(),
+            arguments=_message_args(messages, stop, kwargs), tokens=_tokens, **self._run_options(),
+        )  # fmt: skip
+        return ChatResult(generations=[ChatGeneration(message=message)])

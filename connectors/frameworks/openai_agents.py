@@ -73,13 +73,12 @@ from pydantic import BaseModel, TypeAdapter
 
 from sagaguard.connectors.declare import ToolDeclaration, declaration_of, is_step
 from sagaguard.connectors.in_doubt import OnDoubt, Pending
-from sagaguard.connectors.llm import LlmUsage
-from sagaguard.connectors.telemetry import record_llm_call
+from sagaguard.connectors.model_call import LlmUsage, ajournaled_call
 from sagaguard.connectors.toolcall import STOP, SagaMode, ToolCallSite, arun_tool_call
-from sagaguard.idempotency.effect import NO_RETRY, Policy
+from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.guard import Guard
-from sagaguard.idempotency.records import Disposition
+from sagaguard.idempotency.options import RunOptions
 
 __all__ = [
     "MODEL_EFFECT",
@@ -247,11 +246,8 @@ class JournaledModel(Model):
         """The inner model's response, or the one recorded for this call of the run."""
         run = self.run
         ordinal = run.model_calls
-        paid = False
 
         async def call() -> dict[str, Any]:
-            nonlocal paid
-            paid = True
             response = await self.inner.get_response(
                 system_instructions=system_instructions, input=input, model_settings=model_settings,
                 tools=tools, output_schema=output_schema, handoffs=handoffs, tracing=tracing,
@@ -269,16 +265,12 @@ class JournaledModel(Model):
                 "previous_response_id": previous_response_id,
                 "conversation_id": conversation_id,
             }
-        data = await run.guard.arun(
-            MODEL_EFFECT, call, arguments=arguments, key=model_call_key(run.run_key, ordinal),
-            result_type=dict[str, Any], policy=Policy.AT_LEAST_ONCE, classify=_not_applied, retry=NO_RETRY,
+        data = await ajournaled_call(
+            run.guard, MODEL_EFFECT, call, result_type=dict[str, Any], arguments=arguments,
+            key=model_call_key(run.run_key, ordinal), tokens=_response_tokens, usage=run.usage,
         )  # fmt: skip
         run.model_calls = ordinal + 1
-        response = load_response(data)
-        tokens_in, tokens_out = response.usage.input_tokens, response.usage.output_tokens
-        run.usage.add(paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
-        record_llm_call(MODEL_EFFECT, paid=paid, input_tokens=tokens_in, output_tokens=tokens_out)
-        return response
+        return load_response(data)
 
     async def stream_response(  # noqa: PLR0917 - the SDK's Model signature
         self,
@@ -362,7 +354,7 @@ class JournaledRun:
         declare: Mapping[str, ToolDeclaration] | None = None,
         on_doubt: OnDoubt = STOP,
         policy: Policy | str | None = None,
-        tool_options: Mapping[str, Mapping[str, Any]] | None = None,
+        tool_options: Mapping[str, RunOptions] | None = None,
         provider: ModelProvider | None = None,
         fingerprint_model: bool = True,
         stream: Literal["error", "passthrough"] = "error",
@@ -378,7 +370,9 @@ class JournaledRun:
         self.declare = dict(declare or {})
         self.on_doubt = on_doubt
         self.policy = policy
-        self.tool_options = {name: dict(options) for name, options in (tool_options or {}).items()}
+        self.tool_options: dict[str, RunOptions] = {
+            name: {**options} for name, options in (tool_options or {}).items()
+        }
         self.provider = provider if provider is not None else MultiProvider()
         self.fingerprint_model = fingerprint_model
         self.stream: Literal["error", "passthrough"] = stream
@@ -466,7 +460,7 @@ class JournaledRun:
         if not isinstance(tool, FunctionTool) or (self.tools is not None and tool.name not in self.tools):
             return tool
         declaration = declaration_of(tool, tool.name, self.declare)
-        options = self.tool_options.get(tool.name, {})
+        options: RunOptions = self.tool_options.get(tool.name, {})
         inner = _raising(tool) if self.saga is not False and is_step(declaration) else tool.on_invoke_tool
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
@@ -519,9 +513,9 @@ class AgentRun(JournaledRun):
         super().__init__(guard, run_key, **options)
 
 
-def _not_applied(exc: BaseException) -> Disposition | None:
-    # A failed model call has no answer to act on: drop the claim; the SDK decides about retries.
-    return Disposition.RETRYABLE if isinstance(exc, Exception) else None
+def _response_tokens(data: Mapping[str, Any]) -> tuple[int, int]:
+    usage = deserialize_usage(data.get("usage") or {})
+    return usage.input_tokens, usage.output_tokens
 
 
 def parsed_arguments(arguments: str) -> Any:

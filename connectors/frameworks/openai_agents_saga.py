@@ -67,6 +67,7 @@ from sagaguard.connectors.in_doubt import OnDoubt
 from sagaguard.connectors.llm import LlmUsage
 from sagaguard.connectors.toolcall import STOP
 from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.options import RunOptions
 from sagaguard.saga.agent import AgentRun as SagaRun
 from sagaguard.saga.agent import AgentRunner, AgentSaga, NoOpenRun
 from sagaguard.saga.records import SagaOutcome
@@ -120,7 +121,7 @@ class SagaTurn:
         *,
         declare: Mapping[str, ToolDeclaration] | None = None,
         on_doubt: OnDoubt = STOP,
-        tool_options: Mapping[str, Mapping[str, Any]] | None = None,
+        tool_options: Mapping[str, RunOptions] | None = None,
         provider: ModelProvider | None = None,
         fingerprint_model: bool = True,
         usage: LlmUsage | None = None,

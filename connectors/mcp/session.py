@@ -34,7 +34,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 from mcp import ClientSession, types
@@ -72,6 +72,7 @@ from sagaguard.idempotency.effect import (
 from sagaguard.idempotency.errors import ConfigurationError, NoScope, NotApplied
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import EffectIdentity, current_scope
+from sagaguard.idempotency.options import RunOptions
 from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 
 __all__ = ["GuardedSession", "ToolSession", "http_session", "pending_result", "stdio_session"]
@@ -308,8 +309,9 @@ class GuardedSession:
             call = self._effect(name, args, policy, send, key, call_id)
         return await asettle(_replaying_failures(call), self.on_doubt, self.guard.store, pending_result)
 
-    def _options(self, name: str, policy: ToolPolicy) -> dict[str, Any]:
-        options = guard_options(policy)
+    def _options(self, name: str, policy: ToolPolicy) -> RunOptions:
+        # A policy's own options are the caller's Guard.run options, checked by the guard by name.
+        options = cast(RunOptions, guard_options(policy))
         if policy.lookup is not None:
             # One reconciler per lookup, kept: the guard keeps its operations by their options.
             found = self._lookups.get(name)
@@ -345,14 +347,14 @@ class GuardedSession:
     ) -> Callable[[], Awaitable[types.CallToolResult]]:
         if key is None and call_id is not None:
             key = json.dumps(["mcp.tool", _scope_id(), self.server, call_id], separators=(",", ":"))
-        effect, options = self.effect_name(name), self._options(name, policy)
+        effect = self.effect_name(name)
+        options: RunOptions = {**self._options(name, policy), "tool": True}
         fingerprinted = {"tool": name, "arguments": args}
 
         async def call() -> types.CallToolResult:
             return await self.guard.arun(
-                effect, send, arguments=fingerprinted, key=key, result_type=types.CallToolResult, tool=True,
-                **options,
-            )  # fmt: skip
+                effect, send, arguments=fingerprinted, key=key, result_type=types.CallToolResult, **options
+            )
 
         return call
 

@@ -43,6 +43,7 @@ from sagaguard.idempotency.codec import encode_error
 from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError, OutcomeUnknown
 from sagaguard.idempotency.keys import fingerprint
+from sagaguard.idempotency.options import RunOptions
 from sagaguard.idempotency.telemetry import tracing
 from sagaguard.saga.agent.call import RUN_PREFIX, ToolCall, run_step_name, tool_step_name
 from sagaguard.saga.agent.definition import (
@@ -117,16 +118,21 @@ class _Step:
     kind: StepKind
     undo: str | None
 
-    def effect(self, result_type: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:
-        """The keyword arguments of ``Guard.run`` / ``Guard.arun`` for the call's effect: a
-        compensatable call is ``at_least_once`` unless ``options`` say otherwise (a crash inside it
-        and the resumed run runs it again, so the guarded effects inside it replay), a pivot is
-        the guard's ``at_most_once``."""
-        call = self.call
-        arguments = call.arguments if isinstance(call.arguments, dict) else {}
-        policy = {"policy": Policy.AT_LEAST_ONCE} if self.kind is StepKind.COMPENSATABLE else {}
-        fixed = {"arguments": arguments, "key": call.key, "result_type": result_type}
-        return {**fixed, **policy, **(options or {})}
+    @property
+    def fingerprinted(self) -> dict[str, Any]:
+        """What the call's effect fingerprints: its recorded arguments (when they are a mapping)."""
+        arguments = self.call.arguments
+        return arguments if isinstance(arguments, dict) else {}
+
+    def options(self, given: RunOptions | None) -> RunOptions:
+        """The call's effect options: a compensatable call is ``at_least_once`` unless ``given``
+        says otherwise (a crash inside it and the resumed run runs it again, so the guarded
+        effects inside it replay), a pivot the guard's ``at_most_once``."""
+        merged: RunOptions = {}
+        if self.kind is StepKind.COMPENSATABLE:
+            merged["policy"] = Policy.AT_LEAST_ONCE
+        merged.update(given or {})
+        return merged
 
 
 def _in_doubt(exc: BaseException) -> bool:
@@ -384,7 +390,7 @@ class AgentRun:
         call_id: str | None = None,
         result_type: Any = Any,
         record: Callable[[T], Any] | None = None,
-        options: Mapping[str, Any] | None = None,
+        options: RunOptions | None = None,
     ) -> T:
         """Make one tool call of the run.
 
@@ -425,7 +431,10 @@ class AgentRun:
             return fn()
         row, span = self._register(step)
         with _in_span(span):
-            value = self.runner.guard.run(step.call.effect, fn, **step.effect(result_type, options))
+            value = self.runner.guard.run(
+                step.call.effect, fn, arguments=step.fingerprinted, key=step.call.key,
+                result_type=result_type, **step.options(options),
+            )  # fmt: skip
         if row.state is not StepState.SUCCEEDED:
             self._recorded(row, step.call, value if record is None else record(value))
         return value
@@ -441,7 +450,7 @@ class AgentRun:
         call_id: str | None = None,
         result_type: Any = Any,
         record: Callable[[T], Any] | None = None,
-        options: Mapping[str, Any] | None = None,
+        options: RunOptions | None = None,
     ) -> T:
         """The async twin of :meth:`call`, line for line: ``fn`` is awaited under
         :meth:`~sagaguard.idempotency.guard.Guard.arun` (``options`` are its options), and the journal
@@ -453,7 +462,10 @@ class AgentRun:
             return await fn()
         row, span = await in_thread(self._register, step)
         with _in_span(span):
-            value = await self.runner.guard.arun(step.call.effect, fn, **step.effect(result_type, options))
+            value = await self.runner.guard.arun(
+                step.call.effect, fn, arguments=step.fingerprinted, key=step.call.key,
+                result_type=result_type, **step.options(options),
+            )  # fmt: skip
         if row.state is not StepState.SUCCEEDED:
             await in_thread(self._recorded, row, step.call, value if record is None else record(value))
         return value
