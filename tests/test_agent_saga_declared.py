@@ -1,12 +1,14 @@
 """The agent-saga recipe as the docs write it finishes after a SIGKILL inside a compensatable tool,
 with no operator (issue 26 item 1).
 
-The child (``tests/_agentsagadeclared.py``) is the LangGraph recipe of docs/agent_sagas.md with the
-page's own declarations, checked against the page here, so the page cannot drift from what is
-tested. Killed inside the booking tool after the API applied the booking (before or after the
-booking's own record), the agent is restarted at once: the run resumes, the tool's body runs again
-in the same scope, its guarded request replays (or is re-sent under its key and absorbed), and the
-trip completes: nothing undone, each effect once at the API (counted there, in another process).
+The children (``tests/_agentsagadeclared.py``, ``tests/_agentsagasdkdeclared.py``,
+``tests/_dbossagadeclared.py``) are the LangGraph, OpenAI Agents SDK and DBOS recipes of
+docs/agent_sagas.md with the page's own declarations, checked against the page here, so the page
+cannot drift from what is tested. Killed inside the booking tool after the API applied the booking
+(LangGraph: before or after the booking's own record), the agent is restarted at once: the run
+resumes, the tool's body runs again in the same scope, its guarded request replays (or is re-sent
+under its key and absorbed), and the trip completes: nothing undone, each effect once at the API
+(counted there, in another process).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ pytestmark = pytest.mark.timeout(180)  # fresh processes that import LangGraph, 
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "_agentsagadeclared.py"
+SDK_CHILD = CHILD.parent / "_agentsagasdkdeclared.py"
+DBOS_CHILD = CHILD.parent / "_dbossagadeclared.py"
 PAGE = ROOT / "docs" / "agent_sagas.md"
 ONLY_SLOW = [
     pytest.mark.slow,
@@ -40,13 +44,15 @@ ONLY_SLOW = [
 DECLARATION = re.compile(r"changes_world\((?:[^()]|\([^()]*\))*\)")
 
 
-def _run(api: LocalIdempotentApi, folder: Path, crash_at: str = "") -> subprocess.CompletedProcess[str]:
+def _run(
+    api: LocalIdempotentApi, folder: Path, crash_at: str = "", child: Path = CHILD
+) -> subprocess.CompletedProcess[str]:
     path = os.pathsep.join(p for p in (str(ROOT), str(CHILD.parent), os.environ.get("PYTHONPATH", "")) if p)
     env = {
         **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "AGENT_API": api.url,
         "AGENT_DIR": str(folder), "SAGAGUARD_CRASH_AT": crash_at,
     }  # fmt: skip
-    argv = [sys.executable, str(CHILD)]
+    argv = [sys.executable, str(child)]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90, check=False)
 
 
@@ -61,15 +67,19 @@ def api() -> Any:
         yield server
 
 
-def test_the_child_declares_its_tools_exactly_as_the_page_does() -> None:
-    """Every declaration of the child appears, character for character, in docs/agent_sagas.md's
-    LangGraph recipe, and no compensatable step in the page's examples needs a ``policy=``."""
+@pytest.mark.parametrize(
+    ("child", "section"),
+    [(CHILD, "## LangGraph"), (SDK_CHILD, "## OpenAI Agents SDK"), (DBOS_CHILD, "## DBOS")],
+)
+def test_the_child_declares_its_tools_exactly_as_the_page_does(child: Path, section: str) -> None:
+    """Every declaration of the child appears, character for character, in its framework's recipe
+    in docs/agent_sagas.md, and no compensatable step in the page's examples needs a ``policy=``."""
     page = PAGE.read_text(encoding="utf-8")
-    recipe = page[page.index("## LangGraph") :]
+    recipe = page[page.index(section) :]
     recipe = recipe[: recipe.index("\n## ", 1)]
-    child = set(DECLARATION.findall(CHILD.read_text(encoding="utf-8")))
-    assert child == {'changes_world(undo="cancel_booking")', 'changes_world(undo="refund")'}
-    for declaration in child:
+    declared = set(DECLARATION.findall(child.read_text(encoding="utf-8")))
+    assert declared == {'changes_world(undo="cancel_booking")', 'changes_world(undo="refund")'}
+    for declaration in declared:
         assert declaration in recipe, declaration
     code = "".join(re.findall(r"```python\n(.*?)```", page, re.S))  # the page's examples
     assert not [d for d in DECLARATION.findall(code) if "undo=" in d and "policy=" in d]
@@ -97,4 +107,52 @@ def test_the_recipe_killed_inside_a_compensatable_tool_resumes_and_completes(
     assert states == {
         "agent.tool.book_hotel": State.SUCCEEDED, "agent.tool.charge": State.SUCCEEDED,
         "booking.hotel": State.SUCCEEDED, "payments.charge": State.SUCCEEDED,
+    }  # fmt: skip
+
+
+def test_the_agents_sdk_recipe_killed_inside_a_compensatable_tool_resumes_and_completes(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    """The same kill in the Agents SDK recipe: the turn goes on from its session (``resume_turn``),
+    the journaled model replays the booking's call id, the tool's step is found, its request absorbed."""
+    killed = _run(api, tmp_path, "in_booking", SDK_CHILD)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert _applied(api) == {"/bookings": 1}
+    again = _run(api, tmp_path, child=SDK_CHILD)  # restarted at once: no operator
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout) == {"state": "completed", "answer": "done"}
+    assert _applied(api) == {"/bookings": 1, "/charges": 1}  # nothing twice, nothing undone
+    store = open_store(f"sqlite:///{tmp_path / 'agent.db'}")
+    try:
+        states = Counter((record.name, record.state) for record in store.list())
+    finally:
+        store.close()
+    assert states == {
+        ("agent.tool.book_hotel", State.SUCCEEDED): 1, ("agent.tool.charge", State.SUCCEEDED): 1,
+        ("booking.hotel", State.SUCCEEDED): 1, ("payments.charge", State.SUCCEEDED): 1,
+        ("agents.model", State.SUCCEEDED): 3,  # the journaled answers: booking, charge, "done"
+    }  # fmt: skip
+
+
+def test_the_dbos_recipe_killed_inside_a_compensatable_step_is_recovered_and_completes(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    """The same kill in the DBOS recipe: DBOS recovers the workflow in the restarted process, the
+    step runs again, its call finds its step (the dead holder's run taken over at once, on this
+    host), its request absorbed."""
+    killed = _run(api, tmp_path, "in_booking", DBOS_CHILD)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert _applied(api) == {"/bookings": 1}
+    again = _run(api, tmp_path, child=DBOS_CHILD)  # restarted at once: no operator
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout.splitlines()[-1]) == {"result": "booked", "state": "completed"}
+    assert _applied(api) == {"/bookings": 1, "/charges": 1}  # nothing twice, nothing undone
+    store = open_store(f"sqlite:///{tmp_path / 'agent.db'}")
+    try:
+        states = Counter((record.name, record.state) for record in store.list())
+    finally:
+        store.close()
+    assert states == {
+        ("agent.tool.book_hotel", State.SUCCEEDED): 1, ("agent.tool.charge", State.SUCCEEDED): 1,
+        ("booking.hotel", State.SUCCEEDED): 1, ("payments.charge", State.SUCCEEDED): 1,
     }  # fmt: skip
