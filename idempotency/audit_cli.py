@@ -28,7 +28,13 @@ from sagaguard.idempotency.cliopts import (
     store_option,
     store_url,
 )
-from sagaguard.idempotency.cliutil import SchemaMissing, duration, open_existing_store, sqlite_file
+from sagaguard.idempotency.cliutil import (
+    SchemaMissing,
+    duration,
+    open_existing_store,
+    sqlite_file,
+    table_lines,
+)
 from sagaguard.idempotency.errors import SchemaVersionMismatch
 
 __all__ = ["audit", "entry_json", "rfc3339"]
@@ -55,9 +61,8 @@ def _table(entries: Sequence[AuditEntry], now: float) -> None:
         )
         for e in entries
     ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    for row in (header, *rows):
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for line in table_lines(header, rows):
+        click.echo(line)
 
 
 @click.command()

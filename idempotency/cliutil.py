@@ -1,9 +1,10 @@
-"""Small pieces every ``sagaguard`` command shares that are not click's: durations, a closed pipe, and
-opening a store or a journal without creating anything (:mod:`sagaguard.idempotency.cliopts` has the
-click side)."""
+"""Small pieces every ``sagaguard`` command shares that are not click's: durations, aligned tables,
+JSON shown to a person, a closed pipe, and opening a store or a journal without creating anything
+(:mod:`sagaguard.idempotency.cliopts` has the click side)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -20,8 +21,10 @@ __all__ = [
     "install_hint",
     "open_existing_store",
     "piped",
+    "pretty_json",
     "require_schema",
     "sqlite_file",
+    "table_lines",
 ]
 
 
@@ -35,6 +38,25 @@ def duration(seconds: float) -> str:
     if s < 86_400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86_400}d{s % 86_400 // 3600:02d}h"
+
+
+def table_lines(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """``header`` and ``rows`` as lines of left-aligned columns two spaces apart, trailing blanks cut."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
+
+
+def pretty_json(text: str | None) -> str:
+    """Stored JSON text indented for a person; ``-`` for None, and text that is not JSON as it is."""
+    if text is None:
+        return "-"
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
 
 
 def install_hint(exc: ImportError) -> str:

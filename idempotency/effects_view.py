@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from sagaguard.idempotency.cliopts import PROG, rfc3339
-from sagaguard.idempotency.cliutil import duration
+from sagaguard.idempotency.cliutil import duration, pretty_json, table_lines
 from sagaguard.idempotency.keys import provider_key
 from sagaguard.idempotency.records import Record, State
 
@@ -73,18 +73,8 @@ def table(records: Sequence[Record], now: float) -> None:
         )
         for record in records
     ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    for row in (header, *rows):
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-
-
-def _pretty_json_text(text: str | None) -> str:
-    if text is None:
-        return "-"
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
-        return text
+    for line in table_lines(header, rows):
+        click.echo(line)
 
 
 def show_record(record: Record, now: float, ledger: str) -> None:
@@ -119,7 +109,7 @@ def show_record(record: Record, now: float, ledger: str) -> None:
     for name, text in (("result", record.result), ("error", record.error)):
         if text is not None:
             click.echo(f"{name}:")
-            for line in _pretty_json_text(text).splitlines():
+            for line in pretty_json(text).splitlines():
                 click.echo(f"  {line}")
     if record.state is State.IN_DOUBT or (record.state is State.IN_PROGRESS and not record.lease_live(now)):
         click.echo(

@@ -11,7 +11,7 @@ import click
 
 from sagaguard.idempotency.audit import AuditEntry
 from sagaguard.idempotency.cliopts import rfc3339
-from sagaguard.idempotency.cliutil import duration
+from sagaguard.idempotency.cliutil import duration, pretty_json, table_lines
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.stores import open_store
 from sagaguard.saga.agent.call import ToolCall
@@ -86,18 +86,8 @@ def table(records: Sequence[SagaRecord], now: float) -> None:
         )
         for r in records
     ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    for row in (header, *rows):
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-
-
-def _pretty(text: str | None) -> str:
-    if text is None:
-        return "-"
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
-        return text
+    for line in table_lines(header, rows):
+        click.echo(line)
 
 
 def outcomes_of(url: str, snapshot: SagaSnapshot) -> dict[int, CallOutcome]:
@@ -162,7 +152,7 @@ def show_snapshot(
         click.echo(f"  {event}")
     if r.error is not None:
         click.echo("error:")
-        for line in _pretty(r.error).splitlines():
+        for line in pretty_json(r.error).splitlines():
             click.echo(f"  {line}")
 
 

@@ -36,7 +36,7 @@ from sagaguard.idempotency.cliopts import (
     run,
     store_url,
 )
-from sagaguard.idempotency.cliutil import install_hint, sqlite_file
+from sagaguard.idempotency.cliutil import install_hint, sqlite_file, table_lines
 from sagaguard.idempotency.errors import ConfigurationError, SchemaVersionMismatch
 from sagaguard.idempotency.migrations.runner import SchemaState, SchemaStatus, schema_status, upgrade_schema
 from sagaguard.idempotency.migrations.tableset import TableSet, table_sets
@@ -147,9 +147,8 @@ def _report(statuses: list[SchemaStatus], as_json: bool) -> int:
         for s in statuses:
             current = s.current or ("unversioned" if s.unversioned else "-")
             rows.append((s.table_set, s.name, current, s.head, s.state.value))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        for line in table_lines(rows[0], rows[1:]):
+            click.echo(line)
     states = {status.state for status in statuses}
     if SchemaState.AHEAD in states:
         return EXIT_AHEAD
