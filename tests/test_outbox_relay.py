@@ -20,6 +20,7 @@ from _outboxkit import BACKENDS, Recorder, World, open_world
 from conftest import FakeClock
 from sqlalchemy.orm import Session
 
+from sagaguard.idempotency.audit import AuditFilter, Outcome, TargetKind, open_audit
 from sagaguard.idempotency.errors import ConfigurationError, NotApplied
 from sagaguard.idempotency.outbox import (
     Message,
@@ -30,6 +31,7 @@ from sagaguard.idempotency.outbox import (
     current_message,
 )
 from sagaguard.idempotency.outbox.claims import Claimed, Settle
+from sagaguard.idempotency.outbox.operator import ALL, discard_dead, replay_all_dead
 from sagaguard.idempotency.outbox.policy import failure_outcome
 
 FIXED = tenacity.wait_fixed(10)
@@ -243,6 +245,34 @@ def test_replay_gives_dead_letters_back_with_fresh_attempts(outbox_world: World)
         control.discard("not-an-id")
     info = control.get(ids[2])
     assert info["id"] == ids[2] and info["status"] == "delivered" and info["last_error"] == "Boom: down"
+
+
+def test_the_operator_api_replays_every_dead_letter_and_audits_it(outbox_world: World) -> None:
+    """``replay_all_dead`` (the scripts' way out of a pile of dead letters) and ``discard_dead``:
+    each acts through the control and leaves one audit entry, the payload never in it."""
+    world = outbox_world
+    healthy = {"on": False}
+    world.outbox.register("t", lambda m: None if healthy["on"] else (_ for _ in ()).throw(Boom("down")))
+    ids = _enqueue(world, [("a", 1), ("b", 2), ("c", 3)], max_attempts=1)
+    relay = world.relay()
+    relay.run_once()
+    control = world.control()
+    log = open_audit("memory://")
+    discard_dead(control, ids[0], actor="ana", audit=log)
+    healthy["on"] = True
+    assert replay_all_dead(control, actor="ana", audit=log) == 2
+    assert replay_all_dead(control, actor="ana", audit=log) == 0  # nothing dead is left: a no-op
+    relay.run_once()
+    assert {row["aggregateid"]: row["status"] for row in world.rows()} == {
+        "a": "discarded", "b": "delivered", "c": "delivered"
+    }  # fmt: skip
+    entries = log.list(AuditFilter())
+    assert [(e.action, e.target, e.outcome) for e in reversed(entries)] == [
+        ("outbox.discard", ids[0], Outcome.OK),
+        ("outbox.replay_all", ALL, Outcome.OK),
+        ("outbox.replay_all", ALL, Outcome.OK),
+    ]
+    assert all(e.actor == "ana" and e.kind is TargetKind.MESSAGE and e.args == {} for e in entries)
 
 
 def test_purge_deletes_old_delivered_and_discarded_rows_in_pages(outbox_world: World) -> None:
