@@ -398,3 +398,51 @@ def test_one_server_journal_does_not_wait_by_default_and_waits_when_told() -> No
         plain.close()
         strict.close()
         _delete_redis_prefix(url, prefix)
+
+
+def test_a_bulk_action_claim_no_replica_acknowledged_fails_closed_and_is_taken_back(
+    redis_cluster: LocalCluster, prefix: str
+) -> None:
+    """A bulk action's id claimed on a primary whose replica does not acknowledge it is refused
+    and taken back: the action does not run, and a resubmission under the same id runs it."""
+    from sagaguard.idempotency.audit import AuditEntry, TargetKind
+    from sagaguard.idempotency.audit.redis import RedisAudit
+
+    log = RedisAudit(redis_cluster.url, prefix=prefix, replica_timeout=0.2)  # waits for 1 by default
+    claims = f"{{{prefix}:audit}}:bulk"
+    entry = AuditEntry(
+        at=1.0, actor="ana", action="bulk.saga.retry", kind=TargetKind.BULK, target=uuid.uuid4().hex
+    )
+    replica = _replica_serving(redis_cluster, f"{prefix}:audit")
+    redis_cluster.pause(replica)
+    try:
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas acknowledged the claim of bulk"):
+            log.claim(entry)
+    finally:
+        redis_cluster.resume(replica)
+    try:
+        assert log.list() == []  # taken back
+        assert log.claim(entry) is not None  # the resubmission acts
+        assert log.claim(entry) is None  # and only once
+    finally:
+        log._client.delete(claims)  # type: ignore[attr-defined]
+        log.close()
+
+
+def test_one_server_audit_does_not_wait_by_default_and_waits_when_told() -> None:
+    from sagaguard.idempotency.audit import AuditEntry, TargetKind
+    from sagaguard.idempotency.audit.redis import RedisAudit
+
+    url = require_redis()
+    prefix = f"sgcl-{uuid.uuid4().hex[:10]}"
+    entry = AuditEntry(at=1.0, actor="ana", action="bulk.x", kind=TargetKind.BULK, target=uuid.uuid4().hex)
+    strict = RedisAudit(url, prefix=prefix, wait_replicas=1, replica_timeout=0.05)
+    plain = RedisAudit(url, prefix=prefix)
+    try:
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
+            strict.claim(entry)
+        assert plain.claim(entry) is not None  # no WAIT; the refused claim was taken back
+    finally:
+        strict.close()
+        plain.close()
+        _delete_redis_prefix(url, prefix)
