@@ -191,7 +191,11 @@ class JournalError(SagaError):
 
 
 class JournalUnavailable(JournalError):
-    """The journal cannot be reached. Transient; nothing was written."""
+    """The journal cannot be reached, or too few replicas acknowledged a write. Transient.
+
+    Nothing is acknowledged: a write whose reply was lost, or that the replicas did not
+    acknowledge, may stand or not, and the saga goes on from what the journal holds when resumed.
+    """
 
     transient = True
 

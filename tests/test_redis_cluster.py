@@ -20,7 +20,7 @@ from _rediscluster import LocalCluster
 from conftest import FakeClock, _delete_redis_prefix, closed_port, delete_cluster_prefix, require_redis
 from redis.cluster import RedisCluster
 
-from sagaguard.idempotency import Guard
+from sagaguard.idempotency import Guard, MemoryStore
 from sagaguard.idempotency.backends.redis_client import connect
 from sagaguard.idempotency.backends.redis_persistence import DurabilityWarning, check_persistence
 from sagaguard.idempotency.backends.urls import check_url, cluster_url
@@ -29,7 +29,7 @@ from sagaguard.idempotency.keys import EffectIdentity
 from sagaguard.idempotency.records import State
 from sagaguard.idempotency.stores import open_store
 from sagaguard.idempotency.stores.redis import RedisStore
-from sagaguard.saga import SagaState
+from sagaguard.saga import Saga, SagaRunner, SagaState, StepContext
 from sagaguard.saga.errors import JournalUnavailable
 from sagaguard.saga.journals import open_journal
 from sagaguard.saga.journals.redis import RedisJournal
@@ -287,3 +287,162 @@ def test_the_audit_claims_a_bulk_action_id_in_one_slot(redis_cluster: LocalClust
     finally:
         log._client.delete(claims)  # type: ignore[attr-defined]
         log.close()
+
+
+# ------------------------------------------------------------ the saga journal waits for a replica
+
+
+@pytest.mark.parametrize(
+    ("replicas", "timeout"), [(-1, 1.0), (True, 1.0), ("1", 1.0), (1, 0), (1, float("nan")), (1, "1")]
+)
+def test_bad_replica_settings_of_the_journal_are_configuration_errors(
+    replicas: object, timeout: object
+) -> None:
+    with pytest.raises(ConfigurationError, match=r"wait_replicas|replica_timeout"):
+        RedisJournal(
+            f"redis+cluster://127.0.0.1:{closed_port()}", wait_replicas=replicas, replica_timeout=timeout
+        )  # type: ignore[arg-type]
+
+
+def _replica_serving(cluster: LocalCluster, name: str) -> int:
+    """The port of the replica of the primary that serves ``name``'s slot."""
+    client, _ = connect(cluster.url, "probe")
+    assert isinstance(client, RedisCluster)
+    try:
+        return cluster.replica_of(client.get_node_from_key(name).port)
+    finally:
+        client.close()
+
+
+def test_a_saga_step_no_replica_acknowledged_fails_closed_and_runs_once_after(
+    redis_cluster: LocalCluster, prefix: str
+) -> None:
+    """The commit that records the first step done and registers the second (with its
+    compensation) is refused when the replica does not acknowledge it: the second step does not
+    run. Resumed once the replica is back, each step's effect ran once."""
+    journal = RedisJournal(redis_cluster.url, prefix=prefix, replica_timeout=0.2)  # 1 by default
+    replica = _replica_serving(redis_cluster, f"{prefix}:{{trip-1}}")
+    ran: list[str] = []
+    paused: list[int] = []
+    trip: Saga[str] = Saga("trip", input=str)
+
+    @trip.step(compensate=lambda ctx, order, result: ran.append("refund"))
+    def pay(ctx: StepContext, order: str) -> str:
+        ran.append("pay")
+        if not paused:  # the replica stops acknowledging before this step is recorded done
+            redis_cluster.pause(replica)
+            paused.append(replica)
+        return "paid"
+
+    @trip.step(compensate=lambda ctx, order, result: ran.append("release"))
+    def book(ctx: StepContext, order: str) -> str:
+        ran.append("book")
+        return "booked"
+
+    runner = SagaRunner(journal, Guard(MemoryStore()), lease=0.5, wait=5.0, renewer=False)
+    try:
+        with pytest.raises(JournalUnavailable, match="0 of 1 replicas acknowledged"):
+            runner.run(trip, "trip-1", "o-1")
+    finally:
+        redis_cluster.resume(replica)
+    assert paused and ran == ["pay"]  # fail closed: the next step did not run unrecorded
+    outcome = runner.run(trip, "trip-1", "o-1")  # resumed once the lease ran out
+    assert outcome.state is SagaState.COMPLETED
+    assert ran == ["pay", "book"]  # the first step's guarded effect replayed, not run again
+    snapshot = journal.load("trip-1")
+    assert snapshot is not None and [s.name for s in snapshot.steps] == ["pay", "book"]
+    journal.close()
+
+
+def test_a_start_waits_for_the_due_index_on_its_own_primary(redis_cluster: LocalCluster, prefix: str) -> None:
+    """A saga's start lowers its due-index entry, which lives on one primary: when that is not
+    the saga's primary, the entry is written and waited for first, and the saga is not created
+    while no replica holds the entry (a saga the sweep could not find would be lost with its
+    runner)."""
+    journal = RedisJournal(redis_cluster.url, prefix=prefix, replica_timeout=0.2)
+    client, _ = connect(redis_cluster.url, "probe")
+    assert isinstance(client, RedisCluster)
+    try:
+        due = client.get_node_from_key(f"{prefix}:due").name
+        saga_id = next(
+            f"trip-{i}" for i in range(100) if client.get_node_from_key(f"{prefix}:{{trip-{i}}}").name != due
+        )
+    finally:
+        client.close()
+    replica = _replica_serving(redis_cluster, f"{prefix}:due")
+    redis_cluster.pause(replica)
+    try:
+        with pytest.raises(JournalUnavailable, match="0 of 1 replicas acknowledged"):
+            journal.start(saga_id, name="trip", version=1, input="{}", fingerprint="fp", lease=5.0)
+    finally:
+        redis_cluster.resume(replica)
+    assert journal.load(saga_id) is None  # the saga's script was not sent
+    started = journal.start(saga_id, name="trip", version=1, input="{}", fingerprint="fp", lease=5.0)
+    assert started.outcome.value == "created"
+    journal.close()
+
+
+def test_one_server_journal_does_not_wait_by_default_and_waits_when_told() -> None:
+    url = require_redis()  # a server without replicas
+    prefix = f"sgcl-{uuid.uuid4().hex[:10]}"
+    plain = RedisJournal(url, prefix=prefix)
+    plain.start("s-1", name="trip", version=1, input="{}", fingerprint="fp", lease=5.0)  # no WAIT
+    strict = RedisJournal(url, prefix=prefix, wait_replicas=1, replica_timeout=0.05)
+    try:
+        with pytest.raises(JournalUnavailable, match="0 of 1 replicas acknowledged"):
+            strict.start("s-2", name="trip", version=1, input="{}", fingerprint="fp", lease=5.0)
+        with pytest.raises(JournalUnavailable, match="0 of 1 replicas acknowledged"):
+            strict.signal("s-1", "approved", "{}")
+        assert strict.load("s-1") is not None  # a read does not wait
+    finally:
+        plain.close()
+        strict.close()
+        _delete_redis_prefix(url, prefix)
+
+
+def test_a_bulk_action_claim_no_replica_acknowledged_fails_closed_and_is_taken_back(
+    redis_cluster: LocalCluster, prefix: str
+) -> None:
+    """A bulk action's id claimed on a primary whose replica does not acknowledge it is refused
+    and taken back: the action does not run, and a resubmission under the same id runs it."""
+    from sagaguard.idempotency.audit import AuditEntry, TargetKind
+    from sagaguard.idempotency.audit.redis import RedisAudit
+
+    log = RedisAudit(redis_cluster.url, prefix=prefix, replica_timeout=0.2)  # waits for 1 by default
+    claims = f"{{{prefix}:audit}}:bulk"
+    entry = AuditEntry(
+        at=1.0, actor="ana", action="bulk.saga.retry", kind=TargetKind.BULK, target=uuid.uuid4().hex
+    )
+    replica = _replica_serving(redis_cluster, f"{prefix}:audit")
+    redis_cluster.pause(replica)
+    try:
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas acknowledged the claim of bulk"):
+            log.claim(entry)
+    finally:
+        redis_cluster.resume(replica)
+    try:
+        assert log.list() == []  # taken back
+        assert log.claim(entry) is not None  # the resubmission acts
+        assert log.claim(entry) is None  # and only once
+    finally:
+        log._client.delete(claims)  # type: ignore[attr-defined]
+        log.close()
+
+
+def test_one_server_audit_does_not_wait_by_default_and_waits_when_told() -> None:
+    from sagaguard.idempotency.audit import AuditEntry, TargetKind
+    from sagaguard.idempotency.audit.redis import RedisAudit
+
+    url = require_redis()
+    prefix = f"sgcl-{uuid.uuid4().hex[:10]}"
+    entry = AuditEntry(at=1.0, actor="ana", action="bulk.x", kind=TargetKind.BULK, target=uuid.uuid4().hex)
+    strict = RedisAudit(url, prefix=prefix, wait_replicas=1, replica_timeout=0.05)
+    plain = RedisAudit(url, prefix=prefix)
+    try:
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
+            strict.claim(entry)
+        assert plain.claim(entry) is not None  # no WAIT; the refused claim was taken back
+    finally:
+        strict.close()
+        plain.close()
+        _delete_redis_prefix(url, prefix)

@@ -259,7 +259,7 @@ class RedisStore:
         """
         try:
             if replicated and self._replicas.count:
-                text, acked = self._replicas.run(self._client, script, self._name(key), args)
+                text, acked = self._replicas.run(self._client, script, [self._name(key)], args)
                 if acked < self._replicas.count:
                     self._unreplicated(key, text, acked)
             else:

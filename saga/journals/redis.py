@@ -21,6 +21,12 @@ The claim, one script on the saga's keys, stays the only authority, so a stale i
 recovery (by at most one lease when a runner with a shorter lease takes over from one with a
 longer lease) but never cause a wrong one.
 
+Every write that the saga's progress rests on (a start, a claim or take-over, a commit of a phase
+or of a step with its compensation, a reopen, a signal, a cancellation) waits for replicas as the
+store's claim does (:mod:`sagaguard.idempotency.backends.redis_replicas`: ``WAIT`` pipelined behind
+the script, and behind the due index's lowering when one primary serves both), so a failover cannot
+lose what the journal acknowledged. Reads and the due index's repairs do not wait.
+
 Times come from Redis (``TIME`` inside the script) unless a clock is injected. Requires Redis 7.
 Saga ids must not contain ``{`` or ``}`` (they would break the hash tag).
 """
@@ -45,7 +51,8 @@ from sagaguard.idempotency.backends.redis_client import (
     load_scripts,
 )
 from sagaguard.idempotency.backends.redis_persistence import check_persistence
-from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.idempotency.backends.redis_replicas import ReplicaWait
+from sagaguard.idempotency.errors import ConfigurationError, StoreUnavailable
 from sagaguard.saga import lease as _lease
 from sagaguard.saga.checks import check_saga_id
 from sagaguard.saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
@@ -185,9 +192,19 @@ class RedisJournal:
         clock: seconds since the epoch; inject one to test leases without sleeping. By default every
             script reads Redis's ``TIME``.
         prefix: the first part of every key; the journal owns ``{prefix}:{*}`` and ``{prefix}:due``.
+        wait_replicas: replicas that must hold each write the saga's progress rests on (a start,
+            a claim, a commit of a phase or a step with its compensation, a reopen, a signal, a
+            cancellation) before the journal acknowledges it: ``WAIT`` after the write's script,
+            on the same connection, as :class:`~sagaguard.idempotency.stores.redis.RedisStore`'s
+            claim. None (the default): 1 on a Redis Cluster, 0 (no wait) on one server. A write
+            that fewer replicas acknowledged within ``replica_timeout`` is
+            :class:`~sagaguard.saga.errors.JournalUnavailable`: the step it registers does not
+            run, and the saga goes on from what the journal holds when it is resumed.
+        replica_timeout: seconds ``WAIT`` waits for the replicas.
 
     Raises:
-        ConfigurationError: the URL or prefix is malformed.
+        ConfigurationError: the URL, the prefix, ``wait_replicas`` or ``replica_timeout`` is
+            malformed.
         JournalUnavailable: Redis cannot be reached (the scripts are loaded at once).
     """
 
@@ -197,12 +214,16 @@ class RedisJournal:
         *,
         clock: Callable[[], float] | None = None,
         prefix: str = "sgj",
+        wait_replicas: int | None = None,
+        replica_timeout: float = 1.0,
     ) -> None:
+        replicas = ReplicaWait.of(wait_replicas, replica_timeout)
         try:
             client, self._owned = connect(url_or_client, prefix)
         except ERRORS as exc:  # a cluster's nodes cannot be reached
             raise _error(exc) from exc
         self._client = client
+        self._replicas = replicas.on(client)
         self._clock = clock
         self._prefix = prefix
         self._due_key = f"{prefix}:due"
@@ -230,9 +251,20 @@ class RedisJournal:
     def _now_arg(self) -> float | str:
         return "" if self._clock is None else float(self._clock())
 
-    def _run(self, script: Script, keys: list[str], args: Sequence[Any], *, lower: str | None = None) -> Any:
-        """Run a script, first lowering ``lower``'s due-index score to 0 in the same round trip."""
+    def _run(
+        self,
+        script: Script,
+        keys: list[str],
+        args: Sequence[Any],
+        *,
+        lower: str | None = None,
+        durable: bool = False,
+    ) -> Any:
+        """Run a script, first lowering ``lower``'s due-index score to 0 in the same round trip;
+        a ``durable`` write waits for the replicas (:meth:`_replicated`)."""
         try:
+            if durable and self._replicas.count:
+                return self._replicated(script, keys, args, lower)
             if lower is None:
                 return _text(self._scripts(script, keys, args))
             for _ in range(2):
@@ -247,6 +279,28 @@ class RedisJournal:
             raise JournalError("redis keeps refusing the journal's scripts (NOSCRIPT)")
         except ERRORS as exc:
             raise _error(exc) from exc
+
+    def _replicated(self, script: Script, keys: list[str], args: Sequence[Any], lower: str | None) -> Any:
+        """The script's reply once :attr:`_replicas` acknowledged it (and the index's lowering).
+
+        Raises:
+            JournalUnavailable: fewer replicas acknowledged it in time (the write may stand on the
+                primary, or be lost with it), or the server kept refusing or redirecting it.
+            redis.RedisError: as the client raises them.
+        """
+        first = None if lower is None else (self._due_key, ("ZADD", self._due_key, "LT", 0, lower))
+        try:
+            reply, acked = self._replicas.run(self._client, script, keys, args, first=first)
+        except StoreUnavailable as exc:
+            raise JournalUnavailable(f"redis journal unavailable: {exc}") from exc
+        wanted = self._replicas.count or 0
+        if acked < wanted:
+            raise JournalUnavailable(
+                f"redis: {acked} of {wanted} replicas acknowledged the journal's write to {keys[0]!r} "
+                f"within {self._replicas.timeout:g} s; a failover could lose it, so it is not "
+                "acknowledged (what it registers does not run)"
+            )
+        return _text(reply)
 
     def _snapshot(self, saga_id: str, reply: Sequence[Any]) -> SagaSnapshot:
         return SagaSnapshot(_saga(saga_id, reply[1]), _steps(reply[2]), _pairs(reply[3]))
@@ -285,7 +339,7 @@ class RedisJournal:
         )  # fmt: skip
         if first is not None:
             args += (str(first.index), _step_json(first))
-        reply = self._run(self._start, self._keys(saga_id), args, lower=saga_id)
+        reply = self._run(self._start, self._keys(saga_id), args, lower=saga_id, durable=True)
         result = StartResult(StartOutcome(reply[0]), self._snapshot(saga_id, reply))
         return _lease.after_start(
             self, result, name=name, version=version, fingerprint=fingerprint, lease=lease, holder=holder
@@ -296,7 +350,7 @@ class RedisJournal:
         holder dead) :meth:`take_over`."""
         check_saga_id(saga_id)
         args = (self._now_arg(), float(lease), _lease.current(holder))
-        reply = self._run(self._claim, self._keys(saga_id), args)
+        reply = self._run(self._claim, self._keys(saga_id), args, durable=True)
         if reply[0] != "not_due":
             return self._snapshot(saga_id, reply)
         return _lease.after_claim(self, saga_id, lease=lease, holder=holder)
@@ -307,7 +361,7 @@ class RedisJournal:
         """See :meth:`SagaJournal.take_over`: one script fenced on the token."""
         check_saga_id(saga_id)
         args = (self._now_arg(), str(token), float(lease), _lease.current(holder))
-        reply = self._run(self._take_over, self._keys(saga_id), args)
+        reply = self._run(self._take_over, self._keys(saga_id), args, durable=True)
         return None if reply[0] == "no" else self._snapshot(saga_id, reply)
 
     def load(self, saga_id: str) -> SagaSnapshot | None:
@@ -334,7 +388,8 @@ class RedisJournal:
         for row in phase.steps:
             args += [str(row.index), _step_json(row)]
         parking = phase.state is SagaState.WAITING
-        reply = self._run(self._commit, self._keys(saga_id), args, lower=saga_id if parking else None)
+        lower = saga_id if parking else None
+        reply = self._run(self._commit, self._keys(saga_id), args, lower=lower, durable=True)
         if reply[0] == "lost":
             _, state, current = reply
             if state is None:
@@ -358,7 +413,7 @@ class RedisJournal:
         ]  # fmt: skip
         for row in steps:
             args += [str(row.index), _step_json(row)]
-        reply = self._run(self._reopen, self._keys(saga_id), args, lower=saga_id)
+        reply = self._run(self._reopen, self._keys(saga_id), args, lower=saga_id, durable=True)
         if reply[0] != "ok":
             return None
         return _saga(saga_id, reply[1])
@@ -372,7 +427,8 @@ class RedisJournal:
         """See :meth:`SagaJournal.signal`: one script (after lowering the saga's index entry)."""
         check_saga_id(saga_id)
         keys = self._keys(saga_id)
-        reply = self._run(self._signal, [keys[0], keys[2]], (self._now_arg(), name, payload), lower=saga_id)
+        args = (self._now_arg(), name, payload)
+        reply = self._run(self._signal, [keys[0], keys[2]], args, lower=saga_id, durable=True)
         if reply == "unknown":
             raise SagaNotFound(saga_id)
         return SignalOutcome(reply)
@@ -381,7 +437,7 @@ class RedisJournal:
         """See :meth:`SagaJournal.cancel`: one script (after lowering the saga's index entry)."""
         check_saga_id(saga_id)
         keys = self._keys(saga_id)
-        reply = self._run(self._cancel, keys[:1], (self._now_arg(), cause), lower=saga_id)
+        reply = self._run(self._cancel, keys[:1], (self._now_arg(), cause), lower=saga_id, durable=True)
         if reply == "unknown":
             raise SagaNotFound(saga_id)
         return CancelOutcome(reply)
