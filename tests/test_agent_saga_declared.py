@@ -67,7 +67,7 @@ def _run(
         "AGENT_DIR": str(folder), "SAGAGUARD_CRASH_AT": crash_at, **(env or {}),
     }  # fmt: skip
     argv = [str(python), str(child), *args]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90, check=False)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 def _records(folder: Path) -> Counter[tuple[str, State]]:
@@ -185,6 +185,7 @@ def test_the_temporal_recipe_killed_inside_a_compensatable_activity_is_retried_a
     assert _records(tmp_path) == ONE_PER_CALL
 
 
+@pytest.mark.timeout(300)  # two processes that import CrewAI (seconds of CPU each)
 def test_the_crewai_recipe_killed_inside_a_compensatable_tool_is_restored_and_completes(
     api: LocalIdempotentApi, tmp_path: Path, crew_python: Path  # noqa: F811 - the shared fixture
 ) -> None:
