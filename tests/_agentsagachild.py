@@ -5,7 +5,10 @@ The agent books a hotel and charges a card at a local HTTP API (``$AGENT_API``, 
 by ``$AGENT_KILL``: ``after_charge`` (the agent process SIGKILLs itself once the charge is recorded),
 ``in_charge`` (right after the API applied the charge, before its record),
 ``in_refund`` (the process running the refund undo SIGKILLs itself right after the API applied the
-refund, once: a marker file in ``$AGENT_MARKS`` says it happened). The undos are idempotent the
+refund, once: a marker file in ``$AGENT_MARKS`` says it happened), ``completed`` (the run completed,
+the program has not saved its answer). With ``$AGENT_FLIGHT=ok`` the flight books and the run
+completes (the answer, the booking, is printed too); with ``$AGENT_EXCLUSIVE=1`` the run is opened
+``exclusive=True``, the engines' mode. The undos are idempotent the
 way a real one is: each request carries an ``Idempotency-Key`` derived from what it undoes.
 
 ``python tests/_agentsagachild.py`` runs the agent (``thread-1``) and prints the outcome as JSON
@@ -36,6 +39,8 @@ DB = os.environ.get("AGENT_DB", "sqlite:///agent.db")
 KILL = os.environ.get("AGENT_KILL", "")
 MARKS = Path(os.environ.get("AGENT_MARKS", "."))
 RUN_ID = "thread-1"
+FLIGHT = os.environ.get("AGENT_FLIGHT", "fail")
+EXCLUSIVE = os.environ.get("AGENT_EXCLUSIVE") == "1"
 
 
 def _post(path: str, body: dict[str, Any], key: str) -> dict[str, Any]:
@@ -78,9 +83,9 @@ guard = Guard(open_store(DB))
 def main() -> int:
     runner = AgentRunner(open_journal(DB), guard, sleep=lambda _s: None)
     try:
-        with runner.run(trip_agent, RUN_ID) as run:
+        with runner.run(trip_agent, RUN_ID, exclusive=EXCLUSIVE) as run:
             hotel, card = "ritz", "card-1"
-            current_run().call(
+            booking = current_run().call(
                 "book_hotel", lambda: _post("/bookings", {"hotel": hotel}, f"book-{hotel}"), {"hotel": hotel},
                 undo="cancel_booking", call_id="call-1",
             )  # fmt: skip
@@ -89,7 +94,9 @@ def main() -> int:
                 {"amount": 420, "card": card}, undo="refund", call_id="call-2",
             )  # fmt: skip
             _die_once("after_charge")
-            raise RuntimeError("the flight tool failed")
+            if FLIGHT != "ok":
+                raise RuntimeError("the flight tool failed")
+        _die_once("completed")  # the run completed; its answer is not saved yet
     except RuntimeError:
         pass
     except AgentRunEnded as ended:  # re-opened mid-compensation: finished here, never run forward
@@ -98,7 +105,10 @@ def main() -> int:
     finally:
         runner.close()
     assert run.outcome is not None
-    print(json.dumps({"state": run.outcome.state.value}))
+    report: dict[str, Any] = {"state": run.outcome.state.value}
+    if FLIGHT == "ok":
+        report |= {"replayed": run.outcome.replayed, "answer": booking}
+    print(json.dumps(report))
     return 0
 
 

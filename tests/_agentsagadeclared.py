@@ -4,15 +4,14 @@ run as a real process for tests/test_agent_saga_declared.py.
 A scripted model (fixed tool call ids, as a journaled model replays them) books a hotel, then
 charges a card, then says "done": the trip succeeds. The tools are declared the
 shortest way the page shows (``@changes_world(undo="cancel_booking")`` next to the tool,
-``declare={"charge": changes_world(undo="refund")}`` at the adapter, no ``policy=``), and their
-bodies change the world only through a guarded connector (``IdempotentHttp``, each request under its
-effect's ``Idempotency-Key``) at a local API that counts what it applied (``$AGENT_API``). The graph
-checkpoints to SQLite in ``$AGENT_DIR``, where the effects and the journal live too.
+``declare={"charge": changes_world(undo="refund")}`` at the adapter, no ``policy=``); their bodies
+and undos are the booking world's (``tests/_declaredworld.py``: guarded requests at a local API
+that counts what it applied). The graph checkpoints to SQLite in ``$AGENT_DIR``, where the effects
+and the journal live too.
 
 Kill points (``$SAGAGUARD_CRASH_AT``, :func:`sagaguard.idempotency.testing.crash_point`):
-``in_booking`` (the API applied the booking, its record is not written: the booking's effect and
-the tool's claim are both in progress) and ``booked`` (the booking is recorded, the tool has not
-returned: the tool's claim is in progress).
+``in_booking`` (the world's: the API applied the booking, its record is not written) and
+``booked`` (the booking is recorded, the tool has not returned: the tool's claim is in progress).
 
 ``python tests/_agentsagadeclared.py`` starts the run, or resumes it from its checkpoint, and prints
 the outcome as JSON.
@@ -21,14 +20,12 @@ the outcome as JSON.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import httpx
+from _declaredworld import DB, FOLDER, book, guard, pay, undos
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
@@ -40,16 +37,11 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 from sagaguard.connectors.declare import changes_world
 from sagaguard.connectors.frameworks.langgraph import ToolGuard
-from sagaguard.connectors.http import IdempotentHttp
-from sagaguard.idempotency import Guard, open_store
 from sagaguard.idempotency.testing import crash_point
 from sagaguard.saga import SagaRegistry
-from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.agent import AgentRunner, AgentSaga
 from sagaguard.saga.journals import open_journal
 
-API = os.environ.get("AGENT_API", "http://127.0.0.1:9")
-FOLDER = Path(os.environ.get("AGENT_DIR", "."))
-DB = f"sqlite:///{FOLDER / 'agent.db'}"
 THREAD = "thread-1"
 SCRIPT = [  # one call per answer, so a kill in the booking lands before the charge
     [{"name": "book_hotel", "args": {"hotel": "ritz"}, "id": "call-0", "type": "tool_call"}],
@@ -81,27 +73,6 @@ class ScriptedModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=answer)])
 
 
-def _applied(response: httpx.Response) -> None:
-    if response.request.url.path == "/bookings":
-        crash_point("in_booking")  # the API applied the booking; nothing recorded it yet
-
-
-guard = Guard(open_store(DB))  # the defaults a user gets
-api = IdempotentHttp(guard, httpx.Client(base_url=API, timeout=10, event_hooks={"response": [_applied]}))
-
-undos = UndoRegistry()
-
-
-@undos.register
-def cancel_booking(arguments: dict[str, Any], result: Any | None) -> None:
-    api.post("/cancellations", json={"hotel": arguments["hotel"]}, name="booking.cancel")
-
-
-@undos.register
-def refund(arguments: dict[str, Any], result: Any | None) -> None:
-    api.post("/refunds", json={"amount": arguments["amount"]}, name="payments.refund")
-
-
 trip_agent = AgentSaga("trip_agent", undos)
 registry = SagaRegistry(trip_agent)
 
@@ -110,7 +81,7 @@ registry = SagaRegistry(trip_agent)
 @changes_world(undo="cancel_booking")
 def book_hotel(hotel: str) -> dict[str, Any]:
     """Book a hotel."""
-    booking = api.post("/bookings", json={"hotel": hotel}, name="booking.hotel").json()
+    booking = book(hotel)
     crash_point("booked")  # recorded; the tool has not returned
     return dict(booking)
 
@@ -118,7 +89,7 @@ def book_hotel(hotel: str) -> dict[str, Any]:
 @tool
 def charge(amount: int) -> dict[str, Any]:
     """Charge the card."""
-    return dict(api.post("/charges", json={"amount": amount}, name="payments.charge").json())
+    return pay(amount)
 
 
 def build(checkpointer: Any) -> Any:

@@ -4,14 +4,9 @@ writes them, run as a real process for tests/test_agent_saga_declared.py.
 A scripted model (a real SDK ``Model`` whose tool call ids are fresh and random, so the same ids
 after a crash are the journal's doing) books a hotel, then charges a card, then says "done": the
 turn succeeds. The tools are declared the shortest way the page shows (an undo by name under
-``@function_tool``, ``charge``'s by name in the ``SagaTurn``'s ``declare=``, no ``policy=``), and
-their bodies change the world only through a guarded connector (``IdempotentHttp``, each request
-under its effect's ``Idempotency-Key``) at a local API that counts what it applied
-(``$AGENT_API``). The session, the effects and the journal live in ``$AGENT_DIR``.
-
-Kill point (``$SAGAGUARD_CRASH_AT``, :func:`sagaguard.idempotency.testing.crash_point`):
-``in_booking`` (the API applied the booking, its record is not written: the booking's effect and
-the tool's claim are both in progress).
+``@function_tool``, ``charge``'s by name in the ``SagaTurn``'s ``declare=``, no ``policy=``);
+their bodies and undos are the booking world's (``tests/_declaredworld.py``, killed at
+``in_booking``). The session, the effects and the journal live in ``$AGENT_DIR``.
 
 ``python tests/_agentsagasdkdeclared.py`` runs turn 1, or goes on with it from the session, and
 prints the outcome as JSON.
@@ -21,13 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
-import httpx
+from _declaredworld import DB, FOLDER, book, guard, pay, undos
 from agents import Agent, SQLiteSession, function_tool, set_tracing_disabled
 from agents.agent_output import AgentOutputSchemaBase
 from agents.handoffs import Handoff
@@ -41,18 +34,12 @@ from openai.types.responses.response_prompt_param import ResponsePromptParam
 
 from sagaguard.connectors.declare import changes_world
 from sagaguard.connectors.frameworks.openai_agents_saga import SagaTurn
-from sagaguard.connectors.http import IdempotentHttp
-from sagaguard.idempotency import Guard, open_store
-from sagaguard.idempotency.testing import crash_point
 from sagaguard.saga import SagaRegistry
-from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.agent import AgentRunner, AgentSaga
 from sagaguard.saga.journals import open_journal
 
 set_tracing_disabled(True)  # no OPENAI_API_KEY to export traces with
 
-API = os.environ.get("AGENT_API", "http://127.0.0.1:9")
-FOLDER = Path(os.environ.get("AGENT_DIR", "."))
-DB = f"sqlite:///{FOLDER / 'agent.db'}"
 SESSION = "chat-1"
 SCRIPT = [("book_hotel", {"hotel": "ritz"}), ("charge", {"amount": 420})]  # one call per answer
 
@@ -94,27 +81,6 @@ class ScriptedModel(Model):
         raise NotImplementedError
 
 
-def _applied(response: httpx.Response) -> None:
-    if response.request.url.path == "/bookings":
-        crash_point("in_booking")  # the API applied the booking; nothing recorded it yet
-
-
-guard = Guard(open_store(DB))  # the defaults a user gets
-api = IdempotentHttp(guard, httpx.Client(base_url=API, timeout=10, event_hooks={"response": [_applied]}))
-
-undos = UndoRegistry()
-
-
-@undos.register
-def cancel_booking(arguments: dict[str, Any], result: Any | None) -> None:
-    api.post("/cancellations", json={"hotel": arguments["hotel"]}, name="booking.cancel")
-
-
-@undos.register
-def refund(arguments: dict[str, Any], result: Any | None) -> None:
-    api.post("/refunds", json={"amount": arguments["amount"]}, name="payments.refund")
-
-
 trip_agent = AgentSaga("trip_agent", undos)
 registry = SagaRegistry(trip_agent)
 
@@ -123,13 +89,13 @@ registry = SagaRegistry(trip_agent)
 @changes_world(undo="cancel_booking")
 def book_hotel(hotel: str) -> dict[str, Any]:
     """Book a hotel."""
-    return dict(api.post("/bookings", json={"hotel": hotel}, name="booking.hotel").json())
+    return book(hotel)
 
 
 @function_tool
 def charge(amount: int) -> dict[str, Any]:
     """Charge the card."""
-    return dict(api.post("/charges", json={"amount": amount}, name="payments.charge").json())
+    return pay(amount)
 
 
 async def main() -> dict[str, Any]:

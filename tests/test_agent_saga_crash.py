@@ -169,6 +169,26 @@ def test_agent_killed_mid_run_and_restarted_at_once_resumes_the_run(
     assert _applied(api) == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
 
 
+def test_an_exclusive_run_killed_after_it_completed_gives_its_answer_when_restarted(
+    api: LocalIdempotentApi, tmp_path: Path
+) -> None:
+    """Issue 26, item 6, in the engines' mode (``exclusive=True``): killed after the run completed,
+    before the program saved its answer; the restarted program opens the run exclusively again and
+    gets its answer (the booking, replayed by the guard), and nothing reaches the API again. Before,
+    the open raised ``AgentRunEnded`` ("completed") on every restart."""
+    db = f"sqlite:///{tmp_path}/agent.db"
+    env = {**_env(api, db, tmp_path, "completed"), "AGENT_FLIGHT": "ok", "AGENT_EXCLUSIVE": "1"}
+    agent = _run([sys.executable, str(CHILD)], env)
+    assert agent.returncode == -signal.SIGKILL, agent.stdout + agent.stderr
+    assert _applied(api) == {"/bookings": 1, "/charges": 1}
+    again = _run([sys.executable, str(CHILD)], env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    [booking] = [r for r in httpx.get(f"{api.url}/resources", timeout=10).json()["resources"]
+                 if r["path"] == "/bookings"]  # fmt: skip
+    assert json.loads(again.stdout) == {"state": "completed", "replayed": True, "answer": booking}
+    assert _applied(api) == {"/bookings": 1, "/charges": 1}  # nothing again, nothing undone
+
+
 def test_agent_that_fails_undoes_its_calls_once_in_its_own_process(
     api: LocalIdempotentApi, tmp_path: Path
 ) -> None:

@@ -18,7 +18,7 @@ from conftest import FakeClock
 
 from sagaguard.idempotency import Guard, MemoryStore
 from sagaguard.saga import LostSagaLease, MemoryJournal, SagaInProgress, SagaState, StepState
-from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry
+from sagaguard.saga.agent import AgentRunEnded, AgentRunner, AgentSaga, UndoRegistry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -93,3 +93,34 @@ def test_a_dead_holders_run_is_taken_over_after_its_lease_and_its_late_writes_ar
         assert [row.name for row in snapshot.steps] == ["tool.charge.0"]
     finally:
         alive.close()
+
+
+def test_a_completed_run_re_opened_exclusively_replays_its_calls_and_takes_no_new_one() -> None:
+    """Issue 26, item 6, in the engines' mode: a crash between the run's completion and the
+    program saving its answer; opened again with ``exclusive=True`` the run replays (nothing
+    written, no lease held), its recorded call gives back its result and a new one is refused.
+    Before, the open raised ``AgentRunEnded``."""
+    clock = FakeClock()
+    journal, store = MemoryJournal(clock=clock), MemoryStore(clock=clock)
+    runner, made = _runner(journal, store), []
+
+    def charge() -> dict[str, str]:
+        made.append("ch-1")
+        return {"id": "ch-1"}
+
+    try:
+        with runner.run(AGENT, "run-3", exclusive=True) as first:
+            first.call("charge", charge, {"amount": 1}, undo="refund", call_id="a")
+        before = journal.load("run-3")
+        with runner.run(AGENT, "run-3", exclusive=True) as again:
+            assert again.outcome is not None and again.outcome.state is SagaState.COMPLETED
+            assert again.outcome.replayed
+            assert again.call("charge", charge, {"amount": 1}, undo="refund", call_id="a") == {"id": "ch-1"}
+            with pytest.raises(AgentRunEnded, match="completed"):
+                again.call("charge", charge, {"amount": 2}, undo="refund", call_id="b")
+        after = journal.load("run-3")
+        assert before is not None and after is not None
+        assert (after.saga, after.steps) == (before.saga, before.steps)  # nothing written
+        assert made == ["ch-1"]
+    finally:
+        runner.close()

@@ -6,12 +6,11 @@ Each framework's child (a real process, SIGKILLed right after the counting API a
 before the tool returned) runs the world of ``tests/_undokey.py``; the run is then cancelled and
 recovered here (its dead holder is taken over at once on this host), and what the API applied is
 counted: the charge's undo finds the charge only by ``provider_key("payments.charge")``, i.e. only
-when ``undoing().key`` is the scope the body ran in. These three kills (Agents SDK, LangGraph, DBOS)
-run behind ``slow`` (their processes cost seconds of the default suite's budget); the default
-suite checks the same identity in-process on every adapter (``undo_key_is_scope`` in
-tests/test_toolcall_conformance.py) and under a real kill on CrewAI, the adapter that broke it.
-CrewAI's case is in tests/test_crewai_saga.py (its own environment); Temporal's steps share the
-pipeline with DBOS's (``_engine_saga``) and are not run here.
+when ``undoing().key`` is the scope the body ran in. These four kills (Agents SDK, LangGraph, DBOS,
+Temporal against a real dev server) run behind ``slow`` (their processes cost seconds of the
+default suite's budget); the default suite checks the same identity in-process on every adapter
+(``undo_key_is_scope`` in tests/test_toolcall_conformance.py) and under a real kill on CrewAI, the
+adapter that broke it. CrewAI's case is in tests/test_crewai_saga.py (its own environment).
 """
 
 from __future__ import annotations
@@ -21,12 +20,14 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import _undokey as world
 import pytest
+from test_temporal_saga import temporal  # noqa: F401 - the fixture (a dev server), shared
 
 from sagaguard.connectors.testing.http_server import LocalIdempotentApi
 from sagaguard.idempotency import Guard, open_store
@@ -114,6 +115,22 @@ def test_dbos_a_charge_whose_answer_was_lost_is_refunded_by_its_provider_key(
     assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
     assert _counts() == {"/bookings": 1, "/charges": 1}
     assert _undo_by_the_worker(db, "trip-1") is SagaState.COMPENSATED
+    assert _counts() == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
+    assert _refunded_the_charge()
+
+
+@pytest.mark.slow  # a Temporal dev server and a worker process cost seconds
+def test_temporal_a_charge_whose_answer_was_lost_is_refunded_by_its_provider_key(
+    api: LocalIdempotentApi, tmp_path: Path, temporal: str  # noqa: F811 - the shared fixture
+) -> None:
+    """The worker is SIGKILLed inside the charge activity (the charge applied, its answer lost);
+    the run, keyed on the workflow id, is cancelled and recovered here."""
+    db, run_id = f"sqlite:///{tmp_path}/agent.db", f"trip-{uuid.uuid4().hex[:12]}"
+    argv = (temporal, f"q-{uuid.uuid4().hex}", run_id)
+    done = _child(TESTS / "_undokeytemporal.py", *argv, api=api, db=db, marks=tmp_path, kill="in_charge")
+    assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
+    assert _counts() == {"/bookings": 1, "/charges": 1}
+    assert _undo_by_the_worker(db, run_id) is SagaState.COMPENSATED
     assert _counts() == {"/bookings": 1, "/charges": 1, "/refunds": 1, "/cancellations": 1}
     assert _refunded_the_charge()
 

@@ -111,6 +111,22 @@ def test_calls_hold_the_run_only_while_they_call_and_the_end_completes_it_once(w
     assert world.log == ["book", "charge 420"]
 
 
+def test_a_step_re_run_after_its_run_completed_replays_and_a_new_one_is_stopped(world: World) -> None:
+    """Issue 26, item 6, in the engines' mode: a step the engine runs again once the run has
+    completed (its first run's completion was lost) replays its recorded result; a new call is
+    refused (``AgentRunStopped``, the tool did not run). Before, the re-run step was refused too."""
+    world.book()
+    world.charge()
+    assert world.engine.end(RUN, Ending.COMPLETE).state is SagaState.COMPLETED
+    before = world.journal.load(RUN)
+    assert world.charge() == {"amount": 420}  # the same step id: replayed
+    with pytest.raises(AgentRunStopped) as stopped:
+        world.charge(call_id="3")
+    assert stopped.value.reason == "completed"
+    assert world.log == ["book", "charge 420"]
+    assert world.journal.load(RUN) == before  # nothing written
+
+
 def test_the_end_of_a_failed_workflow_undoes_the_calls_in_reverse_once(world: World) -> None:
     world.book()
     world.charge()

@@ -177,6 +177,7 @@ class EngineSaga:
         Otherwise the run is opened exclusively, the call made through
         :meth:`~sagaguard.saga.agent.AgentRun.call` under ``{run_id}/{call_id}`` (a re-run of the step finds
         its row and the guard replays its result), and the run parked again, whatever the call did.
+        A step re-run after its run completed replays its recorded result (nothing is written).
 
         Raises:
             AgentRunStopped: the run was cancelled (it is undone here, before this raises) or has
@@ -199,6 +200,10 @@ class EngineSaga:
                     value = run_tool_call(site, fn, guard=None, saga=functools.partial(_held, run))
                 except AgentRunCancelled:
                     raise  # cancelled from outside: leaving the block undoes the run now
+                except AgentRunEnded as exc:
+                    # A new call of a completed run (opened to replay its recorded calls): the
+                    # tool did not run, and retrying changes nothing.
+                    raise AgentRunStopped(run_id, exc.state) from exc
                 except Exception as exc:
                     failure = exc  # the engine retries the step: the run stays open for it
                 run.pause()  # no process holds the run between two steps: the workflow does

@@ -339,7 +339,9 @@ class AgentRun:
                     raise SagaInProgress(self.run_id)
                 self._own(snapshot)  # our own run, resumed before its lease ran out
                 return
-            if record.state is SagaState.COMPLETED and not self.exclusive:
+            if record.state is SagaState.COMPLETED:
+                # Exclusive or not: nothing is written and no lease is held, so a replay never
+                # competes with another place for the run's rows.
                 self._replay(snapshot)
                 return
             if record.state is not SagaState.WAITING or record.waiting_for is None:

@@ -83,8 +83,8 @@ class AgentRunner:
         A run that has COMPLETED opens too (a restart after a crash between the run's completion
         and the program saving its answer): ``run.outcome`` is already COMPLETED with
         ``replayed=True``, nothing is written, recorded calls replay through the guard and a new
-        call raises :class:`~sagaguard.saga.agent.errors.AgentRunEnded`. With ``exclusive=True``
-        a completed run is refused as before.
+        call raises :class:`~sagaguard.saga.agent.errors.AgentRunEnded`, with ``exclusive=True`` too
+        (an engine's step re-run on a completed run replays its recorded call).
 
         Raises:
             ConfigurationError: a run id that is empty, not a str or holds a NUL character (a
