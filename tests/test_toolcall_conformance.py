@@ -11,6 +11,9 @@ Each harness drives one framework turn in which the model asks for one call of t
   again). In saga mode the run is open around both, paused in between (a process that stopped).
 - Agents SDK (``JournaledRun``, ``SagaTurn``): a second ``Runner.run`` under the same run key (a
   fresh run object, as a restarted process builds), whose journaled model asks for the same call.
+- MCP (``GuardedSession``, guarded and as a step of the open run; async only, as the SDK's client
+  is): the tool is served by a real MCP server; the re-run is a new client under the same run and
+  call id (``tests/_mcpconformance.py``).
 
 The expectations (the table the report quotes):
 
@@ -30,6 +33,19 @@ failure_is_failed   saga mode: a declared tool's exception ends the turn and its
                     in saga mode; issue 26, item 11)
 ==================  ===========================================================================
 
+Where an expectation cannot apply to an adapter, its harness lists it in ``skips`` and says why:
+
+==================  ===========================================================================
+dbos-temporal-step  scope_per_attempt, on_doubt, no_open_run: only declared tools are the
+                    adapter's (a read-only tool is the engine's own step), the engines stop on
+                    doubt (their retry policy decides), and the step opens its run itself
+mcp-session(-saga)  scope_per_attempt: a read-only MCP tool is ``pass_through``, sent as it is and
+                    never a guarded call (no attempt scope, no call id of ours); a step's attempt
+                    scope is checked by undo_key_is_scope. failure_is_failed holds with the error
+                    type MCP carries: the server's exception is an ``isError`` result, raised as
+                    ``ToolFailed`` (its type does not cross the wire)
+==================  ===========================================================================
+
 A new adapter joins :data:`HARNESSES` (and passes this file) before it is documented.
 """
 
@@ -46,6 +62,7 @@ from typing import Any, Protocol
 
 import pytest
 from _guardutil import span_exporter
+from _mcpconformance import mcp_harnesses
 
 from sagaguard.connectors.declare import ToolDeclaration, changes_world, is_step, read_only
 from sagaguard.connectors.in_doubt import OnDoubt, ReturnPending, Stop
@@ -310,8 +327,10 @@ def _crashing_model(crashes: list[int]) -> Any:
     class CrashingModel(ScriptedModel):
         async def get_response(self, *args: Any, **kwargs: Any) -> Any:
             given = kwargs.get("input", args[1] if len(args) > 1 else None)
-            if crashes and not isinstance(given, str) and any(
-                isinstance(i, dict) and i.get("type") == "function_call_output" for i in given or []
+            if (
+                crashes
+                and not isinstance(given, str)
+                and any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in given or [])
             ):
                 crashes.pop()
                 raise Crash("the process died after the tool ran")
@@ -372,6 +391,9 @@ HARNESSES: list[Harness] = [
 def _skip(harness: Harness, expectation: str) -> None:
     if expectation in getattr(harness, "skips", ()):
         pytest.skip(f"{expectation}: not the adapter's (see its harness)")
+
+
+HARNESSES.extend(mcp_harnesses(SAGA))  # tests/_mcpconformance.py
 
 
 @pytest.fixture(params=HARNESSES, ids=lambda h: h.name)
@@ -462,6 +484,7 @@ def test_a_scope_per_attempt_and_the_call_id_inside_the_body(harness: Harness, e
 
 def test_on_doubt_is_honoured(harness: Harness, env: Env) -> None:
     _skip(harness, "on_doubt")
+
     def body(item: str) -> str:
         raise ConnectionError("the provider hung up: did it book?")  # ambiguous: in doubt
 
@@ -535,7 +558,7 @@ def test_a_declared_tools_failure_is_a_failed_step(harness: Harness, env: Env) -
 
     with pytest.raises(Exception) as raised:
         harness.turn(env, body, changes_world(undo="cancel", permanent=(Refused,)), Stop(), rerun=False)
-    assert _caused_by(raised.value, Refused)
+    assert _caused_by(raised.value, getattr(harness, "tool_failure", Refused))  # MCP: ToolFailed
     snapshot = env.runner.journal.load(env.run_id if not isinstance(harness, AgentsHarness) else _turn(env))
     assert snapshot is not None
     states = [row.state for row in snapshot.steps if row.name.startswith("tool.")]

@@ -26,13 +26,20 @@
 - a tool declared with an undo (or as the pivot) inside an open agent run
   (:func:`sagaguard.saga.agent.current_run`) is a step of the run: ``await run.acall(...)`` registers the call
   and its undo in one journal commit before the request leaves (see :mod:`sagaguard.connectors.mcp.undo`).
+
+Both go through the one tool-call pipeline (:mod:`sagaguard.connectors.toolcall`), as every
+framework adapter's calls do (the call id on the ``execute_tool`` span, a scope per attempt,
+``on_doubt``, a step's failure ending its run); what stays here is MCP's own: naming and keying a
+call, the request, a dead connection (not sent) and which results are failures.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol, cast
 
@@ -42,8 +49,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from sagaguard.connectors.declare import ToolDeclaration
-from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle
+from sagaguard.connectors.declare import ToolDeclaration, is_step
+from sagaguard.connectors.in_doubt import OnDoubt, Pending
 from sagaguard.connectors.mcp.policy import (
     IDEMPOTENCY_META_KEY,
     LookupTool,
@@ -60,6 +67,7 @@ from sagaguard.connectors.mcp.policy import (
     policy_for,
 )
 from sagaguard.connectors.mcp.transport import UNSENT, mcp_http_client
+from sagaguard.connectors.toolcall import STOP, ToolCallSite, arun_tool_call
 from sagaguard.idempotency.effect import (
     APPLIED_UNKNOWN,
     NOT_APPLIED,
@@ -71,7 +79,7 @@ from sagaguard.idempotency.effect import (
 )
 from sagaguard.idempotency.errors import ConfigurationError, NoScope, NotApplied
 from sagaguard.idempotency.guard import Guard
-from sagaguard.idempotency.keys import EffectIdentity, current_scope
+from sagaguard.idempotency.keys import EffectIdentity, Scope, current_scope, scope
 from sagaguard.idempotency.options import RunOptions
 from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 
@@ -80,8 +88,6 @@ __all__ = ["GuardedSession", "ToolSession", "http_session", "pending_result", "s
 _GONE = (types.CONNECTION_CLOSED, UNSENT)
 """The SDK's error codes of a connection that is gone: closed (stdio, the server exited), or not
 made (HTTP, :mod:`sagaguard.connectors.mcp.transport`)."""
-
-_STOP = Stop()
 
 
 class ToolSession(Protocol):
@@ -175,7 +181,7 @@ class GuardedSession:
         *,
         server: str,
         declare: Mapping[str, ToolDeclaration | ToolPolicy] | None = None,
-        on_doubt: OnDoubt = _STOP,
+        on_doubt: OnDoubt = STOP,
     ) -> None:
         if not server or not server.replace("_", "").replace("-", "").isalnum():
             raise ConfigurationError(f"MCP server name {server!r}: letters, digits, _ and - only")
@@ -201,11 +207,18 @@ class GuardedSession:
         written and for one whose answer was lost, and only the first is safe to release.
         (``tools/list``, not ``ping``: modern protocol versions removed ``ping``.) Any answer, an
         error included, means the connection is alive."""
+        with contextlib.suppress(MCPError):  # the server answered: alive
+            await self._listed()
+
+    async def _listed(self) -> types.ListToolsResult:
+        """``tools/list``; a closed connection raises ServerGone, and every later call too."""
+        if self._gone is not None:
+            raise ServerGone(self.server, self._gone)
         try:
-            await self.session.list_tools()
+            return await self.session.list_tools()
         except MCPError as exc:
             if exc.code not in _GONE:
-                return  # the server answered: alive
+                raise
             self._gone = exc.error.message or "connection closed"
             raise ServerGone(self.server, self._gone) from exc
         except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
@@ -214,15 +227,7 @@ class GuardedSession:
 
     async def list_tools(self) -> types.ListToolsResult:
         """The server's tools (and the annotations the policies are read from), cached."""
-        if self._gone is not None:
-            raise ServerGone(self.server, self._gone)
-        try:
-            result = await self.session.list_tools()
-        except MCPError as exc:
-            if exc.code not in _GONE:
-                raise
-            self._gone = exc.error.message or "connection closed"
-            raise ServerGone(self.server, self._gone) from exc
+        result = await self._listed()
         self._tools = {tool.name: tool for tool in result.tools}
         return result
 
@@ -258,7 +263,8 @@ class GuardedSession:
 
         Returns:
             The server's result, or the recorded one. An ``isError`` result is returned, not raised
-            (replayed as it was when it was recorded *not applied*).
+            (replayed as it was when it was recorded *not applied*); a step's still ends its run
+            failed (:meth:`sagaguard.saga.agent.AgentRun.fail_on_exit`), as any step's failure does.
 
         Raises:
             InvalidArguments: an argument is not JSON (``Decimal``, ``datetime``, ``set``, ...): not sent.
@@ -281,10 +287,13 @@ class GuardedSession:
         if not policy.guarded:
             plain = dict(meta) if meta else None
             return await self.session.call_tool(name, args, read_timeout_seconds, meta=plain)
-        call_id = call_id or TOOL_CALL_ID.get()
+        site, sent_as = self._site(name, args, policy, key, call_id or TOOL_CALL_ID.get())
 
         async def send() -> types.CallToolResult:
-            extra = {**(meta or {}), IDEMPOTENCY_META_KEY: current_effect().provider_key}
+            provider_key = current_effect().provider_key
+            if sent_as is not None and provider_key != sent_as:  # checked before anything is sent
+                raise NotApplied("the agent run keyed the call otherwise than its row records: not sent")
+            extra = {**(meta or {}), IDEMPOTENCY_META_KEY: provider_key}
             await self._alive()
             try:
                 result = await self.session.call_tool(name, args, read_timeout_seconds, meta=extra)
@@ -302,12 +311,57 @@ class GuardedSession:
                 raise ToolFailed(failed)
             return result
 
-        call: Callable[[], Awaitable[types.CallToolResult]]
-        if policy.undo is not None or policy.pivot:
-            call = self._step(name, args, policy, send, call_id)
-        else:
-            call = self._effect(name, args, policy, send, key, call_id)
-        return await asettle(_replaying_failures(call), self.on_doubt, self.guard.store, pending_result)
+        try:
+            return await arun_tool_call(site, send, guard=self.guard, saga=True, on_doubt=self.on_doubt)
+        except ToolFailed as failed:  # the tool's own failure (fresh or replayed) is the call's answer
+            return failed.result
+
+    def _site(
+        self, name: str, args: dict[str, Any], policy: ToolPolicy, key: str | None, call_id: str | None
+    ) -> tuple[ToolCallSite[types.CallToolResult], str | None]:
+        """The call for the tool-call pipeline (keyed as the module docstring says) and, for a
+        step, the provider key its row records (the one its request must carry)."""
+        effect = self.effect_name(name)
+        declaration = ToolDeclaration(changes_world=True, undo=policy.undo, pivot=policy.pivot)
+        site = functools.partial(
+            ToolCallSite[types.CallToolResult], tool=effect, declaration=declaration, effect=effect,
+            pending=pending_result, result_type=types.CallToolResult, record=recorded_result,
+            options=self._options(name, policy),
+        )  # fmt: skip
+        if is_step(declaration):
+            from sagaguard.saga.agent import current_run  # the agent-saga path only
+
+            run = current_run()
+            if call_id is None:
+                raise ConfigurationError(
+                    f"MCP tool {name!r} has an undo: its call needs the model's tool call id "
+                    "(a framework adapter sets it) or call_id="
+                )
+            # The row keeps the provider key the request carries (the run's key for the call and
+            # its effect's name, agent.tool.{tool}), so an undo whose call's result was never
+            # recorded can still ask the server for the work done under it.
+            sent_as = EffectIdentity.explicit(
+                self.guard.namespace, run.call_key(call_id), f"agent.tool.{effect}", self.guard.ledger_id
+            ).provider_key
+            recorded = {"tool": name, "arguments": args, "idempotency_key": sent_as}
+            return site(call_id=call_id, arguments=recorded, scope_id=""), sent_as
+        fingerprinted = {"tool": name, "arguments": args}
+        if key is None and call_id is not None:
+            key = json.dumps(["mcp.tool", _scope_id(), self.server, call_id], separators=(",", ":"))
+        if key is not None:
+            called = call_id or key  # the proxy's calls have a key and no model's call id
+            return site(
+                call_id=called, framework_call_id=call_id is not None, arguments=fingerprinted, key=key,
+                scope_id=key,
+            ), None  # fmt: skip
+        # No id: the call is its scope's next call of the effect, the ordinal taken once here so
+        # that every attempt (one after an operator's resolution too) has the same key.
+        unit = current_scope()
+        ordinal = unit.next_ordinal(effect)
+        return site(
+            call_id=f"{effect}#{ordinal}", framework_call_id=False, arguments=fingerprinted,
+            scope_id=unit.id, enter=functools.partial(_at_ordinal, effect, ordinal),
+        ), None  # fmt: skip
 
     def _options(self, name: str, policy: ToolPolicy) -> RunOptions:
         # A policy's own options are the caller's Guard.run options, checked by the guard by name.
@@ -336,67 +390,6 @@ class GuardedSession:
 
         return reconcile
 
-    def _effect(  # noqa: PLR0917 - private, one caller
-        self,
-        name: str,
-        args: dict[str, Any],
-        policy: ToolPolicy,
-        send: Callable[[], Awaitable[types.CallToolResult]],
-        key: str | None,
-        call_id: str | None,
-    ) -> Callable[[], Awaitable[types.CallToolResult]]:
-        if key is None and call_id is not None:
-            key = json.dumps(["mcp.tool", _scope_id(), self.server, call_id], separators=(",", ":"))
-        effect = self.effect_name(name)
-        options: RunOptions = {**self._options(name, policy), "tool": True}
-        fingerprinted = {"tool": name, "arguments": args}
-
-        async def call() -> types.CallToolResult:
-            return await self.guard.arun(
-                effect, send, arguments=fingerprinted, key=key, result_type=types.CallToolResult, **options
-            )
-
-        return call
-
-    def _step(
-        self,
-        name: str,
-        args: dict[str, Any],
-        policy: ToolPolicy,
-        send: Callable[[], Awaitable[types.CallToolResult]],
-        call_id: str | None,
-    ) -> Callable[[], Awaitable[types.CallToolResult]]:
-        from sagaguard.saga.agent import current_run  # the agent-saga path only
-
-        run = current_run()
-        if call_id is None:
-            raise ConfigurationError(
-                f"MCP tool {name!r} has an undo: its call needs the model's tool call id "
-                "(a framework adapter sets it) or call_id="
-            )
-        options, tool = self._options(name, policy), self.effect_name(name)
-        # The row keeps the provider key the request carries (the run's key for the call and its
-        # effect's name, agent.tool.{tool}), so an undo whose call's result was never recorded can
-        # still ask the server for the work done under it.
-        sent_as = EffectIdentity.explicit(
-            self.guard.namespace, run.call_key(call_id), f"agent.tool.{tool}", self.guard.ledger_id
-        )
-        recorded = {"tool": name, "arguments": args, "idempotency_key": sent_as.provider_key}
-
-        async def checked() -> types.CallToolResult:
-            if current_effect().provider_key != sent_as.provider_key:  # before anything is sent
-                raise NotApplied("the agent run keyed the call otherwise than its row records: not sent")
-            return await send()
-
-        async def call() -> types.CallToolResult:
-            return await run.acall(
-                tool, checked, recorded, undo=policy.undo,
-                pivot=policy.pivot, call_id=call_id, result_type=types.CallToolResult,
-                record=recorded_result, options=options,
-            )  # fmt: skip
-
-        return call
-
 
 def _scope_id() -> str:
     """The current scope's id; inside an agent run opened without a scope of its own, the run's id
@@ -419,15 +412,11 @@ def _scope_id() -> str:
             ) from None
 
 
-def _replaying_failures(
-    call: Callable[[], Awaitable[types.CallToolResult]],
-) -> Callable[[], Awaitable[types.CallToolResult]]:
-    """``call``, with a recorded (or fresh) *not applied* tool failure handed back as its result."""
-
-    async def run() -> types.CallToolResult:
-        try:
-            return await call()
-        except ToolFailed as failed:
-            return failed.result
-
-    return run
+@contextlib.contextmanager
+def _at_ordinal(effect: str, ordinal: int, scope_id: str) -> Iterator[Scope]:
+    """An attempt of a call without an id: a fresh scope of its caller's id whose next call of
+    ``effect`` is the call's ``ordinal``, so the guard derives the call's key on every attempt."""
+    with scope(scope_id) as unit:
+        for _ in range(ordinal):
+            unit.next_ordinal(effect)
+        yield unit
