@@ -6,7 +6,8 @@ own key with deduplication off, so a repeated effect would be counted there. One
 (:class:`~sagaguard.saga.recovery.RecoveryWorker`) runs on host ``fleet-host-b``, with the
 library's defaults (lease and sweep interval) unless told otherwise. After ``kill_after`` seconds
 one load worker is SIGKILLed; its unfinished sagas are read from the journal, and the time from
-the kill (the process reaped) until the sweeper reports each driven to its end is the wait. The
+the kill (the process reaped) until the start of the sweep that took each over is the wait (the
+time until that sweep had driven it to its end is reported too). The
 other workers keep loading until then. Afterwards: every saga of the run must be COMPLETED (none
 left behind) and the counter service must hold exactly one charge per step of each (no duplicate,
 none missing).
@@ -83,6 +84,7 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
                     break
             bound = settings["lease"] + settings["interval"]
             resumed: dict[str, float] = {}
+            finished: dict[str, float] = {}
             deadline = killed_at + bound + GRACE
             while set(pending) - set(resumed) and time.time() < deadline:
                 try:
@@ -91,7 +93,8 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
                     continue
                 for saga_id in report["recovered"]:
                     if saga_id in pending:
-                        resumed[saga_id] = report["t"] - killed_at
+                        resumed[saga_id] = report["started"] - killed_at
+                        finished[saga_id] = report["t"] - killed_at
             fleet.stop()
             done = fleet.results(skip=killed)
         except BaseException:
@@ -112,6 +115,7 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
         "sagas_of_the_dead": len(pending),
         "resumed": len(resumed),
         "wait_s": max(waits) if waits else None,
+        "done_s": max(finished.values()) if finished else None,
         "lease_left_at_kill_s": lease_left,
         "lease_s": settings["lease"],
         "interval_s": settings["interval"],

@@ -18,11 +18,16 @@ primaries' AOF size, ``aof_current_size``; Redis has no commits: the AOF is its 
 (``used_cpu_user`` + ``used_cpu_sys`` of every node, replicas included).
 
 A difference of two readings, divided by the units done between them, is what one unit cost.
+
+:func:`redis_round_trips` counts exactly what ``INFO commandstats`` cannot tell apart: the commands
+clients sent the primaries (``MONITOR``, which marks those a script ran as ``lua``).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -105,6 +110,56 @@ def redis_reading(ports: list[int]) -> dict[str, float]:
             ):
                 found["statements"] += float(value["calls"])
     return found
+
+
+_SENTINEL = "fleet-monitor-done"
+
+
+def redis_round_trips(ports: list[int], run: Callable[[], None]) -> float:
+    """Commands clients sent the cluster's primaries while ``run()`` ran, admin commands left out
+    (each is one round trip: nothing here pipelines)."""
+    import redis
+
+    primaries = []
+    for port in ports:
+        client = redis.Redis(port=port, decode_responses=True)
+        try:
+            if client.info("replication")["role"] == "master":
+                primaries.append(port)
+        finally:
+            client.close()
+    counts = [0] * len(primaries)
+    watching = threading.Barrier(len(primaries) + 1)
+
+    def watch(i: int, port: int) -> None:
+        client = redis.Redis(port=port, decode_responses=True)
+        try:
+            with client.monitor() as monitor:
+                watching.wait()
+                while True:
+                    seen = monitor.next_command()
+                    words = str(seen["command"]).split()
+                    if words[:2] == ["ECHO", _SENTINEL]:
+                        return
+                    if seen["client_type"] != "lua" and words and words[0].lower() not in _ADMIN_COMMANDS:
+                        counts[i] += 1
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=watch, args=(i, p), daemon=True) for i, p in enumerate(primaries)]
+    for thread in threads:
+        thread.start()
+    watching.wait()
+    run()
+    for port in primaries:
+        client = redis.Redis(port=port, decode_responses=True)
+        try:
+            client.echo(_SENTINEL)
+        finally:
+            client.close()
+    for thread in threads:
+        thread.join(timeout=60)
+    return float(sum(counts))
 
 
 def difference(before: dict[str, float], after: dict[str, float], units: int) -> dict[str, float]:

@@ -18,8 +18,8 @@ Kinds of work (one *unit* each loop):
   one-row commits;
 - ``sweeper``: :class:`~sagaguard.saga.recovery.RecoveryWorker` with the defaults unless the JSON
   sets ``interval`` and ``lease`` (``lease`` sets a ``saga`` worker's runner and guard lease too);
-  prints one JSON line per sweep that drove sagas (``{"t": wall clock, "recovered": {id:
-  state}}``) until SIGTERM.
+  prints one JSON line per sweep that drove sagas (``{"started": wall clock at the sweep's start,
+  "t": at its end, "recovered": {id: state}}``) until SIGTERM.
 
 Protocol (load kinds): the worker connects and warms up, prints ``ready``, waits for ``go`` on
 stdin, runs units back to back until ``seconds`` have passed (``seconds`` <= 0: until ``stop`` on
@@ -200,15 +200,23 @@ def sweep(config: dict[str, Any]) -> int:
     guard = Guard(store, namespace="fleet", retention=RETENTION)
     saga = agent_saga(guard, int(config["steps"]), tool, undo, reconciler)
 
+    class Timed(RecoveryWorker):
+        """Notes when each sweep starts: a saga it drives was taken over then (within its query)."""
+
+        started = 0.0
+
+        def run_once(self) -> RecoveryReport:
+            self.started = time.time()
+            return super().run_once()
+
     def report(found: RecoveryReport) -> None:
         if found.outcomes or found.errors:
             states = {k: str(v.state) for k, v in found.outcomes.items()}
-            print(
-                json.dumps({"t": time.time(), "recovered": states, "errors": dict(found.errors)}), flush=True
-            )
+            line = {"started": worker.started, "t": time.time(), "recovered": states}
+            print(json.dumps({**line, "errors": dict(found.errors)}), flush=True)
 
     options = {k: float(config[k]) for k in ("interval", "lease") if config.get(k) is not None}
-    worker = RecoveryWorker(journal, guard, saga, on_report=report, **options)  # type: ignore[arg-type]
+    worker = Timed(journal, guard, saga, on_report=report, **options)  # type: ignore[arg-type]
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     print(json.dumps({"interval": worker.interval, "lease": worker.runner.lease}), flush=True)
     worker.run()

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,8 @@ class Database:
     url: str
     read: Callable[[], dict[str, float]]
     version: str
+    ports: list[int] = field(default_factory=list)
+    """Redis: the cluster's nodes."""
 
 
 @contextlib.contextmanager
@@ -110,7 +112,7 @@ def database(backend: str) -> Iterator[Database]:
             client = redis.Redis(port=nodes.ports[0], decode_responses=True)
             version = f"Redis {client.info('server')['redis_version']} (3 primaries, 3 replicas, AOF)"
             client.close()
-            yield Database(backend, nodes.url, lambda: redis_reading(nodes.ports), version)
+            yield Database(backend, nodes.url, lambda: redis_reading(nodes.ports), version, nodes.ports)
         finally:
             nodes.stop()
 
@@ -182,9 +184,8 @@ def measure(db: Database, cfg: Settings, tag: str, say: Callable[[str], None]) -
             for kind in pair:
                 costs[kind] = window(db, kind, cfg.cost_workers, cfg, tag)
             say(f"{db.backend} costs: " + ", ".join(f"{k} {costs[k]['rate']:.0f}/s" for k in pair))
-        if db.backend == "postgres":
-            counted = exact_counts(db, cfg, tag)
-            say(f"{db.backend} counted: {json.dumps(counted)}")
+        counted = exact_counts(db, cfg, tag)
+        say(f"{db.backend} counted: {json.dumps(counted)}")
     return {"version": db.version, "levels": levels, "costs": costs, "counted": counted}
 
 
@@ -193,20 +194,39 @@ COUNTED = {"call": 60, "call_floor": 60, "step": 20, "step_floor": 20, "saga": 1
 
 
 def exact_counts(db: Database, cfg: Settings, tag: str) -> dict[str, dict[str, float]]:
-    """Statements, commits and WAL bytes per unit of each kind, exactly: one client, the
-    difference of two sessions each closed before the counters are read (``round_trips.count``)."""
+    """What one unit of each kind costs, counted exactly by one client in this process.
+
+    Postgres: statements, commits and WAL bytes, the difference of two sessions each closed before
+    the counters are read (``round_trips.count``). Redis: the commands sent to the primaries
+    (``redis_round_trips``), after two units of warm-up (cluster discovery, script loading).
+    """
+    from _fleet_server import redis_round_trips
     from _fleet_worker import build
     from round_trips import count
 
     found = {}
-    for kind, n in COUNTED.items():
+    for kind, full in COUNTED.items():
+        n = 3 if cfg.quick else full
 
         def make(kind: str = kind) -> tuple[Callable[[int], object], Callable[[], None]]:
             config = {"backend": db.backend, "url": db.url, "kind": kind, "steps": cfg.steps,
                       "tag": f"{tag}-count-{kind}-{time.monotonic_ns()}", "effect": "noop"}  # fmt: skip
             return build(config)
 
-        found[kind] = count(db.url, make, 3 if cfg.quick else n)
+        if db.backend == "postgres":
+            found[kind] = count(db.url, make, n)
+            continue
+        op, close = make()
+        op(-1)
+        op(-2)
+
+        def units(op: Callable[[int], object] = op, n: int = n) -> None:
+            for i in range(n):
+                op(i)
+
+        sent = redis_round_trips(db.ports, units)
+        close()
+        found[kind] = {"statements": sent / n}
     return found
 
 
@@ -300,21 +320,18 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
             cpu = o["cpu"] / f["cpu"] if f["cpu"] else 0.0
             commits = f"{o['commits']:.2f} ({f['commits']:.2f})" if sql else "—"
             verdict = "(context)"
-            if row["judged"] and not sql:
-                verdict = (
-                    f"WAL ≤{WAL_TARGET:g}x {_verdict(wal <= WAL_TARGET)}, "
-                    f"CPU ≤{CPU_TARGET:g}x {_verdict(cpu <= CPU_TARGET)}"
-                )
-            elif row["judged"]:
+            if row["judged"]:
                 # Against the floor's round trips, which are its commits by construction (one
                 # statement per commit, autocommit): its commit count also holds whatever the
                 # server's background did meanwhile (autovacuum), a few hundredths per unit.
                 same = abs(o["statements"] - f["statements"]) < 0.05
-                same = same and abs(o["commits"] - f["statements"]) < 0.05
-                verdict = (
-                    f"counts equal {_verdict(same)}, WAL ≤{WAL_TARGET:g}x {_verdict(wal <= WAL_TARGET)}, "
-                    f"CPU ≤{CPU_TARGET:g}x {_verdict(cpu <= CPU_TARGET)}"
-                )
+                if sql:
+                    same = same and abs(o["commits"] - f["statements"]) < 0.05
+                verdict = ", ".join([
+                    f"{'counts' if sql else 'round trips'} equal {_verdict(same)}",
+                    f"WAL ≤{WAL_TARGET:g}x {_verdict(wal <= WAL_TARGET)}",
+                    f"CPU ≤{CPU_TARGET:g}x {_verdict(cpu <= CPU_TARGET)}",
+                ])  # fmt: skip
             out.append(
                 f"| {row['unit']} | {commits} | {o['statements']:.2f} ({f['statements']:.2f}) | "
                 f"{o['wal_bytes']:,.0f} ({f['wal_bytes']:,.0f}) | {wal:.2f}x | {_us(o['cpu']):,.0f} µs "
@@ -339,9 +356,9 @@ def _cost_sources(sql: bool, workers: int) -> str:
         cpu = "`/proc`: the postmaster and every child, exited ones included"
     else:
         counts = (
-            "Round trips here are the commands the primaries ran (`INFO commandstats`), those a "
-            "script runs inside it included, so they are not judged; WAL bytes are the growth of "
-            "the primaries' append-only files. "
+            "Round trips are counted exactly, one client at a time: the commands clients sent the "
+            "primaries, seen with `MONITOR` (the calls a script makes inside it left out). WAL "
+            "bytes are the growth of the primaries' append-only files during the windows. "
         )
         cpu = "`INFO cpu` of every node, replicas included"
     return (
@@ -373,6 +390,10 @@ def _projection(found: dict[str, Any], steps: int, sql: bool, cost_workers: int)
     ]  # fmt: skip
 
 
+def _s(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds:.1f} s"
+
+
 def _recovery(found: dict[str, Any] | None) -> list[str]:
     if not found:
         return []
@@ -388,17 +409,19 @@ def _recovery(found: dict[str, Any] | None) -> list[str]:
         "host (another `SAGAGUARD_HOST_ID`, so the dead worker cannot be proven dead and its lease "
         "must run out) resumes its sagas.",
         "",
-        "| lease | sweep interval | sagas of the dead worker | resumed after the kill | target | "
-        "sagas in the run | left behind | effects counted (expected) | duplicates |",
-        "|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| lease | sweep interval | sagas of the dead worker | taken over after the kill | target "
+        "| completed after the kill | sagas in the run | left behind | effects counted (expected) "
+        "| duplicates |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
         f"| {found['lease_s']:g} s | {found['interval_s']:g} s | {found['sagas_of_the_dead']} | "
-        f"{'—' if wait is None else f'{wait:.1f} s'} | ≤ {found['bound_s']:g} s {_verdict(ok)} | "
+        f"{_s(wait)} | ≤ {found['bound_s']:g} s {_verdict(ok)} | {_s(found['done_s'])} | "
         f"{found['sagas']:,} | {found['left_behind']} | {found['effects_counted']:,} "
         f"({found['effects_expected']:,}) | {found['duplicates']} |",
         "",
         f"The dead worker's lease had {found['lease_left_at_kill_s']:.1f} s left when it was killed "
         "(a runner renews it at every commit): the wait is that remainder plus the time to the "
-        "sweeper's next pass.",
+        "sweeper's next pass. It ends as the sweep that took the saga over starts (its claim is "
+        "that sweep's first write); the saga then runs its remaining steps.",
     ]
 
 
