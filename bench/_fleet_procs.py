@@ -61,12 +61,15 @@ def _line(proc: subprocess.Popen[str]) -> str:
 
 @dataclass
 class Fleet:
-    """``n`` load workers of one config (each its own ``tag``), started together."""
+    """``n`` load workers of one config (each its own ``tag``), started together, ready for the
+    config's ``kinds`` of work."""
 
     config: dict[str, Any]
     n: int
     host: str | None = None
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    dead: set[int] = field(default_factory=set)
+    """Indexes of workers SIGKILLed on purpose."""
 
     def start(self) -> Fleet:
         """Start every worker and wait until each has warmed up (``ready``)."""
@@ -77,33 +80,41 @@ class Fleet:
                 raise WorkerFailed(f"worker {proc.pid} said {line!r}, not ready")
         return self
 
-    def go(self) -> None:
-        for proc in self.procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
+    def _send(self, line: str) -> None:
+        for i, proc in enumerate(self.procs):
+            if i not in self.dead and proc.stdin is not None:
+                proc.stdin.write(line + "\n")
+                proc.stdin.flush()
+
+    def go(self, kind: str) -> None:
+        """Every live worker starts a window of ``kind``."""
+        self._send(f"go {kind}")
 
     def stop(self) -> None:
-        """Ask every live worker to end after its unit in hand."""
-        for proc in self.procs:
-            if proc.poll() is None and proc.stdin is not None:
-                try:
-                    proc.stdin.write("stop\n")
-                    proc.stdin.flush()
-                except BrokenPipeError:
-                    pass
+        """Every live worker ends its open-ended window after the unit in hand."""
+        self._send("stop")
 
-    def results(self, skip: set[int] | None = None) -> list[dict[str, Any]]:
-        """Each worker's closing JSON (workers at an index in ``skip`` were killed), once all exited."""
-        found = []
+    def collect(self) -> list[dict[str, Any]]:
+        """Each live worker's figures for the window that ended."""
+        return [json.loads(_line(p)) for i, p in enumerate(self.procs) if i not in self.dead]
+
+    def run(self, kind: str) -> list[dict[str, Any]]:
+        """One window of ``kind`` on every worker; their figures."""
+        self.go(kind)
+        return self.collect()
+
+    def kill(self, i: int) -> None:
+        """SIGKILL worker ``i`` and reap it."""
+        self.procs[i].kill()
+        self.procs[i].wait(timeout=30)
+        self.dead.add(i)
+
+    def close(self) -> None:
+        """Let every live worker close its connections and exit; a failure to is an error."""
+        self._send("exit")
         for i, proc in enumerate(self.procs):
-            if skip and i in skip:
-                proc.wait(timeout=30)
-                continue
-            found.append(json.loads(_line(proc)))
-            if proc.wait(timeout=60) != 0:
+            if i not in self.dead and proc.wait(timeout=60) != 0:
                 raise WorkerFailed(f"worker {proc.pid} exited with {proc.returncode}: {errors(proc)}")
-        return found
 
     def kill_all(self) -> None:
         """SIGKILL whatever still runs (after a failure)."""

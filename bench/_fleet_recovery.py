@@ -68,14 +68,13 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
         fleet = Fleet(config, workers, host=HOST_A)
         try:
             fleet.start()
-            fleet.go()
+            fleet.go("saga")
             time.sleep(kill_after)
-            killed, pending, killed_at, lease_left = set(), [], 0.0, 0.0
-            for i, victim in enumerate(fleet.procs[:-1]):  # a victim between two sagas: the next
-                victim.kill()
-                victim.wait(timeout=30)
+            pending: list[str] = []
+            killed_at, lease_left = 0.0, 0.0
+            for i in range(workers - 1):  # a victim caught between two sagas: the next one
+                fleet.kill(i)
                 killed_at = time.time()
-                killed.add(i)
                 prefix = f"{tag}-rec-w{i}-"
                 found = [r for r in _all(journal) if r.saga_id.startswith(prefix) and r.state in ACTIVE]
                 if found:
@@ -96,7 +95,8 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
                         resumed[saga_id] = report["started"] - killed_at
                         finished[saga_id] = report["t"] - killed_at
             fleet.stop()
-            done = fleet.results(skip=killed)
+            done = fleet.collect()
+            fleet.close()
         except BaseException:
             fleet.kill_all()
             raise
@@ -111,7 +111,7 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
     waits = sorted(resumed.values())
     return {
         "workers": workers,
-        "killed": len(killed),
+        "killed": len(fleet.dead),
         "sagas_of_the_dead": len(pending),
         "resumed": len(resumed),
         "wait_s": max(waits) if waits else None,

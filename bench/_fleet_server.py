@@ -19,7 +19,7 @@ primaries' AOF size, ``aof_current_size``; Redis has no commits: the AOF is its 
 
 A difference of two readings, divided by the units done between them, is what one unit cost.
 
-:func:`redis_round_trips` counts exactly what ``INFO commandstats`` cannot tell apart: the commands
+:func:`redis_commands` counts exactly what ``INFO commandstats`` cannot tell apart: the commands
 clients sent the primaries (``MONITOR``, which marks those a script ran as ``lua``).
 """
 
@@ -115,9 +115,11 @@ def redis_reading(ports: list[int]) -> dict[str, float]:
 _SENTINEL = "fleet-monitor-done"
 
 
-def redis_round_trips(ports: list[int], run: Callable[[], None]) -> float:
-    """Commands clients sent the cluster's primaries while ``run()`` ran, admin commands left out
-    (each is one round trip: nothing here pipelines)."""
+def redis_commands(ports: list[int], run: Callable[[], None]) -> float:
+    """Commands clients sent the cluster's primaries while ``run()`` ran, admin commands left out.
+
+    Commands, not round trips: the server does not show which came pipelined in one write (the
+    store sends a claim's script and its ``WAIT`` together)."""
     import redis
 
     primaries = []

@@ -1,9 +1,9 @@
 """One worker process of bench/fleet.py: a closed loop of one workload, or the recovery sweeper.
 
 Run as ``python bench/_fleet_worker.py '<json>'`` (``bench/fleet.py`` starts it). The JSON holds
-the ``backend`` (``postgres`` or ``redis``), its ``url``, the ``kind`` of work, a ``tag`` that
-keeps this worker's ids apart from every other's, the saga's ``steps``, and for ``counter`` work
-the counter service's ``service`` URL.
+the ``backend`` (``postgres`` or ``redis``), its ``url``, the ``kinds`` of work it is ready for
+(or one ``kind``), a ``tag`` that keeps this worker's ids apart from every other's, the saga's
+``steps``, and for ``counter`` work the counter service's ``service`` URL.
 
 Kinds of work (one *unit* each loop):
 
@@ -21,15 +21,17 @@ Kinds of work (one *unit* each loop):
   prints one JSON line per sweep that drove sagas (``{"started": wall clock at the sweep's start,
   "t": at its end, "recovered": {id: state}}``) until SIGTERM.
 
-Protocol (load kinds): the worker connects and warms up, prints ``ready``, waits for ``go`` on
-stdin, runs units back to back until ``seconds`` have passed (``seconds`` <= 0: until ``stop`` on
-stdin), finishes the unit in hand, prints ``{"units": n, "cpu": s, "wall": s}`` and exits.
-Units are numbered from 0 per worker; a saga's id is ``{tag}-{n}``.
+Protocol (load kinds): the worker connects and warms up every kind, prints ``ready``, then obeys
+its stdin line by line. ``go KIND``: run units of that kind back to back until ``seconds`` have
+passed (``seconds`` <= 0: until a ``stop`` line), finish the unit in hand and print ``{"units": n,
+"cpu": s, "wall": s}``; ``exit`` (or the end of stdin): close everything and exit. Units are
+numbered from 0 per worker and kind, across windows; a saga's id is ``{tag}-{kind}-{n}``.
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import signal
 import sys
 import threading
@@ -170,24 +172,40 @@ def _redis_floor(url: str, tag: str, writes: int) -> tuple[Callable[[int], objec
 
 def load(config: dict[str, Any]) -> int:
     """The load protocol (see the module's docstring)."""
-    run, close = build(config)
-    for i in range(WARMUP):
-        run(-1 - i)
+    kinds = config.get("kinds") or [config["kind"]]
+    work = {kind: build({**config, "kind": kind, "tag": f"{config['tag']}-{kind}"}) for kind in kinds}
+    for run, _ in work.values():
+        for i in range(WARMUP):
+            run(-1 - i)
     print("ready", flush=True)
+    lines: queue.Queue[str] = queue.Queue()
     stop = threading.Event()
-    if sys.stdin.readline().strip() != "go":
-        return 1
-    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+
+    def read() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                stop.set()
+            else:
+                lines.put(line.strip())
+        lines.put("exit")
+
+    threading.Thread(target=read, daemon=True).start()
     seconds = float(config["seconds"])
-    cpu0, t0 = time.process_time(), time.monotonic()
-    deadline = t0 + seconds if seconds > 0 else float("inf")
-    units = 0
-    while not stop.is_set() and time.monotonic() < deadline:
-        run(units)
-        units += 1
-    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
-    close()
-    print(json.dumps({"units": units, "cpu": cpu, "wall": wall}), flush=True)
+    done = dict.fromkeys(kinds, 0)
+    while (command := lines.get().split())[0] == "go":
+        run = work[command[1]][0]
+        stop.clear()
+        cpu0, t0 = time.process_time(), time.monotonic()
+        deadline = t0 + seconds if seconds > 0 else float("inf")
+        units = 0
+        while not stop.is_set() and time.monotonic() < deadline:
+            run(done[command[1]] + units)
+            units += 1
+        wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+        done[command[1]] += units
+        print(json.dumps({"units": units, "cpu": cpu, "wall": wall}), flush=True)
+    for _, close in work.values():
+        close()
     return 0
 
 
@@ -228,7 +246,7 @@ def sweep(config: dict[str, Any]) -> int:
 
 def main(argv: list[str]) -> int:
     config = json.loads(argv[0])
-    return sweep(config) if config["kind"] == "sweeper" else load(config)
+    return sweep(config) if config.get("kind") == "sweeper" else load(config)
 
 
 if __name__ == "__main__":
