@@ -2,15 +2,15 @@
 
 Load workers on host ``fleet-host-a`` (``SAGAGUARD_HOST_ID``) run the agent saga back to back,
 each step's tool and undo charging the counter service (a separate process) under the effect's
-own key with deduplication off, so a repeated effect would be counted there. One sweeper
+own key with deduplication off, so a repeated effect would be counted there, then taking
+:data:`LATENCY` seconds. One sweeper
 (:class:`~sagaguard.saga.recovery.RecoveryWorker`) runs on host ``fleet-host-b``, with the
 library's defaults (lease and sweep interval) unless told otherwise. After ``kill_after`` seconds
 one load worker is SIGKILLed; its unfinished sagas are read from the journal, and the time from
 the kill (the process reaped) until the start of the sweep that took each over is the wait (the
-time until that sweep had driven it to its end is reported too). The
-other workers keep loading until then. Afterwards: every saga of the run must be COMPLETED (none
-left behind) and the counter service must hold exactly one charge per step of each (no duplicate,
-none missing).
+time until that sweep had driven it to its end is reported too). The other workers keep loading
+until then. Afterwards: every saga of the run must be COMPLETED (none left behind) and the counter
+service must hold exactly one charge per step of each (no duplicate, none missing).
 """
 
 from __future__ import annotations
@@ -33,12 +33,17 @@ GRACE = 30.0
 """Seconds past one lease plus one sweep interval the run waits before it gives up (then the
 figure is reported as not met, with what was found)."""
 ACTIVE = (SagaState.RUNNING, SagaState.COMPENSATING)
+LATENCY = 0.05
+"""Seconds each tool call takes after its charge: most of a saga's time, so the kill most likely
+leaves an effect in doubt (charged, not recorded), the case the reconciler settles."""
 
 
-def _all(journal: Any) -> list[Any]:
+def _listed(journal: Any, prefix: str, states: Any = None) -> list[Any]:
+    """The sagas whose id starts with ``prefix`` (in ``states``), every page read: the journal's
+    order is the database's collation, where ids sharing a prefix need not be contiguous."""
     found, after = [], None
-    while page := journal.list(limit=1000, after=after):
-        found.extend(page)
+    while page := journal.list(states=states, limit=1000, after=after):
+        found.extend(r for r in page if r.saga_id.startswith(prefix))
         after = page[-1].saga_id
     return found
 
@@ -64,6 +69,7 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
             "seconds": 0,
             "tag": f"{tag}-rec",
             "lease": lease,
+            "latency": LATENCY,
         }
         fleet = Fleet(config, workers, host=HOST_A)
         try:
@@ -76,7 +82,7 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
                 fleet.kill(i)
                 killed_at = time.time()
                 prefix = f"{tag}-rec-w{i}-"
-                found = [r for r in _all(journal) if r.saga_id.startswith(prefix) and r.state in ACTIVE]
+                found = _listed(journal, prefix, ACTIVE)
                 if found:
                     pending = [r.saga_id for r in found]
                     lease_left = max(r.lease_until for r in found) - killed_at
@@ -84,11 +90,15 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
             bound = settings["lease"] + settings["interval"]
             resumed: dict[str, float] = {}
             finished: dict[str, float] = {}
+            reconciled: list[str] = []
             deadline = killed_at + bound + GRACE
             while set(pending) - set(resumed) and time.time() < deadline:
                 try:
                     report = json.loads(lines.get(timeout=0.5))
                 except queue.Empty:
+                    continue
+                if "reconciled" in report:
+                    reconciled.append(report["answer"])
                     continue
                 for saga_id in report["recovered"]:
                     if saga_id in pending:
@@ -103,7 +113,7 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
         finally:
             sweeper.terminate()
             sweeper.wait(timeout=120)
-        sagas = [r for r in _all(journal) if r.saga_id.startswith(f"{tag}-rec-")]
+        sagas = _listed(journal, f"{tag}-rec-")
         states = Counter(str(r.state) for r in sagas)
         completed = states.get(str(SagaState.COMPLETED), 0)
         charges = service.counts()
@@ -120,6 +130,7 @@ def run(backend: str, url: str, *, steps: int, workers: int, kill_after: float, 
         "lease_s": settings["lease"],
         "interval_s": settings["interval"],
         "bound_s": bound,
+        "in_doubt": dict(Counter(reconciled)),
         "sagas": len(sagas),
         "states": dict(states),
         "left_behind": len(sagas) - completed,

@@ -10,7 +10,7 @@ Kinds of work (one *unit* each loop):
 - ``saga``: the agent-like saga (:func:`agent_saga`): ``steps`` steps, each one guarded effect (a
   tool call) with a guarded undo declared, on the backend's store and journal, a fresh saga id per
   unit; ``effect`` is ``noop`` (the tool does nothing) or ``counter`` (it charges the counter
-  service, where effects are counted);
+  service, where effects are counted, then takes ``latency`` seconds);
 - ``saga_floor``: the same writes on the bare driver: per step the guarded call's floor (two
   one-row commits) and the step's (one more);
 - ``call`` / ``call_floor``: one guarded new call (no-op body) / its floor, two commits;
@@ -19,7 +19,8 @@ Kinds of work (one *unit* each loop):
 - ``sweeper``: :class:`~sagaguard.saga.recovery.RecoveryWorker` with the defaults unless the JSON
   sets ``interval`` and ``lease`` (``lease`` sets a ``saga`` worker's runner and guard lease too);
   prints one JSON line per sweep that drove sagas (``{"started": wall clock at the sweep's start,
-  "t": at its end, "recovered": {id: state}}``) until SIGTERM.
+  "t": at its end, "recovered": {id: state}}``) and one per effect it found in doubt and asked the
+  counter service about (``{"reconciled": scope, "answer": "Applied"}``), until SIGTERM.
 
 Protocol (load kinds): the worker connects and warms up every kind, prints ``ready``, then obeys
 its stdin line by line. ``go KIND``: run units of that kind back to back until ``seconds`` have
@@ -85,19 +86,32 @@ def _noop(value: int) -> int:
     return value
 
 
-def _counter_effects(service: str) -> tuple[Callable[[int], int], Callable[[int], int], Any]:
+def _counter_effects(
+    service: str, latency: float = 0.0
+) -> tuple[Callable[[int], int], Callable[[int], int], Any]:
     """A tool and an undo that each charge the counter service once, under the effect's own key
-    with deduplication off (a repeat would be counted), and the reconciler that finds a charge."""
+    with deduplication off (a repeat would be counted), then take ``latency`` seconds more (a
+    tool's own time: a kill then most likely lands between a charge and its record, the effect in
+    doubt), and the reconciler that settles an effect
+    left in doubt: the charge found by its provider key is the effect's result (its amount, which
+    the tool returns), none found means not applied."""
+    from sagaguard.idempotency import Applied
     from sagaguard.idempotency.testing import CounterClient
 
     client = CounterClient(service)
+    find = client.reconciler()
 
     def charge(value: int) -> int:
         effect = current_effect()
         client.charge(effect.key, value, provider_key=effect.provider_key, dedup=False)
+        time.sleep(latency)
         return value
 
-    return charge, charge, client.reconciler()
+    def reconcile(request: Any) -> Any:
+        answer = find(request)
+        return Applied(answer.result.amount) if isinstance(answer, Applied) else answer
+
+    return charge, charge, reconcile
 
 
 def build(config: dict[str, Any]) -> tuple[Callable[[int], object], Callable[[], None]]:
@@ -110,7 +124,7 @@ def build(config: dict[str, Any]) -> tuple[Callable[[int], object], Callable[[],
         tool: Callable[[int], int] = _noop
         undo: Callable[[int], int] = _noop
         if config.get("effect") == "counter":
-            tool, undo, reconciler = _counter_effects(config["service"])
+            tool, undo, reconciler = _counter_effects(config["service"], float(config.get("latency", 0)))
         # ``lease`` (quick runs only): the runner's and the guard's, else the library's defaults.
         leases = {"lease": float(config["lease"])} if config.get("lease") else {}
         guard = Guard(store, namespace="fleet", retention=RETENTION, **leases)
@@ -215,8 +229,14 @@ def sweep(config: dict[str, Any]) -> int:
 
     store, journal = open_store(config["url"]), open_journal(config["url"])
     tool, undo, reconciler = _counter_effects(config["service"])
+
+    def reconcile(request: Any) -> Any:
+        answer = reconciler(request)
+        print(json.dumps({"reconciled": request.identity.scope, "answer": type(answer).__name__}), flush=True)
+        return answer
+
     guard = Guard(store, namespace="fleet", retention=RETENTION)
-    saga = agent_saga(guard, int(config["steps"]), tool, undo, reconciler)
+    saga = agent_saga(guard, int(config["steps"]), tool, undo, reconcile)
 
     class Timed(RecoveryWorker):
         """Notes when each sweep starts: a saga it drives was taken over then (within its query)."""
