@@ -505,6 +505,13 @@ def main(argv: list[str] | None = None) -> int:
                 results["recovery"] = {"backend": backend, **found}
                 say(f"recovery: {json.dumps(found)}")
     meta["load_after"] = _load()
+    one_minute = [float(meta[k].split()[0]) for k in ("load_before", "load_after") if meta[k] != "n/a"]
+    if one_minute and max(one_minute) > DB_CORES:
+        meta["notes"].append(
+            "The machine was shared while this ran (load average above its core count): the rates "
+            "and CPU times are noisy, and the ratios of one run more than its absolute figures; the "
+            "counts (commits, round trips, commands, effects) are not."
+        )
     if quick:
         meta["notes"].append("Quick run: tiny windows and a 2 s lease; figures for the shape only.")
     block = render(results, meta)
