@@ -171,12 +171,17 @@ def postgres_floor(url: str, tag: str) -> Subject:
     return Subject(sync, make_async, shared.close, {"shared": shared})
 
 
-def redis_floor(url: str, prefix: str, connections: int) -> Subject:
-    """SET NX then SET of one key (with the records' retention as TTL), redis-py sync and asyncio."""
+def redis_floor(url: str, prefix: str, connections: int, client: Any = None) -> Subject:
+    """SET NX then SET of one key (with the records' retention as TTL), redis-py sync and asyncio.
+
+    ``client``: the sync side's client (a ``redis.cluster.RedisCluster`` for a cluster), closed
+    with the subject; by default one made from ``url``. The sync client is ``extras["client"]``.
+    """
     import redis
     import redis.asyncio as aredis
 
-    client = redis.Redis.from_url(url, decode_responses=True, max_connections=connections)
+    if client is None:
+        client = redis.Redis.from_url(url, decode_responses=True, max_connections=connections)
     ttl = int(RETENTION * 1000)
 
     def sync(i: int) -> object:
@@ -194,7 +199,7 @@ def redis_floor(url: str, prefix: str, connections: int) -> Subject:
 
         return call, aclient.aclose
 
-    return Subject(sync, make_async, client.close)
+    return Subject(sync, make_async, client.close, {"client": client})
 
 
 def sql_commits_floor(kind: str, url: str, tag: str, commits: int) -> Subject:
