@@ -99,6 +99,8 @@ class CrewHarness:
     name: str
     saga: bool
     run_async: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    """``CrewGuard``'s ``**options`` (its options for every tool)."""
     skips: tuple[str, ...] = ("execute_tool_span", "scope_per_attempt")
     why: dict[str, str] = field(
         default_factory=lambda: {
@@ -126,8 +128,10 @@ class CrewHarness:
         seen: list[str] = []
 
         def crew_guard() -> CrewGuard:
-            declare = {"book": declaration}
-            return CrewGuard(env.guard, declare=declare, on_doubt=on_doubt, saga=crew_saga, exclude={"crash"})
+            declare, options = {"book": declaration}, self.options
+            return CrewGuard(
+                env.guard, declare=declare, on_doubt=on_doubt, saga=crew_saga, exclude={"crash"}, **options
+            )
 
         if not open_run:
             with scope(env.run_id):

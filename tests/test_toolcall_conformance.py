@@ -40,6 +40,7 @@ A new adapter joins :data:`HARNESSES` (and passes this file) before it is docume
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import subprocess
@@ -59,6 +60,7 @@ from sagaguard.connectors.declare import ToolDeclaration, changes_world, is_step
 from sagaguard.connectors.in_doubt import OnDoubt, ReturnPending, Stop
 from sagaguard.idempotency import Guard
 from sagaguard.idempotency.errors import OutcomeUnknown
+from sagaguard.idempotency.records import Disposition
 from sagaguard.idempotency.stores.sql import SqlStore
 from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 from sagaguard.saga.agent import AgentRunner, AgentSaga, UndoRegistry, current_run
@@ -670,3 +672,30 @@ def test_crewai_a_scope_per_attempt(crew: Harness, env: Env) -> None:
     assert seen.inner == 1
     assert seen.call_ids == [None, None]
     assert results[-1] == "booked room"
+
+
+@pytest.mark.parametrize("crew", crew_harnesses(), ids=lambda h: h.name)
+def test_crewai_the_highest_layer_that_gives_an_option_wins(crew: Harness, env: Env) -> None:
+    """CrewAI's rows of tests/test_toolcall_options.py: ``CrewGuard``'s ``classify=`` (for every
+    tool) wins over the defaults of the declaration's kind, and the declaration's own over it."""
+    for layer in ("adapter", "declared"):
+        asked: list[str] = []
+
+        def spy(name: str, asked: list[str] = asked) -> Any:
+            def classify(exc: BaseException) -> Disposition | None:
+                asked.append(name)
+                return Disposition.PERMANENT if isinstance(exc, Refused) else None
+
+            return classify
+
+        declared = {"classify": spy("declared")} if layer == "declared" else {}
+        declaration = changes_world(undo="cancel", **declared) if crew.saga else changes_world(**declared)
+        given = dataclasses.replace(crew, options={"classify": spy("adapter")})  # type: ignore[type-var]
+
+        def body(item: str) -> str:
+            raise Refused(f"no {item} left")
+
+        with pytest.raises(Exception) as raised:
+            given.turn(env, body, declaration, Stop(), rerun=False)
+        assert _caused_by(raised.value, Refused)
+        assert asked and set(asked) == {layer}

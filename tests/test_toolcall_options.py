@@ -5,8 +5,8 @@ tool, over the defaults of the declaration's kind, over the guard's
 
 Each row runs one real framework turn whose model asks for the tool ``book``, which raises; each
 layer that gives an option gives its own ``classify``, and the one the guard asks about the
-failure is the one that won. CrewAI's rows run in its own virtualenv with the conformance table
-(tests/test_toolcall_conformance.py, ``CrewHarness``: the precedence row there).
+failure is the one that won. CrewAI's rows run in its own virtualenv with the conformance table:
+tests/test_toolcall_conformance.py::test_crewai_the_highest_layer_that_gives_an_option_wins.
 
 ==========  ==================================================================================
 adapter     the adapter's ``classify=`` (for every tool) wins over the defaults of the kind
