@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import openai
 import pytest
-from _guardutil import span_exporter
+from _guardutil import caused_by, span_exporter
 from agents.tool_context import ToolContext
 
 from sagaguard.idempotency import Guard, scope
@@ -67,7 +67,7 @@ def _rerun(harness: Harness, guard: Guard, run_id: str) -> list[str]:
     try:
         harness.turn(guard, run_id, crash=True)
     except Exception as exc:
-        if not _caused_by(exc, Crash):
+        if not caused_by(exc, Crash):
             raise
     answers.append(getattr(harness, "first", ""))
     answers.append(harness.turn(guard, run_id, crash=False))
@@ -394,13 +394,6 @@ def test_the_answer_is_replayed_on_a_rerun_one_effect_per_call_and_its_span(
     assert not any(s.attributes.get("gen_ai.operation.name") == "execute_tool" for s in spans)
 
 
-def _caused_by(exc: BaseException | None, kind: type[BaseException]) -> bool:
-    while exc is not None:
-        if isinstance(exc, kind):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
 
 # ------------------------------------------------------------------------- a failed model call
 
@@ -472,7 +465,7 @@ def test_a_failed_model_call_is_asked_again_with_no_doubt(
     flaky, run_id = _Flaky(), f"run-{uuid.uuid4().hex[:8]}"
     with scope(run_id), pytest.raises(ConnectionError) as raised:
         ask(flaky, guard)
-    assert not _caused_by(raised.value, OutcomeUnknown)  # the failure as it is: nothing in doubt
+    assert not caused_by(raised.value, OutcomeUnknown)  # the failure as it is: nothing in doubt
     assert flaky.asked == 1  # not retried inside the claim: the framework decides about retries
     with scope(run_id):  # the same key: its claim was dropped, so the model is asked again
         answer = ask(flaky, guard)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _guardutil import caused_by
 
 from sagaguard.connectors.declare import ToolDeclaration, changes_world
 from sagaguard.connectors.toolcall import call_options
@@ -187,7 +188,7 @@ def test_the_highest_layer_that_gives_an_option_wins(
     layers = Layers(**{layer: _spy(layer, asked) for layer in given if layer in adapter.layers})
     with pytest.raises(Exception) as raised:
         adapter.run(guard, layers, tmp_path)
-    assert _caused_by(raised.value, Boom)
+    assert caused_by(raised.value, Boom)
     assert asked and set(asked) == {row}
 
 
@@ -205,11 +206,3 @@ def test_the_rule_layer_by_layer() -> None:
     assert per_tool["lease"] == 1.0
     policy = call_options(changes_world(policy="at_least_once"), policy="at_most_once")
     assert Policy(policy["policy"]) is Policy.AT_LEAST_ONCE  # the declaration's over the adapter's
-
-
-def _caused_by(exc: BaseException | None, kind: type[BaseException]) -> bool:
-    while exc is not None:
-        if isinstance(exc, kind):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
