@@ -26,6 +26,8 @@ $(CREW_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(CREW_VENV)
 	$(CREW_VENV)/bin/python -m pip install -q --upgrade pip
 	$(CREW_VENV)/bin/python -m pip install -q -e '.[crewai,stripe]'
+	# pytest runs the CrewAI rows of the tool-call conformance table here (tests/test_toolcall_conformance.py).
+	$(CREW_VENV)/bin/python -m pip install -q 'pytest>=8' 'pytest-timeout>=2.3'
 	touch $(CREW_STAMP)
 
 .venv-mcp-git/.installed:

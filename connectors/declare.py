@@ -55,6 +55,7 @@ __all__ = [
     "changes_world",
     "declaration_of",
     "is_step",
+    "kind_options",
     "read_only",
     "recorded_output",
     "tool_options",
@@ -199,7 +200,14 @@ def _doubt_elsewhere(exc: BaseException) -> Disposition | None:
 
 
 def tool_options(declaration: ToolDeclaration, policy: Policy | str | None = None) -> dict[str, Any]:
-    """The :meth:`Guard.run` options of a tool call with this declaration.
+    """The :meth:`Guard.run` options of a tool call with this declaration: the defaults of its kind
+    (:func:`kind_options`) under the declaration's own options.
+    """
+    return {**kind_options(declaration, policy), **declaration.options}
+
+
+def kind_options(declaration: ToolDeclaration, policy: Policy | str | None = None) -> dict[str, Any]:
+    """The defaults of a tool call of this declaration's kind (its own options not included).
 
     - :data:`read_only` (the default): ``at_least_once``; a call a crash interrupted is asked again.
     - ``changes_world(undo="name")``, a compensatable step: ``at_least_once``; its body runs again
@@ -212,7 +220,8 @@ def tool_options(declaration: ToolDeclaration, policy: Policy | str | None = Non
     A compensatable tool whose body changes the world *outside* a guarded effect (a plain HTTP
     call with no idempotency key, an SDK call of its own) must say
     ``changes_world(undo="name", policy="at_most_once")``, or guard that call: run again, it would
-    happen twice. The declaration's own options win over these defaults.
+    happen twice. The declaration's own options, and the adapter's, win over these defaults
+    (:func:`sagaguard.connectors.toolcall.call_options`).
 
     Args:
         declaration: the tool's declaration.
@@ -232,5 +241,4 @@ def tool_options(declaration: ToolDeclaration, policy: Policy | str | None = Non
         options = {"policy": Policy.AT_LEAST_ONCE, "classify": _not_applied, "retry": NO_RETRY}
     if policy is not None:
         options = {"policy": Policy(policy), "classify": _doubt_elsewhere}
-    options.update(declaration.options)
     return options

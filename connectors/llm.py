@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, ParamSpec, TypeVar, Unpack, cast, overload
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -58,7 +58,7 @@ from sagaguard.idempotency.effect import (
 from sagaguard.idempotency.effect import current_effect as _current_effect
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.guard import Guard
-from sagaguard.idempotency.options import RunOptions
+from sagaguard.idempotency.options import EffectOptions, RunOptions
 from sagaguard.idempotency.records import Disposition
 
 __all__ = [
@@ -306,8 +306,7 @@ def journal_model(
     usage: LlmUsage | None = None,
     tokens: Callable[[Any], tuple[int, int]] = usage_of,
     policy: Policy | str = Policy.AT_LEAST_ONCE,
-    retry: Retry | None = None,
-    **effect_options: Any,
+    **effect_options: Unpack[EffectOptions],
 ) -> _ModelDecorator:
     """Journal any model callable (sync or async): a replay returns its recorded response.
 
@@ -322,8 +321,10 @@ def journal_model(
         usage: where to total usage (tokens from ``tokens(result)``).
         tokens: (input, output) tokens of a result; default :func:`usage_of` (OpenAI shapes).
         policy: what settles an in-doubt call (default ``at_least_once``: ask again).
-        retry: the guard's retry budget for ``ProviderUnavailable`` and retryable rejections.
-        effect_options: any other :meth:`Guard.effect` option (``fingerprint=``, ``key=``, ...).
+        effect_options: any other :meth:`Guard.effect` option (``fingerprint=``, ``key=``, ...),
+            checked by mypy (:class:`~sagaguard.idempotency.options.EffectOptions`); ``retry`` is the
+            guard's retry budget for ``ProviderUnavailable`` and retryable rejections.
     """
-    options = {**_options(policy, retry), **effect_options}
+    retry = effect_options.pop("retry", None)
+    options: dict[str, Any] = {**_options(policy, retry), **effect_options}
     return _ModelDecorator(guard, name, usage if usage is not None else LlmUsage(), tokens, options)

@@ -8,8 +8,9 @@ the same way for every framework:
 
 1. :func:`decide` (pure, no I/O): a call of a tool declared with an undo or as the pivot is a
    :class:`Step` of the open agent run when the adapter runs in saga mode; any other call is a
-   guarded :class:`Effect` under the options its declaration gives
-   (:func:`~sagaguard.connectors.declare.tool_options`).
+   guarded :class:`Effect`; either way under the options :func:`call_options` merges, the one
+   precedence rule: the adapter's options for this tool, over the declaration's own, over the
+   adapter's options for every tool, over the defaults of the declaration's kind, over the guard's.
 2. The call's id is current (``gen_ai.tool.call.id`` on the spans) and the effect is marked a tool
    call, so its span is the GenAI ``execute_tool {name}`` span (docs/telemetry.md).
 3. Each attempt runs the body in a fresh scope named after the call, so the guarded effects inside
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar, cast
 
-from sagaguard.connectors.declare import ToolDeclaration, is_step, recorded_output, tool_options
+from sagaguard.connectors.declare import ToolDeclaration, is_step, kind_options, recorded_output
 from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
 from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError
@@ -51,6 +52,7 @@ __all__ = [
     "Step",
     "ToolCallSite",
     "arun_tool_call",
+    "call_options",
     "decide",
     "run_tool_call",
 ]
@@ -108,9 +110,10 @@ class ToolCallSite(Generic[T]):
     policy: Policy | str | None = None
     """The adapter's one policy for every tool, over the declarations (None: the declarations)."""
     defaults: PassedOptions = field(default_factory=lambda: _EMPTY)
-    """The adapter's :meth:`Guard.run` options for every tool (the declaration's win over them)."""
+    """The adapter's :meth:`Guard.run` options for every tool: over the defaults of the
+    declaration's kind, under the declaration's own options (:func:`call_options`)."""
     options: RunOptions = field(default_factory=lambda: _EMPTY)
-    """The adapter's options for this tool by name (they win over the declaration's)."""
+    """The adapter's options for this tool by name: over every other layer (:func:`call_options`)."""
     framework_call_id: bool = True
     """:attr:`call_id` is the framework's own tool-call id, put on the spans as
     ``gen_ai.tool.call.id``; False for an id the adapter derived (a key: never on a span)."""
@@ -141,6 +144,36 @@ class Step:
     options: RunOptions
 
 
+def call_options(
+    declaration: ToolDeclaration,
+    *,
+    policy: Policy | str | None = None,
+    adapter: PassedOptions = _EMPTY,
+    call: RunOptions = _EMPTY,
+) -> RunOptions:
+    """The :meth:`Guard.run` options of one tool call: the one precedence rule of every adapter.
+
+    Highest first, each option taken from the first layer that gives it:
+
+    1. ``call``: the options the adapter was given for this tool by name (the Agents SDK's
+       ``tool_options={name: {...}}``);
+    2. the declaration's own options (``changes_world(reconciler=..., policy=...)``);
+    3. ``adapter``: the adapter's options for every tool (its ``**options``: ``retry=``,
+       ``classify=``, ``lease=``, ...), and its ``policy=``;
+    4. the defaults of the declaration's kind (:func:`~sagaguard.connectors.declare.kind_options`:
+       read-only at least once, a compensatable step at least once, any other world-changing call
+       at most once, none retried inside its claim);
+    5. the guard's own defaults (whatever no layer gives).
+
+    The call is always marked a tool call (``tool=True``).
+    """
+    # A declaration's own options are the caller's Guard.run options, kept as a plain mapping: the
+    # guard checks their names when it runs the call.
+    kind = cast(RunOptions, kind_options(declaration, policy))
+    declared = cast(RunOptions, declaration.options)
+    return {**kind, **adapter, **declared, **call, "tool": True}
+
+
 def decide(site: ToolCallSite[Any], *, saga: SagaMode) -> Effect | Step:
     """What the call is, from its declaration and the adapter's mode (no I/O).
 
@@ -149,10 +182,7 @@ def decide(site: ToolCallSite[Any], *, saga: SagaMode) -> Effect | Step:
         saga: the adapter's saga mode (:data:`SagaMode`).
     """
     declaration = site.declaration
-    # tool_options gives its declaration's options as a plain mapping (a declaration's own options
-    # are the caller's Guard.run options): the guard checks their names when it runs the call.
-    declared = cast(RunOptions, tool_options(declaration, site.policy))
-    options: RunOptions = {**site.defaults, **declared, **site.options, "tool": True}
+    options = call_options(declaration, policy=site.policy, adapter=site.defaults, call=site.options)
     if saga is not False and is_step(declaration):
         return Step(declaration.undo, declaration.pivot, options)
     return Effect(site.effect, site.key, options)

@@ -24,6 +24,7 @@ __all__ = [
     "RUN_OPTIONS",
     "PassedOptions",
     "RunOptions",
+    "EffectOptions",
     "FingerprintSpec",
     "binder",
     "build_spec",
@@ -197,6 +198,16 @@ class RunOptions(PassedOptions, total=False):
 
     policy: Policy | str
     tool: bool
+
+
+class EffectOptions(PassedOptions, total=False):
+    """The options of :meth:`Guard.effect` that a decorator built on it passes through besides its
+    own ``policy`` (``journal_model``'s ``**options``): :class:`PassedOptions`, plus which arguments
+    are fingerprinted, an explicit key and the result type."""
+
+    fingerprint: FingerprintSpec
+    key: Callable[..., str] | None
+    result_type: Any
 
 
 RUN_OPTIONS = frozenset(RunOptions.__annotations__)

@@ -336,3 +336,13 @@ def claim_then_fork(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     return claimed.token
+
+
+def caused_by(exc: BaseException | None, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` is a ``kind``, or has one in its chain of causes and contexts (a framework
+    that wraps a tool's exception keeps it there)."""
+    while exc is not None:
+        if isinstance(exc, kind):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -18,6 +18,9 @@ replayed            the re-run gets the recorded answer (the same id); the model
 one_effect          one effect per call: executed once, replayed once, nothing else
 span                its span is ``sagaguard.effect {name}`` (a model call is not an
                     ``execute_tool``), with the outcome
+failed_call         a call that raised is not in doubt and not retried inside its claim: the
+                    next ask under the same key asks the model again (the framework adapters:
+                    LangGraph's and ``create_agent``'s model as the others, docs/upgrading.md)
 ==================  ===========================================================================
 """
 
@@ -25,17 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import openai
 import pytest
-from _guardutil import span_exporter
+from _guardutil import caused_by, span_exporter
 from agents.tool_context import ToolContext
 
 from sagaguard.idempotency import Guard, scope
+from sagaguard.idempotency.errors import OutcomeUnknown
 from sagaguard.idempotency.stores.sql import SqlStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -63,7 +67,7 @@ def _rerun(harness: Harness, guard: Guard, run_id: str) -> list[str]:
     try:
         harness.turn(guard, run_id, crash=True)
     except Exception as exc:
-        if not _caused_by(exc, Crash):
+        if not caused_by(exc, Crash):
             raise
     answers.append(getattr(harness, "first", ""))
     answers.append(harness.turn(guard, run_id, crash=False))
@@ -390,9 +394,79 @@ def test_the_answer_is_replayed_on_a_rerun_one_effect_per_call_and_its_span(
     assert not any(s.attributes.get("gen_ai.operation.name") == "execute_tool" for s in spans)
 
 
-def _caused_by(exc: BaseException | None, kind: type[BaseException]) -> bool:
-    while exc is not None:
-        if isinstance(exc, kind):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+
+# ------------------------------------------------------------------------- a failed model call
+
+
+class _Flaky:
+    """A model that fails once, as a provider that hung up (ambiguous to the guard's own
+    classification), then answers a fresh id; counts how often it was asked."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def answer(self) -> str:
+        self.asked += 1
+        if self.asked == 1:
+            raise ConnectionError("the provider hung up")
+        return uuid.uuid4().hex
+
+
+def _chat_model(flaky: _Flaky, guard: Guard) -> Any:
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    from sagaguard.connectors.frameworks.langgraph import JournaledChatModel
+
+    class FailsOnce(BaseChatModel):
+        @property
+        def _llm_type(self) -> str:
+            return "fails-once"
+
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            return ChatResult(generations=[ChatGeneration(message=AIMessage(content=flaky.answer()))])
+
+    return JournaledChatModel(inner=FailsOnce(), guard=guard)
+
+
+def _ask_langgraph(run_async: bool) -> Callable[[_Flaky, Guard], str]:
+    def ask(flaky: _Flaky, guard: Guard) -> str:
+        model = _chat_model(flaky, guard)
+        if run_async:
+            return str(asyncio.run(model.ainvoke("book a room")).content)
+        return str(model.invoke("book a room").content)
+
+    return ask
+
+
+def _ask_journaled_call(flaky: _Flaky, guard: Guard) -> str:
+    """What the Agents SDK's ``JournaledModel`` and CrewAI's journaled ``BaseLLM.call`` pass: no
+    options of their own (CrewAI runs in its own venv: the call is the same function)."""
+    from sagaguard.connectors.model_call import journaled_call
+
+    return journaled_call(guard, "agents.model", flaky.answer, result_type=str)
+
+
+FAILED_CALL_ROWS: dict[str, Callable[[_Flaky, Guard], str]] = {
+    "langgraph-model-sync": _ask_langgraph(False),
+    "langgraph-model-async": _ask_langgraph(True),  # and create_agent's: its model is this class
+    "journaled_call (agents-sdk, crewai)": _ask_journaled_call,
+}
+"""The framework adapters' model calls; ``journal_model`` and ``ChatJournal`` are left out on
+purpose: they retry a provider's timeouts, 5xx and rate limits inside the claim (their options win
+over MODEL_OPTIONS, docs/connectors.md)."""
+
+
+@pytest.mark.parametrize("ask", FAILED_CALL_ROWS.values(), ids=FAILED_CALL_ROWS.keys())
+def test_a_failed_model_call_is_asked_again_with_no_doubt(
+    ask: Callable[[_Flaky, Guard], str], guard: Guard
+) -> None:
+    flaky, run_id = _Flaky(), f"run-{uuid.uuid4().hex[:8]}"
+    with scope(run_id), pytest.raises(ConnectionError) as raised:
+        ask(flaky, guard)
+    assert not caused_by(raised.value, OutcomeUnknown)  # the failure as it is: nothing in doubt
+    assert flaky.asked == 1  # not retried inside the claim: the framework decides about retries
+    with scope(run_id):  # the same key: its claim was dropped, so the model is asked again
+        answer = ask(flaky, guard)
+    assert answer and flaky.asked == 2

@@ -51,7 +51,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from crewai import Crew
 from crewai.context import capture_execution_context, get_current_task_id
@@ -266,14 +266,6 @@ def load_answer(data: Mapping[str, Any], models: Mapping[str, type[BaseModel]] |
     return data["json"]
 
 
-class _LlmCall(TypedDict):
-    """How CrewAI names one model call for :func:`~sagaguard.connectors.model_call.journaled_call`."""
-
-    arguments: dict[str, Any]
-    key: str
-    result_type: Any
-
-
 # -- the guard ---------------------------------------------------------------------------------------
 
 
@@ -461,24 +453,24 @@ class CrewGuard:
 
         @functools.wraps(call)
         def journaled(messages: Any, tools: Any = None, *args: Any, **kwargs: Any) -> Any:
-            unit, arguments, n = self._llm_identity(messages, tools)
-            self._register_declared(kwargs.get("response_model"))
+            unit, arguments, n = self._llm_identity(messages, tools, kwargs)
             data = journaled_call(
                 self.guard, self.llm_effect, lambda: self._dump(call(messages, tools, *args, **kwargs)),
-                **self._llm_options(unit, arguments, n),
+                arguments=arguments, key=self._llm_key(unit, n), result_type=dict[str, Any],
             )  # fmt: skip
             return self._answer(unit, n, data)
 
         @functools.wraps(acall)
         async def ajournaled(messages: Any, tools: Any = None, *args: Any, **kwargs: Any) -> Any:
-            unit, arguments, n = self._llm_identity(messages, tools)
-            self._register_declared(kwargs.get("response_model"))
+            unit, arguments, n = self._llm_identity(messages, tools, kwargs)
 
             async def ask() -> dict[str, Any]:
                 return self._dump(await acall(messages, tools, *args, **kwargs))
 
-            options = self._llm_options(unit, arguments, n)
-            data = await ajournaled_call(self.guard, self.llm_effect, ask, **options)
+            data = await ajournaled_call(
+                self.guard, self.llm_effect, ask, arguments=arguments, key=self._llm_key(unit, n),
+                result_type=dict[str, Any],
+            )  # fmt: skip
             return self._answer(unit, n, data)
 
         mark(journaled)
@@ -499,14 +491,18 @@ class CrewGuard:
         key = json.dumps([unit, name, digest, n], separators=(",", ":"))
         return arguments, key, key
 
-    def _llm_identity(self, messages: Any, tools: Any) -> tuple[str, dict[str, Any], int]:
+    def _llm_identity(
+        self, messages: Any, tools: Any, kwargs: Mapping[str, Any]
+    ) -> tuple[str, dict[str, Any], int]:
+        """The call's unit, fingerprinted request and ordinal; a ``response_model`` it names may be
+        rebuilt from the journal."""
+        self._register_declared(kwargs.get("response_model"))
         unit = task_scope_id()
         arguments = {"messages": _jsonable(messages), "tools": _tool_names(tools)}
         return unit, arguments, self._counts.peek(unit, self.llm_effect)
 
-    def _llm_options(self, unit: str, arguments: dict[str, Any], n: int) -> _LlmCall:
-        key = json.dumps([unit, self.llm_effect, n], separators=(",", ":"))
-        return {"arguments": arguments, "key": key, "result_type": dict[str, Any]}
+    def _llm_key(self, unit: str, n: int) -> str:
+        return json.dumps([unit, self.llm_effect, n], separators=(",", ":"))
 
     def _answer(self, unit: str, n: int, data: Mapping[str, Any]) -> Any:
         # The count advances only when a call returns: a failed one is asked again under its key.

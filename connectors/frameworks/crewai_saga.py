@@ -79,10 +79,9 @@ class KickoffRejected(AgentRunRejected):
     """
 
 
-def tool_output(value: Any) -> Any:
-    """What a step records of a tool's result for its undo: JSON text read back as JSON (CrewAI
-    tools return strings), anything else as it is: :func:`sagaguard.connectors.declare.recorded_output`."""
-    return recorded_output(value)
+tool_output = recorded_output
+"""What a step records of a tool's result for its undo: JSON text read back as JSON (CrewAI tools
+return strings), anything else as it is (:func:`sagaguard.connectors.declare.recorded_output`)."""
 
 
 class _Kickoff:

@@ -66,7 +66,7 @@ from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError, NoScope
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import Scope, scope
-from sagaguard.idempotency.options import PassedOptions, RunOptions
+from sagaguard.idempotency.options import PassedOptions
 
 __all__ = [
     "DurabilityWarning",
@@ -472,6 +472,11 @@ class JournaledChatModel(BaseChatModel):
     :func:`~sagaguard.idempotency.keys.scope`. The recorded message keeps its tool calls and their ids, so
     the tools the resumed run calls have the keys of the first run's.
 
+    A call is journaled as every adapter's model call is
+    (:data:`~sagaguard.connectors.model_call.MODEL_OPTIONS`): a call that raised has no answer to
+    act on, so its claim is dropped and it is not retried inside the claim (the graph's retry
+    policy, or the re-run, asks again under the same key).
+
     Attributes:
         inner: the model to ask: a chat model, or one with tools bound (``model.bind_tools(...)``).
         guard: the guard the calls run under.
@@ -518,11 +523,6 @@ class JournaledChatModel(BaseChatModel):
             [unit.id, self.effect_name, unit.next_ordinal(self.effect_name)], separators=(",", ":")
         )
 
-    def _run_options(self) -> RunOptions:
-        # The guard's own classification and retry, as before the one model call: a failed call is
-        # in doubt, and at least once asks it again.
-        return {"policy": self.policy, "classify": None, "retry": None}
-
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -533,7 +533,7 @@ class JournaledChatModel(BaseChatModel):
         message = journaled_call(
             self.guard, self.effect_name, lambda: _ai(self.inner.invoke(messages, stop=stop, **kwargs)),
             result_type=AIMessage, key=self._key(), arguments=_message_args(messages, stop, kwargs),
-            tokens=_tokens, **self._run_options(),
+            tokens=_tokens, policy=self.policy,
         )  # fmt: skip
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -549,6 +549,6 @@ class JournaledChatModel(BaseChatModel):
 
         message = await ajournaled_call(
             self.guard, self.effect_name, call, result_type=AIMessage, key=self._key(),
-            arguments=_message_args(messages, stop, kwargs), tokens=_tokens, **self._run_options(),
+            arguments=_message_args(messages, stop, kwargs), tokens=_tokens, policy=self.policy,
         )  # fmt: skip
         return ChatResult(generations=[ChatGeneration(message=message)])

@@ -55,7 +55,7 @@ import json
 import logging
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, Unpack
 
 from agents import Agent, FunctionTool, RunState, function_tool
 from agents.agent_output import AgentOutputSchemaBase
@@ -78,7 +78,7 @@ from sagaguard.connectors.toolcall import STOP, SagaMode, ToolCallSite, arun_too
 from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.guard import Guard
-from sagaguard.idempotency.options import RunOptions
+from sagaguard.idempotency.options import PassedOptions, RunOptions
 
 __all__ = [
     "MODEL_EFFECT",
@@ -339,6 +339,9 @@ class JournaledRun:
             with an undo or as the pivot are steps of the open agent run (``True``: the one open in
             this context; :class:`~sagaguard.connectors.frameworks.openai_agents_saga.SagaTurn` passes
             its own). Default False: every call is a guarded effect.
+        options: any other :meth:`Guard.run` option for every tool (``reconciler=``, ``lease=``,
+            ...), under a declaration's own options and ``tool_options`` (the one precedence rule:
+            :func:`sagaguard.connectors.toolcall.call_options`).
 
     Raises:
         ConfigurationError: the run key is empty.
@@ -360,6 +363,7 @@ class JournaledRun:
         stream: Literal["error", "passthrough"] = "error",
         usage: LlmUsage | None = None,
         saga: SagaMode = False,
+        **options: Unpack[PassedOptions],
     ) -> None:
         if not run_key:
             raise ConfigurationError("an agent run needs a non-empty run key")
@@ -378,6 +382,7 @@ class JournaledRun:
         self.stream: Literal["error", "passthrough"] = stream
         self.usage = usage if usage is not None else LlmUsage()
         self.saga = saga
+        self._options: PassedOptions = {**options}
 
     def resume(self, state: RunState[Any, Any]) -> RunState[Any, Any]:
         """Continue this run's model-call ordinals after the model responses ``state`` holds.
@@ -470,7 +475,8 @@ class JournaledRun:
                 tool=tool.name, call_id=ctx.tool_call_id,
                 arguments=parsed if isinstance(parsed, dict) else {"arguments": parsed},
                 fingerprint={"arguments": parsed}, declaration=declaration, effect=tool.name,
-                scope_id=key, key=key, pending=Pending.as_json, policy=self.policy, options=options,
+                scope_id=key, key=key, pending=Pending.as_json, policy=self.policy, defaults=self._options,
+                options=options,
             )  # fmt: skip
             body = functools.partial(inner, ctx, arguments)
             return await arun_tool_call(site, body, guard=self.guard, saga=self.saga, on_doubt=self.on_doubt)

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from agents import Agent, Runner, RunResult, RunState
 from agents.items import TResponseInputItem
@@ -67,7 +67,7 @@ from sagaguard.connectors.in_doubt import OnDoubt
 from sagaguard.connectors.llm import LlmUsage
 from sagaguard.connectors.toolcall import STOP
 from sagaguard.idempotency.errors import ConfigurationError
-from sagaguard.idempotency.options import RunOptions
+from sagaguard.idempotency.options import PassedOptions, RunOptions
 from sagaguard.saga.agent import AgentRun as SagaRun
 from sagaguard.saga.agent import AgentRunner, AgentSaga, NoOpenRun
 from sagaguard.saga.records import SagaOutcome
@@ -101,6 +101,7 @@ class SagaTurn:
         provider: resolves an agent's model given by name or left unset.
         fingerprint_model: whether a replayed model call's input must match (default True).
         usage: where to total model usage (default: a new one, as :attr:`usage`).
+        options: any other :meth:`Guard.run` option for every tool, as :class:`JournaledRun` takes them.
 
     Attributes:
         run_id: the turn's run id (:func:`turn_run_id`).
@@ -125,6 +126,7 @@ class SagaTurn:
         provider: ModelProvider | None = None,
         fingerprint_model: bool = True,
         usage: LlmUsage | None = None,
+        **options: Unpack[PassedOptions],
     ) -> None:
         if not session_id:
             raise ConfigurationError("a saga turn needs the conversation's session id")
@@ -138,6 +140,7 @@ class SagaTurn:
         self.journaled = JournaledRun(
             runner.guard, self.run_id, declare=declare, on_doubt=on_doubt, tool_options=tool_options,
             provider=provider, fingerprint_model=fingerprint_model, usage=usage, saga=self._open_run,
+            **options,
         )  # fmt: skip
         self._wrapped: dict[int, Agent[Any]] = {}
         self._open = False
