@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlalchemy as sa
 
+from sagaguard.idempotency.migrations import table_sets
 from sagaguard.idempotency.outbox import Outbox, OutboxControl, Relay, RelaySettings, create_tables, uuid7
 from sagaguard.idempotency.outbox.model import SCHEMA_TABLE, outbox_table
 from sagaguard.idempotency.stores.sql import make_engine
@@ -56,8 +57,12 @@ def _row(i: int, aggregates: int, now: float) -> dict[str, Any]:
 def seed_sagaguard(spec: dict[str, Any]) -> None:
     engine = make_engine(spec["url"])
     table = spec["table"]
+    # The table's schema revision lives in a version table of its own: dropped with it, or the
+    # next create_tables would find the revision recorded and leave the table uncreated.
+    version_table = next(s for s in table_sets() if s.name == "outbox").version_table_for(table)
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {version_table}")
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql(f'DROP FUNCTION IF EXISTS "{table}_notify"() CASCADE')
         if sa.inspect(conn).has_table(SCHEMA_TABLE):

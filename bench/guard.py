@@ -25,26 +25,25 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import DBOS_ROUNDS, Config, PhaseResult, balance
+from _common import Config, PhaseResult, balance
 from _report import render, write
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("profile", "redis", "sqlite", "postgres")
+PHASES = ("memory", "redis", "sqlite", "postgres")
 PHASE_TIMEOUT = 1800
 
 
 def _run_phase(name: str, cfg: Config) -> PhaseResult:
-    if name == "profile":
-        from _profile import run as run_profile
+    if name == "memory":
+        from _memory import run as run_memory
 
-        return run_profile(cfg)
+        return run_memory(cfg)
     if name == "redis":
         from _redis import run as run_redis
 
@@ -107,105 +106,6 @@ def _command() -> str:
     return shlex.join([exe, *sys.argv])
 
 
-def _per_sql_backend(
-    series: dict[str, Any], a: str, b: str, say: Callable[[str, float, float], str]
-) -> list[str]:
-    """``say(label, p50 of a, p50 of b)`` for each SQL backend that measured both series."""
-    found = []
-    for backend, label in (("sqlite", "SQLite"), ("postgres", "Postgres")):
-        first, second = series.get(f"{backend}.{a}"), series.get(f"{backend}.{b}")
-        if first and second:
-            found.append(say(label, first["p50"], second["p50"]))
-    return found
-
-
-def _alone(series: dict[str, Any]) -> str:
-    """The same guarded call measured alone and interleaved with DBOS running."""
-    found = _per_sql_backend(
-        series,
-        "alone.new",
-        "new",
-        lambda label, alone, beside: f"{label} {alone:.0f} µs alone, {beside:.0f} µs beside DBOS",
-    )
-    return "the guarded new call: " + "; ".join(found) + "." if found else "(not measured)."
-
-
-def _notes(info: dict[str, Any], cfg: Config, series: dict[str, Any]) -> list[str]:
-    notes = [
-        "Each phase runs in a process of its own and starts with the disk quiet: `os.sync()` and a "
-        "Postgres `CHECKPOINT` first, so nothing an earlier phase wrote (the SQLite million-row "
-        "load, say) is flushed under its measurements.",
-        "SQL floors: the ratio is judged against the **SQLAlchemy Core** floor (INSERT commit + "
-        "UPDATE commit of one row of the store's own table layout, on the engine `make_engine` "
-        "builds, so the same pool, pragmas and `BEGIN IMMEDIATE`): the store is built on SQLAlchemy "
-        "by design, so that is what the same stack costs without sagaguard. The raw-driver floor "
-        "(sqlite3 with the same pragmas; psycopg in autocommit, one round trip per commit) is shown "
-        "for context.",
-        "DBOS: `@DBOS.workflow` calling one no-op `@DBOS.step`; *a DBOS step* is the step call timed "
-        "inside the workflow (the figure DBOS's own benchmarks quote per step), the whole one-step "
-        "workflow is shown for context. SQLite: DBOS's file is switched to WAL first "
-        "(synchronous=FULL is the default), the store's own settings; DBOS as it comes (rollback "
-        "journal) is measured separately after, with fewer calls. Postgres: DBOS's system database is"
-        " the run's fresh database, the one the store's table lives in. A guarded new call is two "
-        "durable commits (the claim must be on disk before the effect runs), a DBOS step one (it "
-        "writes nothing before the step, which is why a crash mid-step re-runs it). DBOS is context, "
-        "with no limit: the ratio moved from 0.19x to 0.36x between machines and runs, because a DBOS"
-        " step is mostly Python and a guarded call mostly I/O (the *Balance* line above); the "
-        "throughput yardstick (bench/throughput.py, below) judges the guard against its own floor "
-        "instead. DBOS runs nine background threads once launched (queue polling, notification "
-        "listener, scheduler, ...), which weigh on whatever else the process runs, and no user of "
-        "either runs the other beside it: so the DBOS rows measure "
-        f"each alone, in {DBOS_ROUNDS} rounds that alternate a block of guarded calls (DBOS not "
-        "launched) with a block of DBOS workflows (DBOS launched, then destroyed). The rows "
-        "interleaved with DBOS running are context; "
-        f"{_alone(series)}",
-        "Powertools: `idempotent_function` with `RedisCachePersistenceLayer` on the same redis-py "
-        "client, a stand-in Lambda context registered (300 s remaining); its package's DynamoDB "
-        "layer needs boto3, which is not installed, so that one module is replaced by a stub "
-        "(the Redis layer does not use it). A new call is SET NX + SET; a replay SET NX + GET.",
-        "Redis: the issue's floors go through redis-py's command path on the store's client "
-        "(built like `RedisStore` builds one). The store's scripts skip that path (pre-packed "
-        "EVALSHA on pooled connections), so the same floors sent pre-packed are shown for context: "
-        "they are what a round trip costs without redis-py's per-command overhead. Every key is "
-        "under the run's prefix with a TTL and removed at the end.",
-        "`store_claim_complete` / `store_claim_existing`: the store's primitives with no guard "
-        "above them, interleaved with the rest; the guard's own cost is the difference. Between "
-        "two socket round trips the guard's Python runs with cold caches, so it costs two to three "
-        "times what the hot-loop component table below says.",
-        "SQLite and Postgres figures are fsync-bound. On a shared VM other processes' fsyncs change "
-        "commit latency several-fold within minutes, so compare figures only within one "
-        "interleaved group (`sqlite.*`, `sqlite.async.*`, `sqlite.million.*` are three groups); "
-        "every target above compares two series of the same group.",
-        "Async: `await` on a guarded `async def` no-op on the same store as the sync call, "
-        "context with no limit (the throughput yardstick's 64 and 256 tasks rows judge async "
-        "calls now). The first row is the guard as it comes (`offload=None`: the store decides). SQLite: the "
-        "claim and the record are written on the event loop when they can start at once (a kept "
-        "connection, the write lock free under a zero busy timeout), so the loop waits only for "
-        "the commit's own fsync, never for another writer's lock; otherwise, and while the "
-        "store's writes average over 2 ms, in a worker thread. Postgres: the claim and the record "
-        "awaited on the loop (libpq's non-blocking interface on a kept connection: a row lock or a "
-        "slow network holds up the call, never the loop), rarer calls in a worker thread. Redis "
-        "and memory: called "
-        "directly (one round trip costs less than two thread hops). `offload=True` forces the "
-        "thread for every store call (`sagaguard.idempotency.backends.offload`: the package's worker "
-        "threads, a "
-        "queue and a future per hop), `offload=False` forces direct calls.",
-    ]
-    if cfg.million:
-        notes.append(
-            f"Million: {cfg.million_rows:,} finished records in the store's own format (SQLite "
-            "executemany in one transaction, Postgres COPY + VACUUM ANALYZE, Redis pipelined "
-            "HSET + PEXPIRE into logical database "
-            f"{info.get('redis_million_db', cfg.redis_million_db)}); load times in seconds: "
-            f"SQLite {info.get('sqlite_million_load_s', 'n/a')}, Postgres "
-            f"{info.get('postgres_million_load_s', 'n/a')}, Redis {info.get('redis_million_load_s', 'n/a')}."
-            " The empty store is measured interleaved with the full one."
-        )
-    else:
-        notes.append("Million-record figures: run with `--million`.")
-    return notes
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -241,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(args.from_json.read_text())
         meta, info, series, extra = saved["meta"], saved["info"], saved["series"], saved["extra"]
         # Re-rendered: the figures, command, date and machine stay those of the saved run.
-        cfg = Config(**meta["config"]) if "config" in meta else Config(million="--million" in meta["command"])
     else:
         cfg = Config(
             quick=args.quick,
@@ -257,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             if name not in PHASES:
                 parser.error(f"unknown phase {name!r}")
         meta, info, series, extra = _measure(cfg, phases)
-    meta["notes"] = _notes(info, cfg, series)
-    block = render(series, meta, extra)
+    block = render(series, meta)
     print(block)
     if args.json:
         args.json.write_text(

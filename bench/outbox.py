@@ -266,7 +266,8 @@ def render(results: dict[str, Any], cfg: argparse.Namespace) -> str:
         f"Measured {time.strftime('%Y-%m-%d')} on {_machine()}, {_postgres_version()}, SQLite in WAL mode "
         f"with `synchronous=FULL`; {_versions()}. Workload: {cfg.count:,} messages over "
         f"{cfg.aggregates:,} aggregates (ordering keys), a no-op handler, batches of {cfg.batch}; each "
-        f"figure is the median of {cfg.repeat} runs. Reproduce: `.venv/bin/python bench/outbox.py` "
+        f"figure is the median of {cfg.repeat} runs; load average at the end "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}. Reproduce: `.venv/bin/python bench/outbox.py` "
         "(needs `pip install txoutbox asyncpg` for the peer).",
         "",
         "Relay throughput (messages per second, higher is better):",
@@ -292,7 +293,7 @@ def render(results: dict[str, Any], cfg: argparse.Namespace) -> str:
     best_peer = max((v for k, v in rate.items() if k.startswith("txoutbox.postgres")), default=0.0)
     lines += [
         "",
-        "Targets (issue 4):",
+        "Targets:",
         "",
         "| target | measured | met |",
         "|---|---|---|",

@@ -9,7 +9,7 @@ then a supervisor's restart in a fresh process with ``Guard(store)``'s defaults,
 The harness is ``tests/_research/resume.py`` (the same code the ``-m sweep`` tests assert on); this
 entry point runs it from bench/, like ``bench/research_agent.py`` runs the kill-point sweep. The table
 goes between ``<!-- resume:start -->`` and ``<!-- resume:end -->`` in
-``docs/frameworks/research_agent.md``; docs/benchmarks.md carries the same figures.
+``docs/frameworks/research_agent.md``; docs/benchmarks.md links to it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ A saga of ``--steps`` (10) no-op steps runs under a fresh saga id per call on a
 :class:`~sagaguard.saga.journals.sql.SqlJournal`; its cost per step is the whole run divided by the steps.
 Interleaved with it in the same process (``_harness.interleave``): the floor, one UPDATE commit of
 one row on the journal's own engine (SQLAlchemy Core; judged as a run of ``--steps`` commits divided
-by ``--steps``, timed like the saga, and shown alone as context) and on the bare driver (context), and
+by ``--steps``, timed like the saga) and on the bare driver (context), and
 a DBOS workflow of the same number of no-op steps on the same kind of database (per step likewise).
 Each database kind runs in its own process (DBOS is a process-wide singleton). Needs Postgres at
 127.0.0.1:5432 (user postgres, trust auth) unless told otherwise; it creates its own database and
@@ -71,21 +71,14 @@ class Settings:
 
 
 def _floors(kind: str, url: str, engine: Any, steps: int) -> tuple[dict[str, Case], Any]:
-    """One UPDATE commit of one row: through SQLAlchemy Core on ``engine`` (alone, and as a run of
-    ``steps`` commits divided by ``steps``, the way a saga's steps are timed), and on the bare
-    driver."""
+    """One UPDATE commit of one row: through SQLAlchemy Core on ``engine`` (as a run of ``steps``
+    commits divided by ``steps``, the way a saga's steps are timed), and on the bare driver."""
     import sqlalchemy as sa
 
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS bench_floor (id INTEGER PRIMARY KEY, n INTEGER)")
         conn.exec_driver_sql("INSERT INTO bench_floor (id, n) VALUES (1, 0)")
     update = sa.text("UPDATE bench_floor SET n = n + 1 WHERE id = 1")
-
-    def core(_i: int) -> int:
-        t0 = perf_counter_ns()
-        with engine.begin() as conn:
-            conn.execute(update)
-        return perf_counter_ns() - t0
 
     def core_run(_i: int) -> int:
         t0 = perf_counter_ns()
@@ -106,7 +99,7 @@ def _floors(kind: str, url: str, engine: Any, steps: int) -> tuple[dict[str, Cas
             raw.execute("COMMIT")
             return perf_counter_ns() - t0
 
-        return {"floor_core_run": core_run, "floor_core": core, "floor_raw": raw_floor}, raw.close
+        return {"floor_core_run": core_run, "floor_raw": raw_floor}, raw.close
 
     import psycopg
 
@@ -117,7 +110,7 @@ def _floors(kind: str, url: str, engine: Any, steps: int) -> tuple[dict[str, Cas
         pconn.execute("UPDATE bench_floor SET n = n + 1 WHERE id = 1")
         return perf_counter_ns() - t0
 
-    return {"floor_core_run": core_run, "floor_core": core, "floor_raw": pg_floor}, pconn.close
+    return {"floor_core_run": core_run, "floor_raw": pg_floor}, pconn.close
 
 
 def _noop(ctx: StepContext, value: int) -> int:
@@ -280,130 +273,57 @@ def _phase(kind: str, cfg: Settings) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ report
 
 
-@dataclass(frozen=True)
-class _Target:
-    label: str
-    measured: str
-    base: str
-    limit: float | None
-    """None: context with no limit (DBOS: its 0.3x limit is retired, see bench/throughput.py)."""
-    judged: bool = True
-
-
-def _targets() -> list[_Target]:
-    rows = []
-    for kind, name, driver in (("sqlite", "SQLite", "sqlite3"), ("postgres", "Postgres", "psycopg")):
-        rows += [
-            _Target(f"{name}: saga step vs one commit, SQLAlchemy Core floor (a run of commits / its length)",
-                    f"{kind}.saga_step", f"{kind}.floor_core_run", 1.3),
-            _Target(f"{name}: saga step vs one commit, SQLAlchemy Core floor (single commits)",
-                    f"{kind}.saga_step", f"{kind}.floor_core", 1.3, False),
-            _Target(f"{name}: saga step vs one commit, raw {driver} floor", f"{kind}.saga_step",
-                    f"{kind}.floor_raw", 1.3, False),
-            _Target(f"{name}: saga step vs a DBOS workflow step", f"{kind}.saga_step",
-                    f"{kind}.dbos_step", None, False),
-        ]  # fmt: skip
-    return rows
-
-
-_WHAT = {
-    "saga_step": "saga of {steps} no-op steps, fresh id, whole run / {steps}",
-    "floor_core_run": "floor: {steps} UPDATE commits in a row / {steps}, SQLAlchemy Core, journal's engine",
-    "floor_core": "floor: one UPDATE commit, SQLAlchemy Core on the journal's engine",
-    "floor_raw": "floor: one UPDATE commit, raw driver",
-    "dbos_step": "DBOS workflow of {steps} no-op steps, whole workflow / {steps}",
-}
-
-
-def _limit(limit: float | None) -> str:
-    return "—" if limit is None else f"{limit:g}x"
+_FLOORS = (
+    ("floor_core_run", "one commit, SQLAlchemy Core", 1.3),
+    ("floor_raw", "one commit, bare driver", None),
+    ("dbos_step", "a DBOS step", None),
+)
+"""What a saga step is set beside: the series, what it is, the limit of the ratio (None: context)."""
 
 
 def _fmt(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
 
 
 def render(series: dict[str, dict[str, float]], meta: dict[str, Any]) -> str:
-    """The markdown between the saga markers."""
+    """The headline block between the saga markers: a step per database against one commit (the
+    judged floor), the bare driver's commit and a DBOS step. Every series is in the printout."""
     steps = meta["steps"]
     out = [
-        "## Saga overhead per step (`bench/saga.py`)",
+        "## A saga step against one commit (`bench/saga.py`)",
         "",
-        f"Produced by `{meta['command']}` on {meta['date']}.",
+        f"`{meta['command']}`, {meta['date']}, load average {meta['load_before']} before and "
+        f"{meta['load_after']} after. {meta['versions']}.",
         "",
-        f"Machine: {meta['machine']}. Load average before/after: {meta['load_before']} / "
-        f"{meta['load_after']}. Versions: {meta['versions']}.",
+        f"A saga of {steps} no-op steps (`SagaRunner.run` on a `SqlJournal`, a fresh saga id per "
+        "run), timed end to end and divided by its steps, beside one commit of a one-row UPDATE "
+        f"(timed the same way: a run of {steps} divided by {steps}) and a DBOS workflow of as many "
+        "no-op steps; all interleaved in one process, ratios of p50s. A step is one journal commit "
+        f"(a saga of {steps} steps makes {steps + 1}: the start is one more).",
         "",
-        f"A saga of {steps} no-op steps (`SagaRunner.run` on a `SqlJournal`, a fresh saga id per run) "
-        "is timed end to end and divided by its steps; a DBOS workflow of the same number of no-op "
-        "`@DBOS.step`s likewise. The floor is one commit: an UPDATE of one row in its own "
-        "transaction. The **SQLAlchemy Core** floor (same engine as the journal: `make_engine`'s "
-        "pool, pragmas and `BEGIN IMMEDIATE`) is the one judged, timed the way the saga is: a run "
-        f"of {steps} commits in a row divided by {steps}, so that both sides' p50 is that of a mean "
-        "of as many commits (a single commit's p50 sits below its mean when the disk is busy: that "
-        "floor is shown too, as context); the raw-driver floor (sqlite3 with "
-        "the same pragmas; psycopg in autocommit) is context. All series of a database run "
-        "interleaved in one process, in small alternating blocks, so machine noise hits each alike; "
-        "ratios are of p50s.",
-        "",
-        "| target | saga p50 (p99) per step | base p50 (p99) | ratio | limit | verdict |",
-        "|---|---|---|---|---|---|",
+        "| database | saga step p50 (p99) | against | its p50 (p99) | ratio | target |",
+        "|---|---|---|---|---:|---|",
     ]
-    for t in _targets():
-        m, b = series.get(t.measured), series.get(t.base)
-        if m is None or b is None:
-            out.append(f"| {t.label} | n/a | n/a | n/a | {_limit(t.limit)} | not run |")
+    for kind, name in (("sqlite", "SQLite"), ("postgres", "Postgres")):
+        step = series.get(f"{kind}.saga_step")
+        if step is None:
+            out.append(f"| {name} | not run | | | | |")
             continue
-        ratio = m["p50"] / b["p50"]
-        if t.limit is None:
-            verdict = "(context)"
-        elif t.judged:
-            verdict = "**met**" if ratio <= t.limit else "**not met**"
-        else:
-            verdict = "(context) within" if ratio <= t.limit else "(context) over"
-        out.append(
-            f"| {t.label} | {_fmt(m['p50'])} ({_fmt(m['p99'])}) | {_fmt(b['p50'])} ({_fmt(b['p99'])}) "
-            f"| {ratio:.2f}x | {_limit(t.limit)} | {verdict} |"
-        )
-    out += ["", "| series | what | p50 | p99 | mean | runs |", "|---|---|---|---|---|---|"]
-    for name, s in series.items():
-        what = _WHAT.get(name.split(".", 1)[1], "").format(steps=steps)
-        figures = " | ".join(_fmt(s[k]) for k in ("p50", "p99", "mean"))
-        out.append(f"| `{name}` | {what} | {figures} | {int(s['n'])} |")
-    out += ["", *[f"- {note}" for note in meta["notes"]]]
+        for floor, what, limit in _FLOORS:
+            base = series.get(f"{kind}.{floor}")
+            if base is None:
+                continue
+            ratio = step["p50"] / base["p50"]
+            verdict = "met" if limit is not None and ratio <= limit else "**not met**"
+            target = "" if limit is None else f"<= {limit:g}x: {verdict}"
+            out.append(
+                f"| {name} | {_fmt(step['p50'])} ({_fmt(step['p99'])}) | {what} | "
+                f"{_fmt(base['p50'])} ({_fmt(base['p99'])}) | {ratio:.2f}x | {target} |"
+            )
     if meta.get("failures"):
         out += ["", "Phases that failed:", ""]
         out += [f"- `{name}`: {error}" for name, error in meta["failures"].items()]
     return "\n".join(out)
-
-
-def _notes(steps: int, info: dict[str, Any]) -> list[str]:
-    counted = ", ".join(
-        f"{name} {info[f'{kind}_saga_commits']} commits / {info[f'{kind}_saga_statements']} statements"
-        for kind, name in (("sqlite", "SQLite"), ("postgres", "Postgres"))
-        if f"{kind}_saga_commits" in info
-    )
-    return [
-        f"A saga of {steps} steps writes {steps + 1} journal commits: the start (the saga row with "
-        "the first step STARTED), then one per step (its result with the next step STARTED; the last "
-        "with COMPLETED). One commit per step is the floor; the extra commit of the start is part "
-        "of the measured per-step cost. On Postgres each commit is one statement in autocommit (the "
-        "fenced UPDATE of the saga row with the step upserts in a data-modifying WITH); on SQLite "
-        "one `BEGIN IMMEDIATE` transaction (UPDATE, the step upserts, COMMIT: statements run "
-        "in-process, no round trips). Counted at the driver for one run: "
-        f"{counted or 'n/a'} (the floor is one statement per commit, plus BEGIN/COMMIT on SQLite).",
-        f"A saga or DBOS sample is its whole run divided by its {steps} steps (a mean of {steps} "
-        f"steps), and so is a sample of the judged floor ({steps} commits in a row); a single-commit "
-        "sample is one commit: when commit latency is skewed (a busy disk), the p50 of a mean sits "
-        "above the p50 of single commits even at the same mean cost per commit, which is why the "
-        "judged floor is timed as a run. The mean column shows every series' mean. The verdicts "
-        "use p50s.",
-        "SQLite: both the journal's file and DBOS's are in WAL mode with synchronous=FULL. "
-        "Postgres: the journal and DBOS's system database share the run's fresh database.",
-        f"DBOS {info.get('dbos', 'n/a')}. SQLite and Postgres figures are fsync-bound; on a shared VM "
-        "absolute figures drift several-fold within minutes, so compare only within one database's "
-        "interleaved group.",
-    ]
 
 
 # -------------------------------------------------------------------------------------- main
@@ -481,7 +401,6 @@ def main(argv: list[str] | None = None) -> int:
         if key in info
     )
     meta["versions"] = f"{server}; {meta['versions']}" if server else meta["versions"]
-    meta["notes"] = _notes(cfg.steps, info)
     block = render(series, meta)
     print(block)
     if not args.no_write and (args.write or not args.quick):

@@ -165,7 +165,7 @@ class RedisStore:
     offload_async = False
     """Whether the guard runs this store's calls in a worker thread for async effects: no, a call
     is one round trip to Redis, which costs the event loop less than the hop to a thread and back
-    (docs/benchmarks.md)."""
+    (``bench/guard.py`` measures both: its ``redis.async`` series)."""
 
     def __init__(
         self,
