@@ -1,10 +1,13 @@
 """Connections that threads keep checked out of a pool between their calls: one per thread, a few in all.
 
 A store call of one round trip spends about as much client CPU checking a connection out of its
-driver's pool and back (and, on Postgres, resetting it) as on the round trip itself
-(docs/benchmarks.md). So a backend with a pool of its own lets each thread keep the connection its
-call used, for that thread's next calls, while fewer than ``limit()`` are kept: the pool keeps the
-rest for the other threads, which check one out per call, and is never emptied by idle keepers.
+driver's pool and back (and, on Postgres, resetting it) as on the round trip itself. With 4 worker
+processes, the libraries' public paths, a connection from the pool per call, ran 0.82x the agent
+sagas per second on Postgres and 0.73x on one Redis server (medians of alternated rounds: more than
+the 10% that would have retired this module; docs/benchmarks.md, "The fast paths, decided at 4
+processes"). So a backend with a pool of its own lets each thread keep the connection its call used,
+for that thread's next calls, while fewer than ``limit()`` are kept: the pool keeps the rest for the
+other threads, which check one out per call, and is never emptied by idle keepers.
 
 A kept connection is used by its own thread only, one call at a time (a call made inside a call of
 the same thread checks one out of the pool). It goes back to the pool (``release(conn, broken)``)

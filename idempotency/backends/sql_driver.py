@@ -18,7 +18,8 @@ their own) instead lets each thread keep the connection its block used, checked 
 blocks, as many threads as the pool keeps connections (``QueuePool.size()``; the others take one
 per block from the overflow), by :class:`~sagaguard.idempotency.backends.kept.KeptConnections`: a checkout and
 the reset (on Postgres also the switch into autocommit and back) are most of the driver's own client
-CPU per block (docs/benchmarks.md). Between blocks a kept connection holds no transaction (every
+CPU per block (docs/benchmarks.md, "The fast paths, decided at 4 processes"). Between blocks a kept
+connection holds no transaction (every
 block ends in a commit or a rollback), so it holds no lock, on SQLite neither the write lock nor a
 read snapshot. Postgres connections run the block in autocommit (set on checkout, restored before
 they go back; a kept one stays in it), so a block of one statement is one round trip and one

@@ -3,10 +3,13 @@
 The effects store's claim and record, the saga journal's phase writes and the outbox relay's claim
 and settle are a few fixed statements made on every call. psycopg's ``Cursor.execute`` runs each
 through its Python layers (query and parameter adaptation, its prepared-statement bookkeeping,
-result loading), which cost a guarded call more client CPU than the libraries-first rule allows
-(more than 10% on the throughput yardstick: docs/benchmarks.md, "The hot statements on
-psycopg.pq"). So the statements go to libpq through psycopg's documented low-level interface
-(``Connection.pgconn``, a ``psycopg.pq.PGconn``), on the same connections of SQLAlchemy's pool:
+result loading), which cost a fleet more than the libraries-first rule allows: with 4 worker
+processes on one Postgres, psycopg's ``execute(..., prepare=True)`` on a connection of the pool per
+call, in place of this cursor on a kept one, ran 0.82x the agent sagas per second and 0.75x the
+guarded calls (medians of 16 alternated rounds) at about 1.5x the client CPU, the server sent the
+same statements (docs/benchmarks.md, "The fast paths, decided at 4 processes"). So the statements go
+to libpq through psycopg's documented low-level interface (``Connection.pgconn``, a
+``psycopg.pq.PGconn``), on the same connections of SQLAlchemy's pool:
 
 - a statement run with ``prepare=True`` outside a transaction (the effects store's and the saga
   journal's, each its own commit) is prepared once per connection under a name of this module's
