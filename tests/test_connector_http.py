@@ -295,8 +295,8 @@ def test_public_api_is_locked() -> None:
         sagaguard.connectors: """ConnectorError Pending ProviderBusy ProviderKeyConflict ProviderRejected
             ProviderUnavailable ProviderUnreachable ReturnPending Stop ToolDeclaration WaitForOperator
             changes_world classify read_only replayable""",
-        sagaguard.connectors.declare: """ToolDeclaration changes_world declaration_of is_step read_only
-            recorded_output tool_options""",
+        sagaguard.connectors.declare: """ToolDeclaration changes_world declaration_of is_step kind_options
+            read_only recorded_output tool_options""",
         sagaguard.connectors.in_doubt: "OnDoubt Pending ReturnPending Stop WaitForOperator asettle settle",
         sagaguard.connectors.stripe: """CHARGE KEY_WINDOW METADATA_KEY MetadataRefused Payment
             PaymentActionRequired Refund StripeEffects map_error refund_compensation""",
