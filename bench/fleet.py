@@ -407,9 +407,10 @@ def _cost_sources(sql: bool, workers: int) -> str:
             "the bytes of the WAL records written meanwhile, `pg_walinspect`, full-page images and "
             "the server's background records left out: a page's first change after a checkpoint "
             "copies the whole page, so those bytes depend on when the server last checkpointed). "
-            "Commits and round trips come out the same on every run; WAL bytes within a byte or "
-            "two per unit: the record of an UPDATE holds only the bytes of the row that changed, "
-            "and how many of a timestamp's bytes change depends on the time. "
+            "Commits and round trips come out the same on every run; WAL bytes within a few bytes "
+            "per unit: a claim names its holder's process id and start time, whose digits vary, "
+            "and the record of an UPDATE holds only the bytes of the row that changed, how many of "
+            "a timestamp's depending on the time. "
         )
         cpu = "`/proc`: the postmaster and every child, exited ones included"
     else:

@@ -20,8 +20,8 @@ UPDATE commit of a two-column row, psycopg in autocommit), and for sagas of five
 Each figure is the difference of two sessions (``n`` and ``5 n`` calls) in a fresh database, each
 closed and its backends gone before the counters are read, autovacuum off meanwhile, the keys named
 the same on every run (:func:`count`): statements and commits come out the same on every run, WAL
-bytes within a byte or two per call (an UPDATE's record holds only the bytes of the row that
-changed, and how many of a timestamp's bytes change depends on the time). Run as root, the cluster
+bytes within a few bytes per call (a claim names its holder's process id and start time, whose
+digits vary, and an UPDATE's record holds only the bytes of the row that changed). Run as root, the cluster
 runs as the ``postgres`` user.
 """
 
@@ -204,8 +204,8 @@ def count(url: str, make: Maker, n: int) -> dict[str, float]:
     ``pg_stat_statements`` and ``pg_stat_database`` of that database only, read from another
     database; the WAL records in between (:func:`_wal_bytes`); autovacuum off meanwhile
     (:func:`_quiet`). ``make`` should name its keys and ids the same on every run (the WAL holds
-    them). Statements and commits are then the same on every run; WAL bytes within a byte or two
-    per call (the times written differ).
+    them). Statements and commits are then the same on every run; WAL bytes within a few bytes
+    per call (the times and process ids written differ).
 
     Raises:
         RuntimeError: ``pg_stat_statements`` evicted entries meanwhile (its count would be short).
