@@ -4,7 +4,8 @@
 ``bench/round_trips.py``):
 
 - ``commits``: ``pg_stat_database.xact_commit`` of the database (a backend reports it as it goes
-  idle, at most once a second, and as it exits: read after the workers have exited);
+  idle, at most once a second, and as it exits: a window's figure, read while its workers still
+  run, is close, not exact; the exact counts per unit are ``round_trips.count``'s);
 - ``statements``: ``sum(calls)`` of ``pg_stat_statements``, ``BEGIN`` and ``COMMIT`` included, the
   readings' own left out; each is one round trip, as every statement here is sent alone;
 - ``wal_bytes``: ``pg_current_wal_lsn()`` as a byte position;
@@ -20,13 +21,16 @@ primaries' AOF size, ``aof_current_size``; Redis has no commits: the AOF is its 
 A difference of two readings, divided by the units done between them, is what one unit cost.
 
 :func:`redis_commands` counts exactly what ``INFO commandstats`` cannot tell apart: the commands
-clients sent the primaries (``MONITOR``, which marks those a script ran as ``lua``).
+one client of this process sent the primaries (``MONITOR``, which marks those a script ran as
+``lua`` and names each client's address: other processes' commands are left out).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -115,9 +119,33 @@ def redis_reading(ports: list[int]) -> dict[str, float]:
 _SENTINEL = "fleet-monitor-done"
 
 
-def redis_commands(ports: list[int], run: Callable[[], None]) -> float:
-    """Commands clients sent the cluster's primaries while ``run()`` ran, admin commands left out.
+def own_connections() -> set[tuple[int, int]]:
+    """This process's TCP connections, as (local port, remote port) pairs (``/proc``: the sockets
+    among its file descriptors, their addresses from ``/proc/self/net/tcp``)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, peer, inode = fields[1], fields[2], fields[9]
+                if inode in inodes:
+                    found.add((int(local.rsplit(":", 1)[1], 16), int(peer.rsplit(":", 1)[1], 16)))
+    return found
 
+
+def redis_commands(ports: list[int], run: Callable[[], None]) -> float:
+    """Commands this process's clients sent the cluster's primaries while ``run()`` ran, admin
+    commands left out.
+
+    ``MONITOR`` shows every client's commands; only those on this process's connections
+    (:func:`own_connections`, taken as ``run()`` returns, before its clients close) are counted,
+    so another process's commands (a worker of an earlier window still exiting, a reading) are not.
     Commands, not round trips: the server does not show which came pipelined in one write (the
     store sends a claim's script and its ``WAIT`` together)."""
     import redis
@@ -130,7 +158,7 @@ def redis_commands(ports: list[int], run: Callable[[], None]) -> float:
                 primaries.append(port)
         finally:
             client.close()
-    counts = [0] * len(primaries)
+    seen_by: list[Counter[int]] = [Counter() for _ in primaries]
     watching = threading.Barrier(len(primaries) + 1)
 
     def watch(i: int, port: int) -> None:
@@ -143,8 +171,8 @@ def redis_commands(ports: list[int], run: Callable[[], None]) -> float:
                     words = str(seen["command"]).split()
                     if words[:2] == ["ECHO", _SENTINEL]:
                         return
-                    if seen["client_type"] != "lua" and words and words[0].lower() not in _ADMIN_COMMANDS:
-                        counts[i] += 1
+                    if seen["client_type"] == "tcp" and words and words[0].lower() not in _ADMIN_COMMANDS:
+                        seen_by[i][int(seen["client_port"])] += 1
         finally:
             client.close()
 
@@ -153,6 +181,7 @@ def redis_commands(ports: list[int], run: Callable[[], None]) -> float:
         thread.start()
     watching.wait()
     run()
+    mine = own_connections()
     for port in primaries:
         client = redis.Redis(port=port, decode_responses=True)
         try:
@@ -161,7 +190,10 @@ def redis_commands(ports: list[int], run: Callable[[], None]) -> float:
             client.close()
     for thread in threads:
         thread.join(timeout=60)
-    return float(sum(counts))
+        if thread.is_alive():
+            raise RuntimeError("a MONITOR never saw its end mark")
+    pairs = zip(primaries, seen_by, strict=True)
+    return float(sum(n for node, counts in pairs for port, n in counts.items() if (port, node) in mine))
 
 
 def difference(before: dict[str, float], after: dict[str, float], units: int) -> dict[str, float]:

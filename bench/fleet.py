@@ -5,6 +5,7 @@
     .venv/bin/python bench/fleet.py --quick        # smoke run (about a minute), prints only
     .venv/bin/python bench/fleet.py                # full run (about 6 minutes), writes docs/benchmarks.md
     .venv/bin/python bench/fleet.py --workers 4 --backend postgres --no-recovery --json out.json
+    .venv/bin/python bench/fleet.py --counts-only   # only the exact counts per unit (JSON)
 
 Each backend runs on a server of the bench's own, started for the run and removed after: Postgres
 a private cluster (``bench/round_trips.py``'s, with ``pg_stat_statements``; fsync and synchronous
@@ -22,6 +23,8 @@ commit on, as installed), Redis a local cluster of three primaries and three rep
    trips (statements), WAL bytes and the server's own CPU time, per guarded call and per saga step
    (a saga of no-op steps, no effect in them), each beside its floor (two commits; one commit), at
    ``--cost-workers`` processes; and per step of the agent saga, from the throughput windows.
+   Commits, round trips (commands on Redis) and Postgres's WAL bytes are counted exactly by one
+   client of this process (:func:`exact_counts`), the same on every run.
 3. **Recovery** (bench/_fleet_recovery.py): four workers on one "host" under load, one SIGKILLed;
    the seconds until a sweeper on another host (``SAGAGUARD_HOST_ID``) has resumed its sagas,
    with the default lease and sweep interval; duplicates and missing effects counted at a counter
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -183,39 +187,49 @@ def measure(db: Database, cfg: Settings, tag: str, say: Callable[[str], None]) -
     if cfg.costs:
         costs = windows(db, ["call", "call_floor", "step_floor", "step"], cfg.cost_workers, cfg, tag)
         say(f"{db.backend} costs: " + ", ".join(f"{k} {v['rate']:.0f}/s" for k, v in costs.items()))
-        counted = exact_counts(db, cfg, tag)
+        counted = exact_counts(db, cfg)
         say(f"{db.backend} counted: {json.dumps(counted)}")
     return {"version": db.version, "levels": levels, "costs": costs, "counted": counted}
 
 
 COUNTED = {"call": 40, "call_floor": 40, "step": 15, "step_floor": 15, "saga": 10, "saga_floor": 10}
-"""Units in the shorter of the two counting sessions of :func:`exact_counts`, per kind."""
+"""Units in the shorter of the two counting sessions of :func:`exact_counts`, per kind, quick runs
+too (a few seconds in all): enough that both sessions are past what a connection does once after a
+few calls (psycopg prepares a statement after five executions, a commit of its own that no
+statement counter shows), so that the difference cancels it."""
 
 
-def exact_counts(db: Database, cfg: Settings, tag: str) -> dict[str, dict[str, float]]:
-    """What one unit of each kind costs, counted exactly by one client in this process.
+def exact_counts(db: Database, cfg: Settings) -> dict[str, dict[str, float]]:
+    """What one unit of each kind costs, counted exactly by one client in this process: the same
+    figures on every run.
 
-    Postgres: statements, commits and WAL bytes, the difference of two sessions each closed before
-    the counters are read (``round_trips.count``). Redis: the commands sent to the primaries
-    (``redis_commands``), after two units of warm-up (cluster discovery, script loading).
+    Keys and saga ids are named the same on every run (``count-{kind}-{session}``, never the run's
+    tag or the time): on Postgres their bytes are in the WAL, and on a Redis Cluster a saga id's
+    slot decides whether a journal write and its due index share a primary (one pipeline) or not
+    (two), so other ids would make other counts. Postgres: statements, commits and WAL bytes in a
+    fresh database, the difference of two sessions (``round_trips.count``). Redis: the commands
+    this process's client sent the primaries (``redis_commands``), after two units of warm-up
+    (cluster discovery, script loading).
     """
     from _fleet_server import redis_commands
     from _fleet_worker import build
     from round_trips import count
 
     found = {}
-    for kind, full in COUNTED.items():
-        n = 3 if cfg.quick else full
+    for kind, n in COUNTED.items():
+        sessions = iter(range(1000))
 
-        def make(kind: str = kind) -> tuple[Callable[[int], object], Callable[[], None]]:
-            config = {"backend": db.backend, "url": db.url, "kind": kind, "steps": cfg.steps,
-                      "tag": f"{tag}-count-{kind}-{time.monotonic_ns()}", "effect": "noop"}  # fmt: skip
+        def make(
+            url: str, kind: str = kind, sessions: Iterator[int] = sessions
+        ) -> tuple[Callable[[int], object], Callable[[], None]]:
+            config = {"backend": db.backend, "url": url, "kind": kind, "steps": cfg.steps,
+                      "tag": f"count-{kind}-{next(sessions):03d}", "effect": "noop"}  # fmt: skip
             return build(config)
 
         if db.backend == "postgres":
             found[kind] = count(db.url, make, n)
             continue
-        op, close = make()
+        op, close = make(db.url)
         op(-1)
         op(-2)
 
@@ -227,6 +241,11 @@ def exact_counts(db: Database, cfg: Settings, tag: str) -> dict[str, dict[str, f
         close()
         found[kind] = {"statements": sent / n}
     return found
+
+
+def _n(value: float) -> str:
+    """A count for prose: a whole number as one, else two decimals."""
+    return f"{value:,.0f}" if value == round(value) else f"{value:,.2f}"
 
 
 def _us(seconds: float) -> float:
@@ -284,7 +303,8 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
         f"Produced by `{meta['command']}` on {meta['date']}.",
         "",
         f"Machine: {meta['machine']}. Load average before / after: {meta['load_before']} / "
-        f"{meta['load_after']}. Versions: {meta['versions']}.",
+        f"{meta['load_after']} (after: the bench's own workers and servers included). Versions: "
+        f"{meta['versions']}.",
         "",
         f"Worker processes and the database share this machine's cores, so on it the workers' own "
         f"CPU caps every throughput figure below, the floor's as much as sagaguard's; the projection "
@@ -320,12 +340,10 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
             commits = f"{o['commits']:.2f} ({f['commits']:.2f})" if sql else "—"
             verdict = "(context)"
             if row["judged"]:
-                # Against the floor's round trips, which are its commits by construction (one
-                # statement per commit, autocommit): its commit count also holds whatever the
-                # server's background did meanwhile (autovacuum), a few hundredths per unit.
-                same = abs(o["statements"] - f["statements"]) < 0.05
+                # Exact counts: equal means equal (the tolerance is for the division only).
+                same = abs(o["statements"] - f["statements"]) < 1e-9
                 if sql:
-                    same = same and abs(o["commits"] - f["statements"]) < 0.05
+                    same = same and abs(o["commits"] - f["commits"]) < 1e-9
                 verdict = ", ".join([
                     f"{'counts' if sql else 'commands'} equal {_verdict(same)}",
                     f"WAL ≤{WAL_TARGET:g}x {_verdict(wal <= WAL_TARGET)}",
@@ -338,10 +356,13 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
             )
         out += ["", _cost_sources(sql, meta["settings"]["cost_workers"]), "", _floor_note(sql)]
         if "step" in found["counted"]:
-            whole = found["counted"]["step"]["statements"]
-            out += ["", f"A saga of {steps} no-op steps is {whole:g} {'commits' if sql else 'commands'} "
-                        f"whole, {whole - steps:g} more than its steps: that excess, spread over the "
-                        "steps, is what the saga-step row holds above one per step."]  # fmt: skip
+            whole = found["counted"]["step"]["commits" if sql else "statements"]
+            sagas = COUNTED["step"]
+            out += ["", f"A saga of {steps} no-op steps is {_n(whole)} {'commits' if sql else 'commands'} "
+                        f"whole{'' if sql else f' (on average over the {sagas} sagas counted)'}, "
+                        f"{_n(whole - steps)} more than its steps: that excess, spread over the "
+                        "steps, is what the saga-step row holds above one per step."
+                        + ("" if sql else _slot_note())]  # fmt: skip
         out += ["", *_projection(found, steps, sql, meta["settings"]["cost_workers"])]
     out += _recovery(results.get("recovery"))
     if meta.get("notes"):
@@ -365,20 +386,39 @@ def _floor_note(sql: bool) -> str:
     )
 
 
+def _slot_note() -> str:
+    """Why a saga's commands on a cluster depend on its id (and so are counted on fixed ids)."""
+    return (
+        " A saga's start also lowers its entry in the journal's due index: when the saga id's slot "
+        "and the index's are on different primaries, that is a pipeline of its own (a `ZADD` and "
+        "one more `WAIT`): a saga is one command more when its id's slot is on another primary "
+        "than the index's, so the count depends on the ids counted; they are the same on every run."
+    )
+
+
 def _cost_sources(sql: bool, workers: int) -> str:
     """Where the cost table's figures come from."""
     if sql:
         counts = (
-            "Commits, round trips and WAL bytes are counted exactly, one client at a time "
-            "(`pg_stat_database`, `pg_stat_statements`, `pg_stat_wal`: the difference of two "
-            "sessions, each closed before the counters are read). "
+            "Commits, round trips and WAL bytes are counted exactly, the same on every run: one "
+            "client at a time in a fresh database, autovacuum off, keys named the same on every "
+            "run, the difference of two sessions each closed and its server processes gone before "
+            "the counters are read (`pg_stat_database` and `pg_stat_statements` of that database; "
+            "the bytes of the WAL records written meanwhile, `pg_walinspect`, full-page images and "
+            "the server's background records left out: a page's first change after a checkpoint "
+            "copies the whole page, so those bytes depend on when the server last checkpointed). "
+            "Commits and round trips come out the same on every run; WAL bytes within a few bytes "
+            "per unit: a claim names its holder's process id and start time, whose digits vary, "
+            "and the record of an UPDATE holds only the bytes of the row that changed, how many of "
+            "a timestamp's depending on the time. "
         )
         cpu = "`/proc`: the postmaster and every child, exited ones included"
     else:
         counts = (
-            "The round-trips column holds commands, counted exactly, one client at a time: those "
-            "clients sent the primaries, seen with `MONITOR` (the calls a script makes inside it "
-            "left out). The server cannot tell which came pipelined: the store sends a claim's "
+            "The round-trips column holds commands, counted exactly, the same on every run: those "
+            "one client sent the primaries, seen with `MONITOR` (the calls a script makes inside "
+            "it and other clients' commands left out), saga ids named the same on every run. The "
+            "server cannot tell which came pipelined: the store sends a claim's "
             "script and its `WAIT` in one write, so a guarded call's three commands are two round "
             "trips. WAL bytes are the growth of the primaries' append-only files during the windows. "
         )
@@ -454,6 +494,31 @@ def _recovery(found: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _shared_note(load_before: str) -> str | None:
+    """A note when other work shared the machine as the run began: the 1-minute load average before
+    it above the machine's cores. The load after is no sign of that: it holds the bench's own
+    workers and servers."""
+    cores = os.cpu_count() or 1
+    if load_before == "n/a" or float(load_before.split(maxsplit=1)[0]) <= cores:
+        return None
+    return (
+        f"The machine was shared as this ran: a load average of {load_before.split(maxsplit=1)[0]} over the "
+        f"minute before it, on {cores} cores. The rates and CPU times are noisy, and the ratios of "
+        "one run more than its absolute figures; the counts (commits, round trips, commands, "
+        "effects) are not."
+    )
+
+
+def counts_only(backends: tuple[str, ...], cfg: Settings) -> dict[str, Any]:
+    """Only the exact counts (:func:`exact_counts`) on each backend's fresh server: a fast check
+    that they come out the same on every run."""
+    found = {}
+    for backend in backends:
+        with database(backend) as db:
+            found[backend] = exact_counts(db, cfg)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny windows, short lease: a smoke run")
@@ -464,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-recovery", action="store_true", help="skip the kill and recovery")
     parser.add_argument("--no-write", action="store_true", help="do not write docs/benchmarks.md")
     parser.add_argument("--json", type=Path, help="also save every figure here")
+    parser.add_argument(
+        "--counts-only", action="store_true", help="only the exact counts per unit, printed as JSON"
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     cfg = Settings(
@@ -479,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
         quick=quick,
     )
     backends = ("postgres", "redis") if args.backend == "both" else (args.backend,)
+    if args.counts_only:
+        counted = counts_only(backends, cfg)
+        print(json.dumps(counted, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(counted, indent=2), encoding="utf-8")
+        return 0
     meta: dict[str, Any] = {
         "command": _command(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": _machine(), "load_before": _load(), "versions": _versions(),
@@ -505,13 +579,8 @@ def main(argv: list[str] | None = None) -> int:
                 results["recovery"] = {"backend": backend, **found}
                 say(f"recovery: {json.dumps(found)}")
     meta["load_after"] = _load()
-    one_minute = [float(meta[k].split()[0]) for k in ("load_before", "load_after") if meta[k] != "n/a"]
-    if one_minute and max(one_minute) > DB_CORES:
-        meta["notes"].append(
-            "The machine was shared while this ran (load average above its core count): the rates "
-            "and CPU times are noisy, and the ratios of one run more than its absolute figures; the "
-            "counts (commits, round trips, commands, effects) are not."
-        )
+    if (note := _shared_note(meta["load_before"])) is not None:
+        meta["notes"].append(note)
     if quick:
         meta["notes"].append("Quick run: tiny windows and a 2 s lease; figures for the shape only.")
     block = render(results, meta)

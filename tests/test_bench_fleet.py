@@ -57,6 +57,10 @@ def test_quick_run_produces_every_figure_and_loses_nothing(tmp_path: Path) -> No
     assert counted["call_floor"]["statements"] == pytest.approx(2.0)
     assert counted["step_floor"]["statements"] == pytest.approx(3.0)  # a saga of three
     assert counted["saga_floor"]["statements"] == pytest.approx(9.0)
+    # Exact: no autovacuum, no stale statistics, no background WAL in the counts.
+    assert counted["call"]["commits"] == pytest.approx(2.0)
+    assert counted["call_floor"]["commits"] == pytest.approx(2.0)
+    assert counted["call"]["wal_bytes"] > counted["call_floor"]["wal_bytes"] > 0
     redis = results["backends"]["redis"]["counted"]
     assert redis["call_floor"]["statements"] == pytest.approx(2.0)  # SET NX, SET: MONITOR saw each
     assert redis["call"]["statements"] >= 2.0
