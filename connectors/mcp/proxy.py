@@ -60,9 +60,11 @@ from sagaguard.connectors.mcp.policy import (
     ToolPolicy,
     check_key,
 )
+from sagaguard.connectors.mcp.proxyruns import ProxyRuns
 from sagaguard.connectors.mcp.session import GuardedSession, ToolSession
 from sagaguard.idempotency.errors import KeyConflict
 from sagaguard.idempotency.guard import Guard
+from sagaguard.saga.agent import AgentRunCancelled, AgentRunEnded
 
 __all__ = ["McpProxy", "call_key", "serve_http", "serve_stdio"]
 
@@ -89,6 +91,9 @@ class McpProxy:
         name: the name the proxy gives itself to its clients.
         reconnect: opens a new upstream session when the current one is gone (the server died);
             None: a call made after that is answered "not sent" (module docstring).
+        runs: the runs of the connections, when ``declare`` names undos
+            (:mod:`sagaguard.connectors.mcp.proxyruns`); a call of a tool with an undo is a step
+            of its connection's run. None: such a call needs an agent run open in its context.
     """
 
     def __init__(
@@ -100,8 +105,10 @@ class McpProxy:
         declare: Mapping[str, ToolDeclaration | ToolPolicy] | None = None,
         name: str = "sagaguard-proxy",
         reconnect: Callable[[], Awaitable[ToolSession]] | None = None,
+        runs: ProxyRuns | None = None,
     ) -> None:
         self._declare = dict(declare or {})
+        self.runs = runs
         self.guarded = GuardedSession(
             upstream, guard, server=server, declare=self._declare, on_doubt=ReturnPending()
         )
@@ -154,7 +161,16 @@ class McpProxy:
         forward = {k: v for k, v in meta.items() if not k.startswith(_RESERVED)}
         try:
             client_key = None if sent is None else check_key(sent, f"_meta {IDEMPOTENCY_META_KEY!r}")
-            key = call_key(client_key, self._session_id(ctx), ctx.request_id)
+            connection = self._session_id(ctx)
+            key = call_key(client_key, connection, ctx.request_id)
+            if (
+                self.runs is not None
+                and (await (await self._upstream()).policy(params.name)).undo is not None
+            ):
+                return await self._step(
+                    connection=connection, params=params, key=key, client_key=client_key,
+                    request_id=str(ctx.request_id), forward=forward,
+                )  # fmt: skip
             try:
                 return await (await self._upstream()).call_tool(
                     params.name, params.arguments, key=key, meta=forward
@@ -175,6 +191,53 @@ class McpProxy:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
         except ServerGone as exc:
             raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
+
+    async def _step(
+        self,
+        *,
+        connection: str,
+        params: types.CallToolRequestParams,
+        key: str,
+        client_key: str | None,
+        request_id: str,
+        forward: dict[str, Any],
+    ) -> types.CallToolResult:
+        """A call of a tool with an undo: a step of the connection's run
+        (:mod:`sagaguard.connectors.mcp.proxyruns`), its id the client's key, else the request id
+        (one call per connection and request id, as without a run). A connection of one request
+        (stateless HTTP) ends its run with the call."""
+        assert self.runs is not None
+        runs = self.runs
+        try:
+            run = await runs.run_for(connection)
+            call_id = f"request:{request_id}"
+            if client_key is not None:
+                call_id = f"key:{client_key}"
+                bound = await runs.bind(key, run, params.name, params.arguments or {})
+                if bound != run.run_id:
+                    raise MCPError(
+                        types.INVALID_PARAMS,
+                        f"idempotency key {client_key!r} was used by agent run {bound} (another client "
+                        "connection): its call and its undo are there (sagaguard sagas show); not sent",
+                    )
+            try:
+                return await (await self._upstream()).call_tool(
+                    params.name, params.arguments, key=key, call_id=call_id, meta=forward, run=run
+                )
+            except AgentRunCancelled as exc:
+                await runs.cancelled(connection)  # undone now, not at the connection's end
+                raise MCPError(
+                    types.INVALID_REQUEST, f"agent run {run.run_id} was cancelled by an operator: not sent"
+                ) from exc
+            except AgentRunEnded as exc:
+                raise MCPError(
+                    types.INVALID_REQUEST,
+                    f"{exc}: this connection's calls of tools with an undo are refused (not sent); "
+                    "reconnect for a new run",
+                ) from exc
+        finally:
+            if connection.startswith("request:"):
+                await runs.close(connection)
 
 
 async def serve_stdio(proxy: McpProxy) -> None:
