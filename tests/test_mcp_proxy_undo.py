@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 import stripe as stripe_sdk
-from _mcpkit import CLI, SERVER, TESTS, counts, in_loop, server_env, sink_fixture, stripe_fixture
+from _mcpkit import CLI, SERVER, TESTS, counts, in_loop, serve_http, server_env, sink_fixture, stripe_fixture
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
 from sagaguard.connectors.declare import read_only
-from sagaguard.connectors.mcp import IDEMPOTENCY_META_KEY, ErrorText, UndoTool
+from sagaguard.connectors.mcp import IDEMPOTENCY_META_KEY, ErrorText, UndoTool, http_session
 from sagaguard.connectors.mcp.cli import load_declarations
 from sagaguard.connectors.mcp.proxyruns import DeclaredUndo
 from sagaguard.connectors.testing import LocalStripe
@@ -307,3 +307,55 @@ def test_a_proxy_sigkilled_before_recording_the_charge_is_undone_by_its_key_by_t
     assert counts(stripe, sink) == {"charges": 1, "refunds": 1, "emails": 0}  # found by the key
     assert worker_once(env, tmp_path).returncode == 0  # again: nothing more
     assert counts(stripe, sink)["refunds"] == 1
+
+
+def runs(env: dict[str, str]) -> dict[str, str]:
+    """The proxy's runs as ``sagaguard sagas list --json`` shows them: id to state."""
+    listed = cli(env, "sagas", "list", "--name", "mcp-proxy.payments", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return {row["saga_id"]: row["state"] for row in json.loads(listed.stdout)}
+
+
+def test_an_http_client_that_ends_its_session_completes_its_run(
+    env: dict[str, str], stripe: LocalStripe, sink: SmtpSink, tmp_path: Path
+) -> None:
+    argv = [sys.executable, "-c", CLI, "mcp", "proxy", "--server", "payments", "--http", "127.0.0.1:{port}",
+            "--declare", str(tmp_path / "declare.json"), "--", sys.executable, str(SERVER)]  # fmt: skip
+    with serve_http(env, argv) as url:
+
+        async def client() -> None:
+            async with http_session(url) as session:  # closing it DELETEs the session
+                await session.call_tool("charge", CHARGE)
+                listed = await asyncio.to_thread(runs, env)
+                assert list(listed.values()) == ["running"]  # one run, open while connected
+
+        in_loop(client)
+        (run_id,) = until(lambda: [r for r, s in runs(env).items() if s == "completed"], "the run completed")
+    assert state(env, run_id) is SagaState.COMPLETED
+    assert counts(stripe, sink) == {"charges": 1, "refunds": 0, "emails": 0}
+
+
+def test_a_failed_call_stops_the_run_and_leaves_it_to_an_operator(
+    env: dict[str, str], stripe: LocalStripe, sink: SmtpSink, tmp_path: Path
+) -> None:
+    errlog = tmp_path / "proxy.err"
+
+    async def main() -> tuple[types.CallToolResult, MCPError]:
+        with errlog.open("w") as err:
+            async with (
+                stdio_client(proxy(env, tmp_path), errlog=err) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                await session.call_tool("charge", CHARGE)
+                declined = await session.call_tool("charge", {**CHARGE, "customer": "pm_card_chargeDeclined"})
+                with pytest.raises(MCPError) as refused:  # the run is failing: no new step
+                    await session.call_tool("charge", CHARGE)
+                return declined, refused.value
+
+    declined, refused = in_loop(main)
+    assert declined.is_error and "not sent" in str(refused)
+    run_id = run_of(errlog)
+    # At the disconnect: parked for an operator (`sagas retry` undoes it), nothing undone alone.
+    until(lambda: state(env, run_id) is SagaState.NEEDS_ATTENTION, "the run parked")
+    assert counts(stripe, sink) == {"charges": 1, "refunds": 0, "emails": 0}

@@ -131,6 +131,12 @@ class McpProxy:
             return f"http:{self._instance}:{found}"
         return f"request:{uuid.uuid4().hex}"
 
+    async def http_session_ended(self, session_id: str) -> None:
+        """The HTTP client of ``session_id`` ended its session (``DELETE``, as a client closing
+        cleanly sends): its run, if it has one, completes as a stdio client's disconnect does."""
+        if self.runs is not None:
+            await self.runs.close(f"http:{self._instance}:{session_id}")
+
     async def _upstream(self) -> GuardedSession:
         """The guarded upstream session, reopened (once per call) when it is gone."""
         if self.guarded.gone and self._reconnect is not None:
@@ -250,8 +256,20 @@ async def serve_stdio(proxy: McpProxy) -> None:
 
 
 async def serve_http(proxy: McpProxy, host: str, port: int, path: str = "/mcp") -> None:
-    """Serve the proxy to any number of clients over streamable HTTP at ``http://host:port/path``."""
+    """Serve the proxy to any number of clients over streamable HTTP at ``http://host:port/path``
+    (a client's ``DELETE`` of its session ends its run: :meth:`McpProxy.http_session_ended`)."""
     import uvicorn
 
     app = proxy.server.streamable_http_app(streamable_http_path=path, host=host)
-    await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+
+    async def watched(scope: Any, receive: Any, send: Any) -> None:
+        # The SDK reports no session's end; a DELETE with its id is the client ending it cleanly.
+        # (A client that vanishes without one keeps its run open until the proxy stops.)
+        await app(scope, receive, send)
+        if scope.get("type") == "http" and scope.get("method") == "DELETE":
+            for name, value in scope.get("headers", ()):
+                if name == b"mcp-session-id" and value:
+                    await proxy.http_session_ended(value.decode("latin-1"))
+
+    config = uvicorn.Config(watched, host=host, port=port, log_level="warning")
+    await uvicorn.Server(config).serve()
