@@ -4,13 +4,18 @@
 
     sagaguard mcp tools [--json] -- SERVER COMMAND...        # or --url http://host:port/mcp
     sagaguard mcp proxy [--store URL] [--namespace NS] [--server NAME] [--http HOST:PORT]
-                        [--declare FILE] -- SERVER COMMAND...
+                        [--declare FILE] [--interval S] -- SERVER COMMAND...
+    sagaguard mcp worker [--store URL] [--namespace NS] [--server NAME] --declare FILE
+                         [--interval S] [--once] -- SERVER COMMAND...
 
 ``tools`` starts (or connects to) the server, lists its tools with their annotations and the mode
 each gets (``pass_through``, ``resend``, ``at_most_once``) and why. ``proxy`` serves the server's
 tools to one client over stdio (default) or to many over streamable HTTP (``--http``), each call
 guarded as :mod:`sagaguard.connectors.mcp.proxy` says, recorded in ``--store`` (default ``$SAGAGUARD_STORE``).
-``--declare FILE`` overrides tools' annotations (:func:`load_declarations`). When the server dies,
+``--declare FILE`` overrides tools' annotations (:func:`load_declarations`); a tool declared with an
+undo makes each client connection an agent run (:mod:`sagaguard.connectors.mcp.proxyruns`), and the
+proxy runs the worker of those runs every ``--interval`` seconds. ``worker`` runs that worker alone,
+for when no proxy is up: a cancelled run is undone (``sagaguard sagas cancel RUN``). When the server dies,
 the proxy starts (or reconnects to) it again for the next call; a call it could not send is
 answered as not sent, never parked. A server that fails to start is one line on stderr.
 

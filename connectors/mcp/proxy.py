@@ -31,6 +31,16 @@ code, :class:`McpProxy`'s ``declare=``, as for the session).
 Answers: the server's result (or the recorded one); a call in doubt is an ``isError`` result whose
 JSON says ``"status": "pending"`` with the effect key to resolve.
 
+**Undo: a run per client connection.** When the declarations give a tool an undo (another tool of
+the same server: ``--declare FILE``, :class:`~sagaguard.connectors.mcp.proxyruns.DeclaredUndo`), each
+client connection is an agent run of the saga type ``mcp-proxy.{server}`` (``runs=``,
+:mod:`sagaguard.connectors.mcp.proxyruns`): every call of that tool is a step of its connection's run,
+registered with its undo before the request leaves, so ``sagaguard sagas cancel RUN`` undoes what the
+connection did, in reverse (a live proxy, a restarted one, or ``sagaguard mcp worker``). A clean
+disconnect (stdio) or an HTTP client's ``DELETE`` of its session completes the run. A client key
+used by one run is refused on another connection (not sent), never made again in a second run.
+Calls of tools without an undo are as above.
+
 **A server that dies.** A call whose request left before the server died is in doubt, as above. A
 call made after is never sent to a dead connection and never parked: given ``reconnect=`` (as
 ``sagaguard mcp proxy`` does), the proxy opens a new upstream session and sends it there; without,
