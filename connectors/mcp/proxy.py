@@ -225,32 +225,34 @@ class McpProxy:
         assert self.runs is not None
         runs = self.runs
         try:
-            run = await runs.run_for(connection)
-            call_id = f"request:{request_id}"
-            if client_key is not None:
-                call_id = f"key:{client_key}"
-                bound = await runs.bind(key, run, params.name, params.arguments or {})
-                if bound != run.run_id:
-                    raise MCPError(
-                        types.INVALID_PARAMS,
-                        f"idempotency key {client_key!r} was used by agent run {bound} (another client "
-                        "connection): its call and its undo are there (sagaguard sagas show); not sent",
+            async with runs.calling(connection) as run:
+                call_id = f"request:{request_id}"
+                if client_key is not None:
+                    call_id = f"key:{client_key}"
+                    bound = await runs.bind(key, run, params.name, params.arguments or {})
+                    if bound != run.run_id:
+                        raise MCPError(
+                            types.INVALID_PARAMS,
+                            f"idempotency key {client_key!r} was used by agent run {bound} (another "
+                            "client connection): its call and its undo are there (sagaguard sagas "
+                            "show); not sent",
+                        )
+                try:
+                    return await (await self._upstream()).call_tool(
+                        params.name, params.arguments, key=key, call_id=call_id, meta=forward, run=run
                     )
-            try:
-                return await (await self._upstream()).call_tool(
-                    params.name, params.arguments, key=key, call_id=call_id, meta=forward, run=run
-                )
-            except AgentRunCancelled as exc:
-                await runs.cancelled(connection)  # undone now, not at the connection's end
-                raise MCPError(
-                    types.INVALID_REQUEST, f"agent run {run.run_id} was cancelled by an operator: not sent"
-                ) from exc
-            except AgentRunEnded as exc:
-                raise MCPError(
-                    types.INVALID_REQUEST,
-                    f"{exc}: this connection's calls of tools with an undo are refused (not sent); "
-                    "reconnect for a new run",
-                ) from exc
+                except AgentRunCancelled as exc:
+                    await runs.cancelled(connection)  # undone now (once this call is out), not at the end
+                    raise MCPError(
+                        types.INVALID_REQUEST,
+                        f"agent run {run.run_id} was cancelled by an operator: not sent",
+                    ) from exc
+                except AgentRunEnded as exc:
+                    raise MCPError(
+                        types.INVALID_REQUEST,
+                        f"{exc}: this connection's calls of tools with an undo are refused (not sent); "
+                        "reconnect for a new run",
+                    ) from exc
         finally:
             if connection.startswith("request:"):
                 await runs.close(connection)

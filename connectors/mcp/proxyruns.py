@@ -37,10 +37,11 @@ again in a second run: its call and its undo belong to the first run (``sagaguar
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +130,9 @@ class _Held:
     run: AgentRun | None = None
     cancelled: bool = False
     error: BaseException | None = None
+    calls: int = 0
+    """Calls of the connection in flight: the run ends once they are done (see :meth:`ProxyRuns.calling`)."""
+    idle: anyio.Event = field(default_factory=anyio.Event)
 
 
 class ProxyRuns:
@@ -205,6 +209,23 @@ class ProxyRuns:
         assert held.run is not None
         return held.run
 
+    @contextlib.asynccontextmanager
+    async def calling(self, connection: str) -> AsyncIterator[AgentRun]:
+        """The run of ``connection`` (:meth:`run_for`) for one call: the run does not end (completed
+        or undone) while the call is in flight, so a call the server is applying is recorded on
+        its row before an undo reads it, never undone before it happened."""
+        run = await self.run_for(connection)
+        held = self._held[connection]
+        if held.calls == 0:
+            held.idle = anyio.Event()
+        held.calls += 1
+        try:
+            yield run
+        finally:
+            held.calls -= 1
+            if held.calls == 0:
+                held.idle.set()
+
     async def close(self, connection: str) -> None:
         """End ``connection``'s run as a clean disconnect does (completed), if it has one."""
         async with self._lock:
@@ -244,6 +265,8 @@ class ProxyRuns:
                 held.run = run
                 ready.set()
                 await held.stop.wait()
+                while held.calls:  # the calls in flight end first (calling())
+                    await held.idle.wait()
                 if held.cancelled:
                     raise AgentRunCancelled(held.run_id)  # leaving with it undoes the run's calls
             self._say(f"agent run {held.run_id}: {run.outcome.state.value if run.outcome else 'left'}")
