@@ -359,3 +359,10 @@ def test_a_failed_call_stops_the_run_and_leaves_it_to_an_operator(
     # At the disconnect: parked for an operator (`sagas retry` undoes it), nothing undone alone.
     until(lambda: state(env, run_id) is SagaState.NEEDS_ATTENTION, "the run parked")
     assert counts(stripe, sink) == {"charges": 1, "refunds": 0, "emails": 0}
+
+
+def test_the_worker_command_refuses_declarations_without_an_undo(env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "declare.json").write_text(json.dumps({"tools": {"charge": {"mode": "changes_world"}}}))
+    done = worker_once(env, tmp_path)
+    assert done.returncode == 2 and "declares no undo" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
