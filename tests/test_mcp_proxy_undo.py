@@ -221,7 +221,11 @@ def test_a_clean_disconnect_completes_the_run_and_undoes_nothing(
             ):
                 await session.initialize()
                 await session.call_tool("find_charge", {"charge_key": "none"})  # read-only: no step
-                return await session.call_tool("charge", CHARGE, meta={IDEMPOTENCY_META_KEY: key})  # type: ignore[arg-type]
+                meta: Any = {IDEMPOTENCY_META_KEY: key}
+                first = await session.call_tool("charge", CHARGE, meta=meta)
+                again = await session.call_tool("charge", CHARGE, meta=meta)  # the same connection: replayed
+                assert again.structured_content == first.structured_content
+                return first
 
     charged = in_loop(lambda: connection("order-1"))
     assert not charged.is_error
@@ -356,9 +360,18 @@ def test_a_failed_call_stops_the_run_and_leaves_it_to_an_operator(
     declined, refused = in_loop(main)
     assert declined.is_error and "not sent" in str(refused)
     run_id = run_of(errlog)
-    # At the disconnect: parked for an operator (`sagas retry` undoes it), nothing undone alone.
+    # At the disconnect: parked for an operator, nothing undone alone.
     until(lambda: state(env, run_id) is SagaState.NEEDS_ATTENTION, "the run parked")
     assert counts(stripe, sink) == {"charges": 1, "refunds": 0, "emails": 0}
+    retried = cli(env, "sagas", "retry", run_id)  # the operator's way out: undo it
+    assert retried.returncode == 0, retried.stderr
+
+    def swept() -> bool:
+        assert worker_once(env, tmp_path).returncode == 0
+        return state(env, run_id) is SagaState.COMPENSATED
+
+    until(swept, "the worker undid the run", tries=20)
+    assert counts(stripe, sink) == {"charges": 1, "refunds": 1, "emails": 0}  # the declined one: nothing
 
 
 def test_the_worker_command_refuses_declarations_without_an_undo(env: dict[str, str], tmp_path: Path) -> None:
