@@ -224,6 +224,7 @@ class McpProxy:
         (stateless HTTP) ends its run with the call."""
         assert self.runs is not None
         runs = self.runs
+        failed = False
         try:
             async with runs.calling(connection) as run:
                 call_id = f"request:{request_id}"
@@ -238,9 +239,11 @@ class McpProxy:
                             "show); not sent",
                         )
                 try:
-                    return await (await self._upstream()).call_tool(
+                    answer = await (await self._upstream()).call_tool(
                         params.name, params.arguments, key=key, call_id=call_id, meta=forward, run=run
                     )
+                    failed = run.failing
+                    return answer
                 except AgentRunCancelled as exc:
                     await runs.cancelled(connection)  # undone now (once this call is out), not at the end
                     raise MCPError(
@@ -248,13 +251,15 @@ class McpProxy:
                         f"agent run {run.run_id} was cancelled by an operator: not sent",
                     ) from exc
                 except AgentRunEnded as exc:
-                    raise MCPError(
-                        types.INVALID_REQUEST,
-                        f"{exc}: this connection's calls of tools with an undo are refused (not sent); "
-                        "reconnect for a new run",
-                    ) from exc
+                    failed = run.failing
+                    again = "the next call opens a new run" if failed else "reconnect for a new run"
+                    raise MCPError(types.INVALID_REQUEST, f"{exc}: not sent; {again}") from exc
         finally:
-            if connection.startswith("request:"):
+            if failed or connection.startswith("request:"):
+                # A failed call ends its run now, parked for an operator (the saga type leaves a
+                # failed run), so that the client, which may well go on (a declined card is an
+                # answer its model reads), is not refused for the rest of its connection: its next
+                # call of a tool with an undo opens a new run.
                 await runs.close(connection)
 
 

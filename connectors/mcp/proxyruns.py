@@ -18,10 +18,11 @@ How a run ends:
   at the connection's next call of a declared tool (refused, not sent), and undoes the run's
   calls in reverse order; later calls of declared tools on that connection are refused (not
   sent): what the operator stopped does not go on;
-- a declared tool's call fails (``isError``, a dead server): as any agent run's step, the run is
-  failing, later calls of declared tools on the connection are refused, and at its end the run is
-  parked NEEDS_ATTENTION (``on_failure="leave"``): nothing is undone without an operator
-  (``sagaguard sagas retry RUN`` undoes it);
+- a declared tool's call fails (``isError``, a dead server): as any agent run's step, the run
+  fails, and the proxy ends it at once, parked NEEDS_ATTENTION (``on_failure="leave"``): nothing is
+  undone without an operator (``sagaguard sagas retry RUN`` undoes it). The client may go on (a
+  declined card is an answer its model reads): the connection's next call of a declared tool opens
+  a new run;
 - the proxy dies (SIGKILL, a crash): the run keeps its rows; a worker parks it WAITING once its
   lease runs out (at once on the proxy's host), where it waits for an operator: the type has no
   ``abandon_after``, since no process ever resumes a proxy's connection, and undoing what a client
@@ -227,7 +228,8 @@ class ProxyRuns:
                 held.idle.set()
 
     async def close(self, connection: str) -> None:
-        """End ``connection``'s run as a clean disconnect does (completed), if it has one."""
+        """End ``connection``'s run, if it has one, as a clean disconnect does: completed, or, when
+        one of its calls failed, parked for an operator (its next call opens a new run)."""
         async with self._lock:
             held = self._held.pop(connection, None)
         if held is not None:
