@@ -4,13 +4,18 @@
 
     sagaguard mcp tools [--json] -- SERVER COMMAND...        # or --url http://host:port/mcp
     sagaguard mcp proxy [--store URL] [--namespace NS] [--server NAME] [--http HOST:PORT]
-                        [--declare FILE] -- SERVER COMMAND...
+                        [--declare FILE] [--interval S] -- SERVER COMMAND...
+    sagaguard mcp worker [--store URL] [--namespace NS] [--server NAME] --declare FILE
+                         [--interval S] [--once] -- SERVER COMMAND...
 
 ``tools`` starts (or connects to) the server, lists its tools with their annotations and the mode
 each gets (``pass_through``, ``resend``, ``at_most_once``) and why. ``proxy`` serves the server's
 tools to one client over stdio (default) or to many over streamable HTTP (``--http``), each call
 guarded as :mod:`sagaguard.connectors.mcp.proxy` says, recorded in ``--store`` (default ``$SAGAGUARD_STORE``).
-``--declare FILE`` overrides tools' annotations (:func:`load_declarations`). When the server dies,
+``--declare FILE`` overrides tools' annotations (:func:`load_declarations`); a tool declared with an
+undo makes each client connection an agent run (:mod:`sagaguard.connectors.mcp.proxyruns`), and the
+proxy runs the worker of those runs every ``--interval`` seconds. ``worker`` runs that worker alone,
+for when no proxy is up: a cancelled run is undone (``sagaguard sagas cancel RUN``). When the server dies,
 the proxy starts (or reconnects to) it again for the next call; a call it could not send is
 answered as not sent, never parked. A server that fails to start is one line on stderr.
 
@@ -27,7 +32,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,16 +43,31 @@ from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from sagaguard.connectors.declare import ToolDeclaration, changes_world, read_only
+from sagaguard.connectors.declare import changes_world, read_only
 from sagaguard.connectors.mcp.policy import ErrorText, LookupTool, policy_from_annotations
 from sagaguard.connectors.mcp.proxy import McpProxy, serve_http, serve_stdio
+from sagaguard.connectors.mcp.proxyruns import Declared, DeclaredUndo, ProxyRuns, proxy_saga
 from sagaguard.connectors.mcp.session import ToolSession, http_session, stdio_session
-from sagaguard.idempotency.cliopts import PROG, CliError, echo_json, json_option, run, store_option, store_url
+from sagaguard.connectors.mcp.undo import UndoTool
+from sagaguard.idempotency.cliopts import (
+    PROG,
+    CliError,
+    Positive,
+    echo_json,
+    json_option,
+    run,
+    store_option,
+    store_url,
+)
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.stores import open_store
+from sagaguard.saga.journal import SagaJournal
+from sagaguard.saga.journals import open_journal
+from sagaguard.saga.recovery import RecoveryWorker, run_worker
 
 __all__ = ["RESULT_SHAPES", "describe", "load_declarations", "mcp", "one_line", "proxy_main"]
+# DeclaredUndo is load_declarations' entry of a tool with an undo (connectors.mcp.proxyruns).
 
 F = TypeVar("F", bound=Callable[..., Any])
 _HINTS = ("read_only_hint", "destructive_hint", "idempotent_hint", "open_world_hint")
@@ -93,6 +113,13 @@ def _upstream(f: F) -> F:
     """``--url``, and the server's command line after ``--``."""
     f = click.argument("server_command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND...")(f)
     return click.option("--url", help="a streamable-HTTP server instead of a command")(f)
+
+
+def _interval_option(f: F) -> F:
+    return click.option(
+        "--interval", type=Positive(float), default=5.0, metavar="S",
+        help="seconds between sweeps for cancelled runs, when undos are declared (5)",
+    )(f)  # fmt: skip
 
 
 def _opener(
@@ -158,7 +185,8 @@ def tools(*, as_json: bool, url: str | None, server_command: tuple[str, ...]) ->
 @click.option("--http", metavar="HOST:PORT", help="serve clients over streamable HTTP (at /mcp)")
 @click.option("--declare", metavar="FILE", type=click.Path(path_type=Path),
               help="per-tool declarations (JSON) that win over the annotations: "
-              "mode, lookup, provider_idempotent, on_error, failed_if")  # fmt: skip
+              "mode, lookup, provider_idempotent, on_error, failed_if, undo")  # fmt: skip
+@_interval_option
 @store_option
 @_upstream
 def proxy(
@@ -167,6 +195,7 @@ def proxy(
     server: str,
     http: str | None,
     declare: Path | None,
+    interval: float,
     store: str | None,
     url: str | None,
     server_command: tuple[str, ...],
@@ -176,7 +205,8 @@ def proxy(
     Sits between any MCP client and the server. A call whose request _meta carries
     io.sagaguard/idempotency-key is identified by it (a retry gets the recorded result, a crash is
     resolved); one without is at most once per proxy session and request id, never deduplicated
-    against another request.
+    against another request. When --declare names undos, each client connection is an agent run
+    (its id on stderr): `sagaguard sagas cancel RUN` undoes its calls of those tools.
     """
 
     def body() -> None:
@@ -188,20 +218,99 @@ def proxy(
                 raise ConfigurationError(f"--http {http!r}: HOST:PORT")
             port = int(text)
         declared = load_declarations(declare) if declare is not None else None
-        guard = Guard(open_store(store_url(store)), namespace=namespace)
+        url_ = store_url(store)
+        guard = Guard(open_store(url_), namespace=namespace)
+        journal = _journal(url_, declared)
         try:
-            asyncio.run(proxy_main(opener, guard, server, host, port, declare=declared))
+            asyncio.run(
+                proxy_main(
+                    opener, guard, server, host, port, declare=declared, journal=journal, interval=interval
+                )
+            )
         finally:
+            if journal is not None:
+                journal.close()
             guard.close()
             guard.store.close()
 
     _run(body)
 
 
-_DECLARATION_KEYS = frozenset({"mode", "lookup", "provider_idempotent", "on_error", "failed_if"})
+def _journal(url: str, declared: Mapping[str, Declared] | None) -> SagaJournal | None:
+    """The saga journal on the proxy's store, when the declarations name undos (else None)."""
+    if declared is None or not any(isinstance(entry, DeclaredUndo) for entry in declared.values()):
+        return None
+    return open_journal(url)
 
 
-def load_declarations(path: Path) -> dict[str, ToolDeclaration]:
+@mcp.command()
+@click.option("--namespace", default="default", help="the tenant of the proxy's records")
+@click.option("--server", default="upstream", help="the server's name in effect names")
+@click.option("--declare", metavar="FILE", type=click.Path(path_type=Path), required=True,
+              help="the proxy's declarations (JSON), with its undos")  # fmt: skip
+@_interval_option
+@click.option("--once", is_flag=True, help="one sweep, print its report, exit")
+@store_option
+@_upstream
+def worker(
+    *,
+    namespace: str,
+    server: str,
+    declare: Path,
+    interval: float,
+    once: bool,
+    store: str | None,
+    url: str | None,
+    server_command: tuple[str, ...],
+) -> None:
+    """Undo cancelled proxy runs when no proxy is up.
+
+    Runs the recovery worker of `sagaguard mcp proxy`'s agent runs (saga type mcp-proxy.SERVER):
+    a run cancelled with `sagaguard sagas cancel RUN` is undone, each undo tool called through the
+    server (started, or reached at --url, as the proxy does); a run whose proxy died is parked
+    WAITING for an operator. Give it the proxy's --store, --namespace, --server and --declare.
+    Until SIGINT/SIGTERM, or one sweep with --once.
+    """
+
+    def body() -> None:
+        opener = _opener(url, server_command)
+        _, agent = proxy_saga(server, opener, load_declarations(declare))
+        if agent is None:
+            raise ConfigurationError(
+                f"--declare {str(declare)!r} declares no undo: the worker has nothing to undo"
+            )
+        url_ = store_url(store)
+        guard = Guard(open_store(url_), namespace=namespace)
+        journal = open_journal(url_)
+        try:
+            if once:
+                sweeper = RecoveryWorker(journal, guard, agent, interval=interval)
+                try:
+                    report = sweeper.run_once()
+                finally:
+                    sweeper.runner.close()
+                click.echo(f"{report.found} due, {len(report.outcomes)} driven, {len(report.errors)} failed")
+                for saga_id, outcome in report.outcomes.items():
+                    click.echo(f"  {saga_id}: {outcome.state.value}")
+                for saga_id, reason in {**report.skipped, **report.errors}.items():
+                    click.echo(f"  {saga_id}: {reason}")
+                return
+            click.echo(f"{PROG}: mcp worker running for {agent.name}; stop with Ctrl-C or SIGTERM", err=True)
+            run_worker(journal, guard, agent, interval=interval)
+        finally:
+            journal.close()
+            guard.close()
+            guard.store.close()
+
+    _run(body)
+
+
+_DECLARATION_KEYS = frozenset({"mode", "lookup", "provider_idempotent", "on_error", "failed_if", "undo"})
+_UNDO_ROOTS = ("arguments", "result", "idempotency_key")
+"""What an undo argument's path starts with: the recorded call (:mod:`sagaguard.connectors.mcp.undo`)."""
+
+
+def load_declarations(path: Path) -> dict[str, Declared]:
     """The proxy's per-tool declarations from a JSON file::
 
         {"tools": {
@@ -215,12 +324,26 @@ def load_declarations(path: Path) -> dict[str, ToolDeclaration]:
     ``mode`` is ``read_only`` or ``changes_world``; the others, for ``changes_world``, are its
     options: ``lookup`` (:class:`~sagaguard.connectors.mcp.policy.LookupTool`'s fields),
     ``provider_idempotent`` (``resend``), ``on_error`` (``not_applied`` or ``ambiguous``) and
-    ``failed_if`` (a regular expression: :class:`~sagaguard.connectors.mcp.policy.ErrorText`).
-    An undo is not declared here: a proxy sees requests, not an agent's run, so it has no saga to
-    undo in (declare undos in the agent's own :class:`~sagaguard.connectors.mcp.GuardedSession`).
+    ``failed_if`` (a regular expression: :class:`~sagaguard.connectors.mcp.policy.ErrorText`),
+    and ``undo``, a tool of the same server that undoes a call::
+
+        "charge": {"mode": "changes_world",
+                   "undo": {"tool": "refund",
+                            "arguments": {"payment_intent": "result.structuredContent.id",
+                                          "charge_key": "idempotency_key"},
+                            "failed_if": "^Error"}}
+
+    :class:`~sagaguard.connectors.mcp.undo.UndoTool`'s fields: ``tool`` (its name), ``arguments``
+    (undo argument name to a dotted path into the recorded call: ``arguments.*``, ``result.*``,
+    ``idempotency_key``) and ``failed_if``. At least one path must not go through ``result``:
+    a crash can lose the result, and the undo must still find the work (pass the key the call
+    carried, ``idempotency_key``). A tool with an undo is a step of its client connection's agent
+    run (:mod:`sagaguard.connectors.mcp.proxyruns`): the entry becomes a :class:`DeclaredUndo`.
 
     Raises:
-        ConfigurationError: the file cannot be read, is not JSON, or declares anything else.
+        ConfigurationError: the file cannot be read, is not JSON, or declares anything else
+            (an unknown entry, an undo on a ``read_only`` tool, an undo without a tool name, a
+            path that is not a string or that starts elsewhere, an undo that only reads the result).
     """
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -232,15 +355,16 @@ def load_declarations(path: Path) -> dict[str, ToolDeclaration]:
     return {name: _declaration(path, name, entry) for name, entry in tools.items()}
 
 
-def _declaration(path: Path, name: str, entry: Any) -> ToolDeclaration:
+def _declaration(path: Path, name: str, entry: Any) -> Declared:
     where = f"--declare {str(path)!r}, tool {name!r}"
     if not isinstance(entry, dict) or entry.get("mode") not in {"read_only", "changes_world"}:
         raise ConfigurationError(f'{where}: an object with "mode": "read_only" or "changes_world"')
     unknown = sorted(set(entry) - _DECLARATION_KEYS)
     if unknown:
-        extra = " (an undo needs an agent run: declare it in code)" if "undo" in unknown else ""
-        raise ConfigurationError(f"{where}: unknown entries {unknown}{extra}")
+        raise ConfigurationError(f"{where}: unknown entries {unknown}")
     if entry["mode"] == "read_only":
+        if "undo" in entry:
+            raise ConfigurationError(f"{where}: a read_only tool changes nothing, so has nothing to undo")
         if len(entry) > 1:
             raise ConfigurationError(f"{where}: a read_only tool takes no options")
         return read_only
@@ -262,7 +386,45 @@ def _declaration(path: Path, name: str, entry: Any) -> ToolDeclaration:
             raise ConfigurationError(f"{where}: {exc}") from None
     if "lookup" in entry:
         options["lookup"] = _lookup(where, entry["lookup"])
+    if "undo" in entry:
+        return DeclaredUndo(_undo(where, entry["undo"]), options)
     return changes_world(**options)
+
+
+def _undo(where: str, entry: Any) -> UndoTool:
+    if not isinstance(entry, dict):
+        raise ConfigurationError(f'{where}: undo is an object with a "tool" name')
+    unknown = sorted(set(entry) - {"tool", "arguments", "failed_if"})
+    if unknown:
+        raise ConfigurationError(f"{where}: undo takes tool, arguments and failed_if, not {unknown}")
+    tool = entry.get("tool")
+    if not isinstance(tool, str) or not tool.strip():
+        raise ConfigurationError(f'{where}: undo needs a "tool", the name of the tool that undoes the call')
+    arguments = entry.get("arguments", {})
+    if not isinstance(arguments, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) and v for k, v in arguments.items()
+    ):
+        raise ConfigurationError(f"{where}: undo arguments are {{name: dotted path}}, both strings")
+    roots = {path.split(".", 1)[0] for path in arguments.values()}
+    if not roots <= set(_UNDO_ROOTS):
+        raise ConfigurationError(
+            f"{where}: an undo argument's path starts with one of {list(_UNDO_ROOTS)}, "
+            f"not {sorted(roots - set(_UNDO_ROOTS))}"
+        )
+    if not roots - {"result"}:
+        raise ConfigurationError(
+            f"{where}: the undo reads only the result, which a crash can lose: pass the call's key "
+            '("charge_key": "idempotency_key") or its arguments too'
+        )
+    failed_if = None
+    if "failed_if" in entry:
+        if not isinstance(entry["failed_if"], str):
+            raise ConfigurationError(f"{where}: undo failed_if is a regular expression")
+        try:
+            failed_if = ErrorText(entry["failed_if"])
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{where}: undo {exc}") from None
+    return UndoTool(tool, arguments=dict(arguments), failed_if=failed_if)
 
 
 def _lookup(where: str, entry: Any) -> LookupTool:
@@ -296,23 +458,41 @@ async def proxy_main(
     host: str | None = None,
     port: int = 0,
     *,
-    declare: Mapping[str, ToolDeclaration] | None = None,
+    declare: Mapping[str, Declared] | None = None,
+    journal: SagaJournal | None = None,
+    interval: float = 5.0,
 ) -> None:
     """Open the upstream session and serve the proxy (stdio when ``host`` is None, else HTTP).
 
     The upstream is reopened through ``opener`` when it is gone (the server died), for the next
-    call; the first session failing to open is an error (the server does not start).
+    call; the first session failing to open is an error (the server does not start). When
+    ``declare`` names undos, each client connection is an agent run in ``journal``, and the
+    proxy runs the worker of their saga type every ``interval`` seconds
+    (:mod:`sagaguard.connectors.mcp.proxyruns`).
+
+    Raises:
+        ConfigurationError: ``declare`` names undos and no ``journal`` is given.
     """
+    declared, agent = proxy_saga(server, opener, declare or {})
+    runs: ProxyRuns | None = None
+    if agent is not None:
+        if journal is None:
+            raise ConfigurationError("the declarations name undos: the proxy needs a saga journal")
+        runs = ProxyRuns(journal, guard, agent, interval=interval)
     async with anyio.create_task_group() as group:
         upstream = _Upstream(opener, group)
         proxy = McpProxy(
-            await upstream.open(), guard, server=server, declare=declare, reconnect=upstream.open
+            await upstream.open(), guard, server=server, declare=declared, reconnect=upstream.open, runs=runs
         )
         _SDK_LOG.serving = True  # started: the SDK's errors from now on are the operator's to see
-        serving: Coroutine[Any, Any, None] = (
-            serve_stdio(proxy) if host is None else serve_http(proxy, host, port)
-        )
-        await serving
+
+        async def serving() -> None:
+            await (serve_stdio(proxy) if host is None else serve_http(proxy, host, port))
+
+        if runs is None:
+            await serving()
+        else:
+            await runs.serve(serving)  # a clean end completes the connections' runs
         group.cancel_scope.cancel()
 
 

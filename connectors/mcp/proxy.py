@@ -31,6 +31,16 @@ code, :class:`McpProxy`'s ``declare=``, as for the session).
 Answers: the server's result (or the recorded one); a call in doubt is an ``isError`` result whose
 JSON says ``"status": "pending"`` with the effect key to resolve.
 
+**Undo: a run per client connection.** When the declarations give a tool an undo (another tool of
+the same server: ``--declare FILE``, :class:`~sagaguard.connectors.mcp.proxyruns.DeclaredUndo`), each
+client connection is an agent run of the saga type ``mcp-proxy.{server}`` (``runs=``,
+:mod:`sagaguard.connectors.mcp.proxyruns`): every call of that tool is a step of its connection's run,
+registered with its undo before the request leaves, so ``sagaguard sagas cancel RUN`` undoes what the
+connection did, in reverse (a live proxy, a restarted one, or ``sagaguard mcp worker``). A clean
+disconnect (stdio) or an HTTP client's ``DELETE`` of its session completes the run. A client key
+used by one run is refused on another connection (not sent), never made again in a second run.
+Calls of tools without an undo are as above.
+
 **A server that dies.** A call whose request left before the server died is in doubt, as above. A
 call made after is never sent to a dead connection and never parked: given ``reconnect=`` (as
 ``sagaguard mcp proxy`` does), the proxy opens a new upstream session and sends it there; without,
@@ -60,9 +70,11 @@ from sagaguard.connectors.mcp.policy import (
     ToolPolicy,
     check_key,
 )
+from sagaguard.connectors.mcp.proxyruns import ProxyRuns
 from sagaguard.connectors.mcp.session import GuardedSession, ToolSession
 from sagaguard.idempotency.errors import KeyConflict
 from sagaguard.idempotency.guard import Guard
+from sagaguard.saga.agent import AgentRunCancelled, AgentRunEnded
 
 __all__ = ["McpProxy", "call_key", "serve_http", "serve_stdio"]
 
@@ -89,6 +101,9 @@ class McpProxy:
         name: the name the proxy gives itself to its clients.
         reconnect: opens a new upstream session when the current one is gone (the server died);
             None: a call made after that is answered "not sent" (module docstring).
+        runs: the runs of the connections, when ``declare`` names undos
+            (:mod:`sagaguard.connectors.mcp.proxyruns`); a call of a tool with an undo is a step
+            of its connection's run. None: such a call needs an agent run open in its context.
     """
 
     def __init__(
@@ -100,8 +115,10 @@ class McpProxy:
         declare: Mapping[str, ToolDeclaration | ToolPolicy] | None = None,
         name: str = "sagaguard-proxy",
         reconnect: Callable[[], Awaitable[ToolSession]] | None = None,
+        runs: ProxyRuns | None = None,
     ) -> None:
         self._declare = dict(declare or {})
+        self.runs = runs
         self.guarded = GuardedSession(
             upstream, guard, server=server, declare=self._declare, on_doubt=ReturnPending()
         )
@@ -123,6 +140,12 @@ class McpProxy:
         if isinstance(found, str) and found:
             return f"http:{self._instance}:{found}"
         return f"request:{uuid.uuid4().hex}"
+
+    async def http_session_ended(self, session_id: str) -> None:
+        """The HTTP client of ``session_id`` ended its session (``DELETE``, as a client closing
+        cleanly sends): its run, if it has one, completes as a stdio client's disconnect does."""
+        if self.runs is not None:
+            await self.runs.close(f"http:{self._instance}:{session_id}")
 
     async def _upstream(self) -> GuardedSession:
         """The guarded upstream session, reopened (once per call) when it is gone."""
@@ -154,7 +177,16 @@ class McpProxy:
         forward = {k: v for k, v in meta.items() if not k.startswith(_RESERVED)}
         try:
             client_key = None if sent is None else check_key(sent, f"_meta {IDEMPOTENCY_META_KEY!r}")
-            key = call_key(client_key, self._session_id(ctx), ctx.request_id)
+            connection = self._session_id(ctx)
+            key = call_key(client_key, connection, ctx.request_id)
+            if (
+                self.runs is not None
+                and (await (await self._upstream()).policy(params.name)).undo is not None
+            ):
+                return await self._step(
+                    connection=connection, params=params, key=key, client_key=client_key,
+                    request_id=str(ctx.request_id), forward=forward,
+                )  # fmt: skip
             try:
                 return await (await self._upstream()).call_tool(
                     params.name, params.arguments, key=key, meta=forward
@@ -176,6 +208,60 @@ class McpProxy:
         except ServerGone as exc:
             raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
 
+    async def _step(
+        self,
+        *,
+        connection: str,
+        params: types.CallToolRequestParams,
+        key: str,
+        client_key: str | None,
+        request_id: str,
+        forward: dict[str, Any],
+    ) -> types.CallToolResult:
+        """A call of a tool with an undo: a step of the connection's run
+        (:mod:`sagaguard.connectors.mcp.proxyruns`), its id the client's key, else the request id
+        (one call per connection and request id, as without a run). A connection of one request
+        (stateless HTTP) ends its run with the call."""
+        assert self.runs is not None
+        runs = self.runs
+        failed = False
+        try:
+            async with runs.calling(connection) as run:
+                call_id = f"request:{request_id}"
+                if client_key is not None:
+                    call_id = f"key:{client_key}"
+                    bound = await runs.bind(key, run, params.name, params.arguments or {})
+                    if bound != run.run_id:
+                        raise MCPError(
+                            types.INVALID_PARAMS,
+                            f"idempotency key {client_key!r} was used by agent run {bound} (another "
+                            "client connection): its call and its undo are there (sagaguard sagas "
+                            "show); not sent",
+                        )
+                try:
+                    answer = await (await self._upstream()).call_tool(
+                        params.name, params.arguments, key=key, call_id=call_id, meta=forward, run=run
+                    )
+                    failed = run.failing
+                    return answer
+                except AgentRunCancelled as exc:
+                    await runs.cancelled(connection)  # undone now (once this call is out), not at the end
+                    raise MCPError(
+                        types.INVALID_REQUEST,
+                        f"agent run {run.run_id} was cancelled by an operator: not sent",
+                    ) from exc
+                except AgentRunEnded as exc:
+                    failed = run.failing
+                    again = "the next call opens a new run" if failed else "reconnect for a new run"
+                    raise MCPError(types.INVALID_REQUEST, f"{exc}: not sent; {again}") from exc
+        finally:
+            if failed or connection.startswith("request:"):
+                # A failed call ends its run now, parked for an operator (the saga type leaves a
+                # failed run), so that the client, which may well go on (a declined card is an
+                # answer its model reads), is not refused for the rest of its connection: its next
+                # call of a tool with an undo opens a new run.
+                await runs.close(connection)
+
 
 async def serve_stdio(proxy: McpProxy) -> None:
     """Serve the proxy to one client over this process's stdin and stdout, until it disconnects."""
@@ -187,8 +273,20 @@ async def serve_stdio(proxy: McpProxy) -> None:
 
 
 async def serve_http(proxy: McpProxy, host: str, port: int, path: str = "/mcp") -> None:
-    """Serve the proxy to any number of clients over streamable HTTP at ``http://host:port/path``."""
+    """Serve the proxy to any number of clients over streamable HTTP at ``http://host:port/path``
+    (a client's ``DELETE`` of its session ends its run: :meth:`McpProxy.http_session_ended`)."""
     import uvicorn
 
     app = proxy.server.streamable_http_app(streamable_http_path=path, host=host)
-    await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+
+    async def watched(scope: Any, receive: Any, send: Any) -> None:
+        # The SDK reports no session's end; a DELETE with its id is the client ending it cleanly.
+        # (A client that vanishes without one keeps its run open until the proxy stops.)
+        await app(scope, receive, send)
+        if scope.get("type") == "http" and scope.get("method") == "DELETE":
+            for name, value in scope.get("headers", ()):
+                if name == b"mcp-session-id" and value:
+                    await proxy.http_session_ended(value.decode("latin-1"))
+
+    config = uvicorn.Config(watched, host=host, port=port, log_level="warning")
+    await uvicorn.Server(config).serve()

@@ -41,7 +41,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import anyio
 from mcp import ClientSession, types
@@ -67,7 +67,7 @@ from sagaguard.connectors.mcp.policy import (
     policy_for,
 )
 from sagaguard.connectors.mcp.transport import UNSENT, mcp_http_client
-from sagaguard.connectors.toolcall import STOP, ToolCallSite, arun_tool_call
+from sagaguard.connectors.toolcall import STOP, SagaMode, ToolCallSite, arun_tool_call
 from sagaguard.idempotency.effect import (
     APPLIED_UNKNOWN,
     NOT_APPLIED,
@@ -82,6 +82,9 @@ from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import EffectIdentity, Scope, current_scope, scope
 from sagaguard.idempotency.options import RunOptions
 from sagaguard.idempotency.telemetry import TOOL_CALL_ID
+
+if TYPE_CHECKING:
+    from sagaguard.saga.agent import AgentRun
 
 __all__ = ["GuardedSession", "ToolSession", "http_session", "pending_result", "stdio_session"]
 
@@ -250,6 +253,7 @@ class GuardedSession:
         key: str | None = None,
         call_id: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        run: AgentRun | None = None,
     ) -> types.CallToolResult:
         """Call the tool ``name`` as its policy says (module docstring).
 
@@ -260,6 +264,10 @@ class GuardedSession:
             key: an explicit effect key (wins over everything else).
             call_id: the model's tool call id (default: the one the framework adapter set).
             meta: more request ``_meta`` entries.
+            run: the agent run a step (a tool declared with an undo or as the pivot) belongs to;
+                None: the run open in this context (:func:`sagaguard.saga.agent.current_run`). A
+                caller serving many runs from one task (the proxy: a run per client connection)
+                names it; the step is registered the same way.
 
         Returns:
             The server's result, or the recorded one. An ``isError`` result is returned, not raised
@@ -287,7 +295,9 @@ class GuardedSession:
         if not policy.guarded:
             plain = dict(meta) if meta else None
             return await self.session.call_tool(name, args, read_timeout_seconds, meta=plain)
-        site, sent_as = self._site(name, args, policy, key, call_id or TOOL_CALL_ID.get())
+        site, sent_as, step_run = self._site(
+            name, args, policy, key, call_id or TOOL_CALL_ID.get(), given=run
+        )
 
         async def send() -> types.CallToolResult:
             provider_key = current_effect().provider_key
@@ -312,15 +322,24 @@ class GuardedSession:
             return result
 
         try:
-            return await arun_tool_call(site, send, guard=self.guard, saga=True, on_doubt=self.on_doubt)
+            saga: SagaMode = True if step_run is None else (lambda: step_run)
+            return await arun_tool_call(site, send, guard=self.guard, saga=saga, on_doubt=self.on_doubt)
         except ToolFailed as failed:  # the tool's own failure (fresh or replayed) is the call's answer
             return failed.result
 
     def _site(
-        self, name: str, args: dict[str, Any], policy: ToolPolicy, key: str | None, call_id: str | None
-    ) -> tuple[ToolCallSite[types.CallToolResult], str | None]:
+        self,
+        name: str,
+        args: dict[str, Any],
+        policy: ToolPolicy,
+        key: str | None,
+        call_id: str | None,
+        *,
+        given: AgentRun | None,
+    ) -> tuple[ToolCallSite[types.CallToolResult], str | None, AgentRun | None]:
         """The call for the tool-call pipeline (keyed as the module docstring says) and, for a
-        step, the provider key its row records (the one its request must carry)."""
+        step, the provider key its row records (the one its request must carry) and the run
+        ``given`` for it (None: the pipeline finds the one open in this context)."""
         effect = self.effect_name(name)
         declaration = ToolDeclaration(changes_world=True, undo=policy.undo, pivot=policy.pivot)
         site = functools.partial(
@@ -331,7 +350,7 @@ class GuardedSession:
         if is_step(declaration):
             from sagaguard.saga.agent import current_run  # the agent-saga path only
 
-            run = current_run()
+            run = current_run() if given is None else given
             if call_id is None:
                 raise ConfigurationError(
                     f"MCP tool {name!r} has an undo: its call needs the model's tool call id "
@@ -344,7 +363,7 @@ class GuardedSession:
                 self.guard.namespace, run.call_key(call_id), f"agent.tool.{effect}", self.guard.ledger_id
             ).provider_key
             recorded = {"tool": name, "arguments": args, "idempotency_key": sent_as}
-            return site(call_id=call_id, arguments=recorded, scope_id=""), sent_as
+            return site(call_id=call_id, arguments=recorded, scope_id=""), sent_as, given
         fingerprinted = {"tool": name, "arguments": args}
         if key is None and call_id is not None:
             key = json.dumps(["mcp.tool", _scope_id(), self.server, call_id], separators=(",", ":"))
@@ -353,7 +372,7 @@ class GuardedSession:
             return site(
                 call_id=called, framework_call_id=call_id is not None, arguments=fingerprinted, key=key,
                 scope_id=key,
-            ), None  # fmt: skip
+            ), None, None  # fmt: skip
         # No id: the call is its scope's next call of the effect, the ordinal taken once here so
         # that every attempt (one after an operator's resolution too) has the same key.
         unit = current_scope()
@@ -361,7 +380,7 @@ class GuardedSession:
         return site(
             call_id=f"{effect}#{ordinal}", framework_call_id=False, arguments=fingerprinted,
             scope_id=unit.id, enter=functools.partial(_at_ordinal, effect, ordinal),
-        ), None  # fmt: skip
+        ), None, None  # fmt: skip
 
     def _options(self, name: str, policy: ToolPolicy) -> RunOptions:
         # A policy's own options are the caller's Guard.run options, checked by the guard by name.

@@ -504,6 +504,13 @@ class AgentRun:
         kind = StepKind.PIVOT if pivot else StepKind.COMPENSATABLE
         return _Step(ToolCall.of(tool, self.call_key(call_id), arguments), kind, undo)
 
+    @property
+    def failing(self) -> bool:
+        """A declared tool call of this run failed (:meth:`fail_on_exit`): it takes no new step,
+        and leaving its block ends it as that failure says."""
+        with self._lock:
+            return self._failure is not None
+
     def call_key(self, call_id: str) -> str:
         """The explicit key of the effect of the call ``call_id`` (``{run_id}/{call_id}``); the
         framework adapters also run the tool's body in a scope of that name."""
