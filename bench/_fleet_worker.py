@@ -14,6 +14,8 @@ Kinds of work (one *unit* each loop):
 - ``saga_floor``: the same writes on the bare driver: per step the guarded call's floor (two
   one-row commits) and the step's (one more);
 - ``call`` / ``call_floor``: one guarded new call (no-op body) / its floor, two commits;
+- ``call_same``: the guarded call's second floor, the same record on the bare driver
+  (bench/_fleet_same.py; the config's ``record`` is the template it writes);
 - ``step`` / ``step_floor``: a saga of ``steps`` no-op steps (no effect in them) / ``steps``
   one-row commits;
 - ``sweeper``: :class:`~sagaguard.saga.recovery.RecoveryWorker` with the defaults unless the JSON
@@ -152,6 +154,10 @@ def build(config: dict[str, Any]) -> tuple[Callable[[int], object], Callable[[],
     if kind == "step":
         journal = open_journal(url)
         return noop_sagas(journal, steps, tag), journal.close
+    if kind == "call_same":
+        from _fleet_same import postgres_same, redis_same
+
+        return (postgres_same if backend == "postgres" else redis_same)(url, tag, config["record"])
     floor_commits = {"saga_floor": 3 * steps, "call_floor": 2, "step_floor": steps}[kind]
     if backend == "postgres":
         if kind == "call_floor":

@@ -28,7 +28,7 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = {"saga", "saga_floor"}
-COSTS = {"call", "call_floor", "step", "step_floor"}
+COSTS = {"call", "call_floor", "call_same", "step", "step_floor"}
 
 
 def test_quick_run_produces_every_figure_and_loses_nothing(tmp_path: Path) -> None:
@@ -61,9 +61,15 @@ def test_quick_run_produces_every_figure_and_loses_nothing(tmp_path: Path) -> No
     assert counted["call"]["commits"] == pytest.approx(2.0)
     assert counted["call_floor"]["commits"] == pytest.approx(2.0)
     assert counted["call"]["wal_bytes"] > counted["call_floor"]["wal_bytes"] > 0
+    # The second floor, the store's record on the bare driver: two commits, more WAL than a
+    # two-column row.
+    assert counted["call_same"]["statements"] == pytest.approx(2.0)
+    assert counted["call_same"]["commits"] == pytest.approx(2.0)
+    assert counted["call_same"]["wal_bytes"] > counted["call_floor"]["wal_bytes"]
     redis = results["backends"]["redis"]["counted"]
     assert redis["call_floor"]["statements"] == pytest.approx(2.0)  # SET NX, SET: MONITOR saw each
     assert redis["call"]["statements"] >= 2.0
+    assert redis["call_same"]["statements"] == pytest.approx(4.0)  # HSET, WAIT; HSET, PEXPIRE
     recovery = results["recovery"]
     assert recovery["backend"] == "postgres"
     assert recovery["sagas_of_the_dead"] >= 1
