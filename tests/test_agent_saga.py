@@ -708,3 +708,39 @@ def test_exported_members() -> None:
     assert sorted(sagaguard.saga.agent.__all__) == sorted(set(sagaguard.saga.agent.__all__))
     for name in sagaguard.saga.agent.__all__:
         assert hasattr(sagaguard.saga.agent, name), name
+
+
+# --------------------------------------------------------------------------- the body's run
+
+
+def test_a_calls_body_sees_its_run_whatever_context_the_adapter_calls_it_in(
+    journal: SagaJournal, runner: AgentRunner, agent: AgentSaga, world: World
+) -> None:
+    # An adapter that holds its run outside a `with` block (CrewAI's kickoff, the MCP proxy's
+    # connections) calls run.call from a context where no run is open: the body still finds it.
+    import asyncio
+    import contextvars
+
+    from sagaguard.saga.agent import NoOpenRun, current_run
+
+    seen: list[str] = []
+
+    def body() -> dict[str, str]:
+        seen.append(current_run().run_id)
+        return world.book("ritz")
+
+    async def abody() -> dict[str, Any]:
+        seen.append(current_run().run_id)
+        return world.charge(120)
+
+    with runner.run(agent, "thread-ctx") as run:
+        blank = contextvars.Context()  # no run open in it
+        with pytest.raises(NoOpenRun):
+            blank.run(current_run)
+        blank.run(lambda: run.call("book_hotel", body, {"hotel": "ritz"}, undo="cancel_booking"))
+        blank.run(lambda: run.call("read", lambda: seen.append(current_run().run_id), {}))
+        blank.run(lambda: asyncio.run(run.acall("charge", abody, {"amount": 120}, undo="refund")))
+        with pytest.raises(NoOpenRun):
+            blank.run(current_run)  # set for the body only
+    assert seen == ["thread-ctx"] * 3
+    assert load(journal, "thread-ctx").saga.state is SagaState.COMPLETED

@@ -31,6 +31,9 @@ undo_with_claim     saga mode: the step and its undo are in the journal before t
 error_types         saga mode: a step with no open run raises ``NoOpenRun`` (a ``LookupError``)
 undo_key_is_scope   saga mode: the step's key (what ``undoing().key`` gives its undo) is the scope
                     the body ran in, so ``provider_key`` finds what the body sent (issue 26, 10)
+run_visible         saga mode: the step's body sees its run (``current_run()``), whatever context
+                    the adapter runs it in (an MCP session's step or an undo helper inside it
+                    asks for it)
 failure_is_failed   saga mode: a declared tool's exception ends the turn and its step is never
                     recorded as a success, whatever the framework does with tool errors by
                     default (the Agents SDK's tools keep their default ``failure_error_function``
@@ -559,6 +562,26 @@ def test_the_undos_key_is_the_scope_the_body_ran_in(harness: Harness, env: Env) 
     assert snapshot is not None
     keys = [call.key for call in map(ToolCall.of_row, snapshot.steps) if call is not None]
     assert keys == scopes and len(keys) == 1
+
+
+def test_a_steps_body_sees_its_run(harness: Harness, env: Env) -> None:
+    if not harness.saga:
+        pytest.skip("guarded mode has no run")
+    from sagaguard.saga.agent.call import ToolCall
+
+    runs: list[str] = []
+    run_body = _body(env, Seen(), harness)
+
+    def body(item: str) -> str:
+        runs.append(current_run().run_id)  # an MCP session's step, an undo helper inside it ask too
+        return run_body(item)
+
+    harness.turn(env, body, _declared(harness), Stop(), rerun=False)
+    (run_id,) = runs
+    snapshot = env.runner.journal.load(run_id)
+    assert snapshot is not None
+    tools = [c.tool for c in map(ToolCall.of_row, snapshot.steps) if c is not None]
+    assert len(tools) == 1 and tools[0].endswith("book")  # MCP names it mcp.{server}.book
 
 
 class Refused(Exception):

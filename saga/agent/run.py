@@ -30,7 +30,7 @@ import contextlib
 import contextvars
 import itertools
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -99,7 +99,9 @@ _current: contextvars.ContextVar[AgentRun | None] = contextvars.ContextVar("saga
 
 def current_run() -> AgentRun:
     """The agent run open in this context (tools and framework adapters call it), with ``with``
-    or ``async with`` (the tasks and threads the framework starts inside the block see it too).
+    or ``async with`` (the tasks and threads the framework starts inside the block see it too);
+    inside the body of a call made through :meth:`AgentRun.call` or :meth:`AgentRun.acall`, that
+    call's run, whatever context the adapter made the call from.
 
     Raises:
         NoOpenRun: no run is open (a ``LookupError``).
@@ -151,6 +153,19 @@ def _in_doubt(exc: BaseException) -> bool:
 def _in_span(span: Any) -> contextlib.AbstractContextManager[Any]:
     """The call's span current while its effect runs (ended after it), when tracing made one."""
     return contextlib.nullcontext() if span is None else trace.use_span(span, end_on_exit=True)
+
+
+@contextlib.contextmanager
+def _as_current(run: AgentRun) -> Iterator[None]:
+    """``run`` is :func:`current_run` while a call's body runs, whatever context the adapter runs
+    it in: a CrewAI kickoff holds its run outside any ``with`` block, and the MCP proxy serves
+    many runs from one task, yet a tool's body (an MCP session's step inside it, an undo helper)
+    asks for its run."""
+    token = _current.set(run)
+    try:
+        yield
+    finally:
+        _current.reset(token)
 
 
 def _open_pivot(snapshot: SagaSnapshot) -> StepRecord | None:
@@ -430,9 +445,10 @@ class AgentRun:
         """
         step = self._step(tool, arguments, undo, pivot, call_id)
         if step is None:
-            return fn()
+            with _as_current(self):
+                return fn()
         row, span = self._register(step)
-        with _in_span(span):
+        with _in_span(span), _as_current(self):
             value = self.runner.guard.run(
                 step.call.effect, fn, arguments=step.fingerprinted, key=step.call.key,
                 result_type=result_type, **step.options(options),
@@ -461,9 +477,10 @@ class AgentRun:
         """
         step = self._step(tool, arguments, undo, pivot, call_id)
         if step is None:
-            return await fn()
+            with _as_current(self):
+                return await fn()
         row, span = await in_thread(self._register, step)
-        with _in_span(span):
+        with _in_span(span), _as_current(self):
             value = await self.runner.guard.arun(
                 step.call.effect, fn, arguments=step.fingerprinted, key=step.call.key,
                 result_type=result_type, **step.options(options),
