@@ -67,10 +67,10 @@ from sagaguard.saga.records import (
     SagaRecord,
     SagaState,
 )
-from sagaguard.saga.recovery import RecoveryReport, RecoveryWorker, run_worker
+from sagaguard.saga.recovery import RecoveryReport, RecoveryWorker, Sagas, run_worker
 from sagaguard.saga.registry import SagaRegistry, as_registry
 
-__all__ = ["main", "record_json", "sagas", "step_json"]
+__all__ = ["main", "record_json", "sagas", "step_json", "sweep_once"]
 
 ENV_JOURNAL = "SAGAGUARD_JOURNAL"
 ENV_STORE = "SAGAGUARD_STORE"
@@ -324,6 +324,16 @@ def _guard(app: str, ref: str | None, url: str) -> Guard:
     return Guard(open_store(url))
 
 
+def sweep_once(journal: SagaJournal, guard: Guard, registry: Sagas, **options: Any) -> None:
+    """One sweep of a :class:`~sagaguard.saga.recovery.RecoveryWorker` (``options`` are its
+    own), its report printed: what ``sagas worker --once`` and ``mcp worker --once`` do."""
+    sweeper = RecoveryWorker(journal, guard, registry, **options)
+    try:
+        _print_report(sweeper.run_once())
+    finally:
+        sweeper.runner.close()
+
+
 def _print_report(report: RecoveryReport) -> None:
     click.echo(
         f"{report.found} due, {len(report.outcomes)} driven, {len(report.lost)} taken by others, "
@@ -378,11 +388,7 @@ def worker(
             cap = max_recoveries if max_recoveries >= 0 else None
             options: dict[str, Any] = {"interval": interval, "limit": limit, "lease": lease}
             if once:
-                sweeper = RecoveryWorker(opened, guard, registry, max_recoveries=cap, **options)
-                try:
-                    _print_report(sweeper.run_once())
-                finally:
-                    sweeper.runner.close()
+                sweep_once(opened, guard, registry, max_recoveries=cap, **options)
                 return
             click.echo(f"{PROG}: sagas worker running for {registry!r}; stop with Ctrl-C or SIGTERM")
             sys.stdout.flush()

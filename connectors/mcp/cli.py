@@ -62,9 +62,10 @@ from sagaguard.idempotency.cliopts import (
 from sagaguard.idempotency.errors import ConfigurationError, IdempotencyError
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.stores import open_store
+from sagaguard.saga.cli import sweep_once
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.journals import open_journal
-from sagaguard.saga.recovery import RecoveryWorker, run_worker
+from sagaguard.saga.recovery import run_worker
 
 __all__ = ["RESULT_SHAPES", "describe", "load_declarations", "mcp", "one_line", "proxy_main"]
 # DeclaredUndo is load_declarations' entry of a tool with an undo (connectors.mcp.proxyruns).
@@ -284,16 +285,7 @@ def worker(
         journal = open_journal(url_)
         try:
             if once:
-                sweeper = RecoveryWorker(journal, guard, agent, interval=interval)
-                try:
-                    report = sweeper.run_once()
-                finally:
-                    sweeper.runner.close()
-                click.echo(f"{report.found} due, {len(report.outcomes)} driven, {len(report.errors)} failed")
-                for saga_id, outcome in report.outcomes.items():
-                    click.echo(f"  {saga_id}: {outcome.state.value}")
-                for saga_id, reason in {**report.skipped, **report.errors}.items():
-                    click.echo(f"  {saga_id}: {reason}")
+                sweep_once(journal, guard, agent, interval=interval)
                 return
             click.echo(f"{PROG}: mcp worker running for {agent.name}; stop with Ctrl-C or SIGTERM", err=True)
             run_worker(journal, guard, agent, interval=interval)
