@@ -114,10 +114,11 @@ def env(stripe: LocalStripe, sink: SmtpSink, tmp_path: Path) -> dict[str, str]:
     return {**server_env(stripe, sink, tmp_path), "SAGAGUARD_STORE": f"sqlite:///{tmp_path / 'proxy.db'}"}
 
 
-def proxy(env: dict[str, str], tmp_path: Path) -> StdioServerParameters:
-    """``sagaguard mcp proxy --declare FILE`` over stdio, sweeping every 0.1 s."""
+def proxy(env: dict[str, str], tmp_path: Path, interval: str | None = "0.1") -> StdioServerParameters:
+    """``sagaguard mcp proxy --declare FILE`` over stdio, sweeping every 0.1 s (None: the default)."""
+    sweeps = [] if interval is None else ["--interval", interval]
     argv = ["-c", CLI, "mcp", "proxy", "--server", "payments", "--declare", str(tmp_path / "declare.json"),
-            "--interval", "0.1", "--", sys.executable, str(SERVER)]  # fmt: skip
+            *sweeps, "--", sys.executable, str(SERVER)]  # fmt: skip
     return StdioServerParameters(command=sys.executable, args=argv, env=env)
 
 
@@ -265,8 +266,9 @@ def _killed_connection(params: StdioServerParameters, errlog: Path, *, kill_afte
     return answers
 
 
+@pytest.mark.parametrize("interval", [None, "0.1"], ids=["the-defaults", "fast-sweeps"])
 def test_a_proxy_sigkilled_after_a_call_is_undone_by_a_restarted_proxy(
-    env: dict[str, str], stripe: LocalStripe, sink: SmtpSink, tmp_path: Path
+    env: dict[str, str], stripe: LocalStripe, sink: SmtpSink, tmp_path: Path, interval: str | None
 ) -> None:
     errlog = tmp_path / "killed.err"
     (answer,) = _killed_connection(child(env, tmp_path), errlog, kill_after=True)
@@ -278,7 +280,7 @@ def test_a_proxy_sigkilled_after_a_call_is_undone_by_a_restarted_proxy(
     async def restarted() -> None:  # a new proxy: its worker undoes the dead one's cancelled run
         with (tmp_path / "proxy.err").open("w") as err:
             async with (
-                stdio_client(proxy(env, tmp_path), errlog=err) as (read, write),
+                stdio_client(proxy(env, tmp_path, interval), errlog=err) as (read, write),
                 ClientSession(read, write) as session,
             ):
                 await session.initialize()
