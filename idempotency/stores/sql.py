@@ -1,10 +1,12 @@
 """The SQL store: one SQLModel table serving SQLite (the embedded default) and PostgreSQL.
 
-A new guarded call costs two statements, each its own transaction (autocommit): the claim and the
-record (:mod:`~sagaguard.idempotency.stores.sql_statements` writes them out), run on the driver itself
-(:mod:`~sagaguard.idempotency.backends.sql_driver`); on Postgres one round trip each, on SQLite one commit
-each. A replay costs the claim. Reading, listing, purging and the schema go through SQLAlchemy Core over
-the SQLModel table (:mod:`~sagaguard.idempotency.stores.sql_schema`); the engine is SQLAlchemy's, set up by
+A new guarded call costs two statements, each its own transaction (autocommit): the claim's insert
+and the record (:mod:`~sagaguard.idempotency.stores.sql_statements` writes them out), run on the driver
+itself (:mod:`~sagaguard.idempotency.backends.sql_driver`); on Postgres one round trip each, on SQLite
+one commit each. A replay costs the insert, which finds the record in the way, then the full claim
+(on Postgres one more round trip; on SQLite in one ``BEGIN IMMEDIATE`` transaction). Reading,
+listing, purging and the schema go through SQLAlchemy Core over the SQLModel table
+(:mod:`~sagaguard.idempotency.stores.sql_schema`); the engine is SQLAlchemy's, set up by
 :func:`~sagaguard.idempotency.backends.sql_engine.make_engine`.
 
 The table belongs to the ``effects`` table set (:mod:`sagaguard.idempotency.migrations`): its schema
@@ -257,14 +259,17 @@ class SqlStore:
     def claim(self, identity: EffectIdentity, fingerprint: str, lease: float) -> ClaimResult:
         """See :meth:`IdempotencyStore.claim`.
 
-        One upsert whose ``DO UPDATE`` fires only for a record that may be replaced (finished
-        and expired) or taken over (lease run out, same fingerprint); an inserted row gets the
-        random starting token of :func:`~sagaguard.idempotency.store.first_token`, bound as a parameter,
-        and ``DO UPDATE`` sets the old token + 1. On SQLite a plain insert (its own transaction)
-        comes first and settles a new key; only when a record is in the way do the upsert and, if
-        it returns nothing, the read of that record follow, in one ``BEGIN IMMEDIATE``
-        transaction. On Postgres the statement itself returns that record; it returns nothing only
-        when it lost a race with a concurrent claim, and the record is then read at once.
+        A plain insert (``ON CONFLICT DO NOTHING``, its own transaction) comes first and settles a
+        new key alone: one statement, one commit (on Postgres one round trip). Only when a record
+        is in the way does the claim follow: one upsert whose ``DO UPDATE`` fires only for a record
+        that may be replaced (finished and expired) or taken over (lease run out, same
+        fingerprint). An inserted row gets the random starting token of
+        :func:`~sagaguard.idempotency.store.first_token`, bound as a parameter, and ``DO UPDATE``
+        sets the old token + 1. On SQLite the upsert and, if it returns nothing, the read of that
+        record are one ``BEGIN IMMEDIATE`` transaction. On Postgres the upsert's statement itself
+        returns that record (a replay is two round trips, and takes no row lock); it returns
+        nothing only when it lost a race with a concurrent claim, and the record is then read at
+        once.
         """
         params = {
             "key": identity.key,
@@ -290,19 +295,32 @@ class SqlStore:
 
     def _claim_rows(self, cursor: Any, identity: EffectIdentity, params: dict[str, Any]) -> list[Any]:
         """The claim's rows: ``won``, then the record's columns."""
-        if not self._postgres:  # SQLite binds the time: the inserted row is known here
-            now = float(self._now())  # type: ignore[misc]  # always set on SQLite
-            fresh = {**params, "now": now, "lease_until": now + params["lease"]}
-            if self._driver.execute(cursor, self._sql["insert"], fresh) == 1:  # nothing in the way
-                return [(True, identity.key, identity.namespace, identity.scope, identity.name,
-                         identity.ordinal, params["fingerprint"], State.IN_PROGRESS.value,
-                         params["first_token"], fresh["lease_until"], 1, now, now,
-                         None, None, None, params["holder"], params["result_type"])]  # fmt: skip
+        inserted = self._insert(cursor, params)
+        if inserted is not None:  # nothing was in the way: the row is the one just inserted
+            now, lease_until = inserted
+            return [(True, identity.key, identity.namespace, identity.scope, identity.name,
+                     identity.ordinal, params["fingerprint"], State.IN_PROGRESS.value,
+                     params["first_token"], lease_until, 1, now, now,
+                     None, None, None, params["holder"], params["result_type"])]  # fmt: skip
+        if not self._postgres:
             cursor.execute("BEGIN IMMEDIATE")  # the upsert and the read, as one
         rows = self._run(cursor, "claim", params)
         if not rows:  # read the record in the way (SQLite: in the same transaction)
             rows = [(False, *row) for row in self._run(cursor, "get", {"key": identity.key})]
         return rows
+
+    def _insert(self, cursor: Any, params: dict[str, Any]) -> tuple[float, float] | None:
+        """The claim's first statement, its own transaction: the plain insert of a new record
+        (``ON CONFLICT DO NOTHING``). Its ``created_at`` and ``lease_until`` when it inserted it,
+        None when a record is in the way (nothing written, no row locked)."""
+        if self._now is None:  # Postgres's clock: the statement returns the times it read
+            rows = self._driver.run(cursor, self._sql["insert"], params)
+            return (float(rows[0][0]), float(rows[0][1])) if rows else None
+        now = float(self._now())  # the store binds the time: the inserted row is known here
+        fresh = {**params, "now": now, "lease_until": now + params["lease"]}
+        if self._driver.execute(cursor, self._sql["insert"], fresh) == 1:
+            return now, fresh["lease_until"]
+        return None
 
     def _claimed(self, rows: list[Any]) -> ClaimResult | None:
         """The outcome of a claim's rows; None when there are none (the record in the way was

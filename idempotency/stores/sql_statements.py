@@ -1,21 +1,31 @@
 """The effects table's hot statements, as SQL text (``:name`` parameters, every value bound).
 
-A guarded new call makes two of them, each its own transaction (autocommit): the claim, then the
-record of its outcome (``complete``, or ``permanent``/``ambiguous``/``retryable`` for a failure).
+A guarded new call makes two of them, each its own transaction (autocommit): the claim (for a new
+key its ``insert`` alone), then the record of its outcome (``complete``, or
+``permanent``/``ambiguous``/``retryable`` for a failure).
 Every write after a claim is fenced: ``key = :key AND token = :token AND state IN (live)``, so a
 writer whose claim was taken over changes nothing.
 
-The claim (Postgres, one statement): the record in the way is read in the statement's snapshot
-(``cur``); when none blocks (no record, or one that may be replaced: finished and expired, or
-taken over: live with its lease run out and the same fingerprint) the upsert runs and returns the
-row it wrote, else the blocking record comes back as it is. A replay therefore takes no row lock
-and writes nothing (an upsert whose ``DO UPDATE`` declines still locks the row, and its commit
-would wait for a WAL flush). An inserted row starts at the random ``:first_token``; ``DO UPDATE``
-counts on from the old token.
+The claim starts, on both dialects, with a plain ``insert`` (``ON CONFLICT (key) DO NOTHING``), a
+statement of its own (its own transaction), which settles a new key alone: the row it inserted is
+the claim's record (on Postgres on its own clock the statement returns the two times it read,
+``created_at`` and ``lease_until``; otherwise the store bound them). A record in the way makes it
+insert nothing, write nothing and lock nothing, and only then does the full ``claim`` follow:
 
-The claim (SQLite): a plain ``insert`` (``ON CONFLICT DO NOTHING``) settles a new key on its own;
-only when a record is in the way do the ``claim`` upsert and, if it returns nothing, the ``get`` of
-that record follow, in one ``BEGIN IMMEDIATE`` transaction.
+- Postgres, one statement: the record in the way is read in the statement's snapshot (``cur``);
+  when none blocks (no record, or one that may be replaced: finished and expired, or taken over:
+  live with its lease run out and the same fingerprint) the upsert runs and returns the row it
+  wrote, else the blocking record comes back as it is. A replay therefore takes no row lock and
+  writes nothing (an upsert whose ``DO UPDATE`` declines still locks the row, and its commit would
+  wait for a WAL flush). A new key costs one round trip and one commit, as the claim alone did, and
+  less of the server's CPU (a plain insert, no read of a record in the way, no ``RETURNING`` of
+  the whole row); a replay, or a record replaced or taken over, costs one more round trip.
+- SQLite: the ``claim`` upsert and, if it returns nothing, the ``get`` of that record, in one
+  ``BEGIN IMMEDIATE`` transaction.
+
+Whatever happens between the insert and the claim (another claim, a purge) the claim sees and
+decides as it would have alone. An inserted row starts at the random ``:first_token``; ``DO UPDATE``
+counts on from the old token.
 
 Times: the database's clock (``clock_timestamp()`` on Postgres), read inside the statement, unless
 the store binds ``:now`` (an injected clock; always on SQLite, which runs in this process, so its
@@ -107,6 +117,23 @@ def effect_statements(table: str, dialect: str, *, bound_now: bool) -> dict[str,
         UNION ALL SELECT false, {COLUMNS} FROM cur WHERE NOT cur.open"""
     else:
         claim = _upsert(table, f"FROM {clock}" if clock else "", "true", now)
+    columns = """key, namespace, scope, name, ordinal, fingerprint, state, token,
+                             lease_until, attempts, created_at, updated_at, holder, result_type"""
+    if bound_now:  # the inserted row is known to the store: it binds the times
+        insert = f"""
+        INSERT INTO {table} ({columns})
+        VALUES (:key, :namespace, :scope, :name, :ordinal, :fingerprint, 'in_progress',
+                :first_token, :lease_until, 1, :now, :now, :holder, :result_type)
+        ON CONFLICT (key) DO NOTHING"""
+    else:  # Postgres's clock, read once (``c``): the row's times come back, nothing else
+        insert = f"""
+        INSERT INTO {table} ({columns})
+        SELECT :key, :namespace, :scope, :name, :ordinal, :fingerprint, 'in_progress',
+               CAST(:first_token AS BIGINT), c.now + CAST(:lease AS DOUBLE PRECISION), 1,
+               c.now, c.now, :holder, :result_type
+        FROM (SELECT {DB_NOW[dialect]} AS now) AS c
+        ON CONFLICT (key) DO NOTHING
+        RETURNING created_at, lease_until"""
     fence = f"key = :key AND token = :token AND state IN {_LIVE}"
 
     def update(assignments: str, returning: str = COLUMNS) -> str:
@@ -117,12 +144,7 @@ def effect_statements(table: str, dialect: str, *, bound_now: bool) -> dict[str,
     succeeded = f"state = 'succeeded', result = :result, error = NULL, {expires}, updated_at = {now}"
     return {
         "claim": claim,
-        "insert": f"""
-        INSERT INTO {table} (key, namespace, scope, name, ordinal, fingerprint, state, token,
-                             lease_until, attempts, created_at, updated_at, holder, result_type)
-        VALUES (:key, :namespace, :scope, :name, :ordinal, :fingerprint, 'in_progress',
-                :first_token, :lease_until, 1, :now, :now, :holder, :result_type)
-        ON CONFLICT (key) DO NOTHING""",
+        "insert": insert,
         "get": f"SELECT {COLUMNS} FROM {table} WHERE key = :key",
         "now": f"SELECT {DB_NOW[dialect]}",
         "complete": update(succeeded),
