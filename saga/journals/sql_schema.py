@@ -245,8 +245,8 @@ class Statements:
         # A bound "now" needs no clock row to join: the hot updates then name it directly.
         at, source = (now, "") if injected_clock else ("c.now", f" FROM {clock}")
         # lease.renewed: a lease already ending in the last fifth of the one asked for is kept.
-        kept = f"lease_until > {at} + {seconds} * {1 - KEPT_WITHIN!r} AND lease_until <= {at} + {seconds}"
-        lease = f"CASE WHEN {seconds} <= 0 THEN 0 WHEN {kept} THEN lease_until ELSE {at} + {seconds} END"
+        ahead = f"lease_until > {at} + {seconds} * {1 - KEPT_WITHIN!r} AND lease_until <= {at} + {seconds}"
+        lease = f"CASE WHEN {seconds} <= 0 THEN 0 WHEN {ahead} THEN lease_until ELSE {at} + {seconds} END"
         self.text: dict[str, str] = {
             # The atomic phase's fenced update of the saga row: a heartbeat, or a new state.
             "touch": f"UPDATE {sagas} SET lease_until = {lease}, updated_at = {at}{source} "
