@@ -189,6 +189,39 @@ def test_a_commit_keeps_a_lease_ending_in_the_last_fifth_of_the_one_it_asks_for(
     assert journal.commit("s-1", token, Phase(state=SagaState.COMPLETED)).lease_until == 0
 
 
+def test_a_start_writes_its_first_step_only_with_the_saga_it_creates(
+    journal: SagaJournal, clock: FakeClock
+) -> None:
+    """``first`` is the created saga's first phase; a take-over or an existing saga keeps the step
+    rows the journal holds (a step that succeeded stays so)."""
+    created = journal.start(
+        "s-1", name="trip", version=1, input="{}", fingerprint="fp1", lease=30, first=_row(0)
+    )
+    assert created.outcome is StartOutcome.CREATED and [r.state for r in created.snapshot.steps] == [
+        StepState.STARTED
+    ]
+    token = created.snapshot.saga.token
+    journal.commit("s-1", token, Phase(steps=(_row(0, StepState.SUCCEEDED, result="1"), _row(1)), lease=30))
+    for wait, outcome in ((1, StartOutcome.EXISTING), (40, StartOutcome.TOOK_OVER)):
+        clock.advance(wait)
+        again = journal.start(
+            "s-1", name="trip", version=1, input="{}", fingerprint="fp1", lease=30, first=_row(0)
+        )
+        assert again.outcome is outcome
+        steps = again.snapshot.steps
+        assert [(r.index, r.state, r.result) for r in steps] == [
+            (0, StepState.SUCCEEDED, "1"),
+            (1, StepState.STARTED, None),
+        ]
+        assert steps == _load_steps(journal)
+
+
+def _load_steps(journal: SagaJournal) -> tuple[StepRecord, ...]:
+    snapshot = journal.load("s-1")
+    assert snapshot is not None
+    return snapshot.steps
+
+
 def test_a_heartbeat_only_extends_the_lease(journal: SagaJournal, clock: FakeClock) -> None:
     token = _start(journal)
     clock.advance(20)
