@@ -536,7 +536,7 @@ def _recovery(found: dict[str, Any] | None) -> list[str]:
         f"({found['effects_expected']:,}) | {found['duplicates']} |",
         "",
         f"The dead worker's lease had {found['lease_left_at_kill_s']:.1f} s left when it was killed "
-        "(a runner renews it at every commit): the wait is that remainder plus the time to the "
+        "(a commit renews it once a fifth of it has passed): the wait is that remainder plus the time to the "
         "sweeper's next pass. It ends as the sweep that took the saga over starts (its claim is "
         "that sweep's first write); the saga then runs its remaining steps. Each tool call takes "
         "50 ms after its charge, so the kill most likely leaves an effect charged but not recorded; "

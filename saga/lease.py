@@ -16,6 +16,11 @@ before holders were recorded) is never judged dead: its saga waits for the lease
 :func:`verdict` is the decision, free of I/O but for the injected probe; :func:`after_start`,
 :func:`after_claim` and :func:`dead_held` are what every journal runs after its own atomic start,
 claim and due query, so that the take-over is the same on every backend.
+
+:func:`renewed` is the lease a commit leaves: a commit that finds most of the lease it asks for
+still ahead keeps it as it is, so a saga whose phases follow each other quickly does not rewrite
+its place in the recovery sweep's index at each one (on Postgres, an update that changes no indexed
+column is a heap-only tuple: no index entry, less WAL).
 """
 
 from __future__ import annotations
@@ -34,7 +39,17 @@ from sagaguard.saga.records import (
     StartResult,
 )
 
-__all__ = ["LeaseVerdict", "after_claim", "after_start", "current", "dead_held", "host_prefix", "verdict"]
+__all__ = [
+    "KEPT_WITHIN",
+    "LeaseVerdict",
+    "after_claim",
+    "after_start",
+    "current",
+    "dead_held",
+    "host_prefix",
+    "renewed",
+    "verdict",
+]
 
 Probe = Callable[[str | None], bool]
 """Whether a holder is provably dead on this host
@@ -65,6 +80,29 @@ def verdict(record: SagaRecord, now: float, *, dead: Probe = _holder.is_dead_on_
     if record.state in LIVE_STATES and dead(record.holder):
         return LeaseVerdict.TAKE_OVER
     return LeaseVerdict.HELD
+
+
+KEPT_WITHIN = 0.2
+"""The last part of a lease a commit keeps rather than renews: a lease that ends between
+``now + lease * (1 - KEPT_WITHIN)`` and ``now + lease`` is left as it is."""
+
+
+def renewed(lease_until: float, now: float, lease: float) -> float:
+    """The lease a commit at journal time ``now`` asking for ``lease`` seconds leaves on a saga whose
+    lease ends at ``lease_until``: 0 when ``lease`` is 0 (released); the current one when it already
+    ends within the last fifth of ``now + lease`` (at least four fifths of the lease ahead, never
+    more than asked); else ``now + lease``.
+
+    The renewer's heartbeats come a third of a lease apart, so a kept lease still has more than
+    two fifths of it left at the next one. The SQL and Redis journals compute the same in their
+    statements (:data:`KEPT_WITHIN` is formatted into them); the contract test pins all three.
+    """
+    if lease <= 0:
+        return 0.0
+    asked = now + lease
+    if now + lease * (1 - KEPT_WITHIN) < lease_until <= asked:
+        return lease_until
+    return asked
 
 
 def current(holder: str | None = None) -> str:

@@ -141,9 +141,9 @@ def test_start_takes_over_only_an_expired_lease_of_the_same_saga(
 
 def test_commit_writes_a_phase_and_is_fenced(journal: SagaJournal, clock: FakeClock) -> None:
     token = _start(journal)
-    clock.advance(1)
+    clock.advance(7)
     record = journal.commit("s-1", token, Phase(steps=(_row(0),), lease=30))
-    assert record.updated_at == T0 + 1 and record.lease_until == T0 + 31 and record.state is SagaState.RUNNING
+    assert record.updated_at == T0 + 7 and record.lease_until == T0 + 37 and record.state is SagaState.RUNNING
     clock.advance(1)
     done = _row(0, StepState.SUCCEEDED, result='{"ok":"é✓"}', attempts=1)
     journal.commit("s-1", token, Phase(steps=(done, _row(1)), lease=30))
@@ -151,8 +151,8 @@ def test_commit_writes_a_phase_and_is_fenced(journal: SagaJournal, clock: FakeCl
     assert snapshot is not None
     first, second = snapshot.steps
     assert first.state is StepState.SUCCEEDED and first.result == '{"ok":"é✓"}' and first.attempts == 1
-    assert first.started_at == T0 + 1 and first.updated_at == T0 + 2  # started_at is kept
-    assert second.started_at == T0 + 2 and second.compensation == "undo"
+    assert first.started_at == T0 + 7 and first.updated_at == T0 + 8  # started_at is kept
+    assert second.started_at == T0 + 8 and second.compensation == "undo"
     with pytest.raises(LostSagaLease):
         journal.commit("s-1", token + 1, Phase(lease=30))
     with pytest.raises(LostSagaLease):
@@ -167,6 +167,59 @@ def test_a_state_change_records_the_error_and_a_zero_lease_releases(journal: Sag
     assert record.lease_until == 0 and record.state is SagaState.COMPENSATED
     with pytest.raises(LostSagaLease, match="already"):
         journal.commit("s-1", token, Phase(lease=30))
+
+
+def test_a_commit_keeps_a_lease_ending_in_the_last_fifth_of_the_one_it_asks_for(
+    journal: SagaJournal, clock: FakeClock
+) -> None:
+    """lease.renewed, on every backend: phases that follow each other quickly leave the lease (and
+    the recovery sweep's index) alone; past a fifth of the lease, or asked for a shorter one, the
+    commit renews it to now + lease."""
+    token = _start(journal)  # lease 30: until T0 + 30
+    clock.advance(5)
+    kept = journal.commit("s-1", token, Phase(steps=(_row(0),), lease=30))
+    assert (kept.lease_until, kept.updated_at) == (T0 + 30, T0 + 5)  # 25 s of 30 ahead: kept
+    snapshot = journal.load("s-1")
+    assert snapshot is not None and snapshot.steps[0].state is StepState.STARTED  # the rest is written
+    clock.advance(1.5)
+    assert journal.commit("s-1", token, Phase(lease=30)).lease_until == T0 + 36.5  # 23.5 s ahead
+    assert journal.commit("s-1", token, Phase(lease=10)).lease_until == T0 + 16.5  # shorter: applied
+    assert journal.commit("s-1", token, Phase(lease=60)).lease_until == T0 + 66.5  # longer: applied
+    assert journal.commit("s-1", token, Phase(lease=60)).lease_until == T0 + 66.5
+    assert journal.commit("s-1", token, Phase(state=SagaState.COMPLETED)).lease_until == 0
+
+
+def test_a_start_writes_its_first_step_only_with_the_saga_it_creates(
+    journal: SagaJournal, clock: FakeClock
+) -> None:
+    """``first`` is the created saga's first phase; a take-over or an existing saga keeps the step
+    rows the journal holds (a step that succeeded stays so)."""
+    created = journal.start(
+        "s-1", name="trip", version=1, input="{}", fingerprint="fp1", lease=30, first=_row(0)
+    )
+    assert created.outcome is StartOutcome.CREATED and [r.state for r in created.snapshot.steps] == [
+        StepState.STARTED
+    ]
+    token = created.snapshot.saga.token
+    journal.commit("s-1", token, Phase(steps=(_row(0, StepState.SUCCEEDED, result="1"), _row(1)), lease=30))
+    for wait, outcome in ((1, StartOutcome.EXISTING), (40, StartOutcome.TOOK_OVER)):
+        clock.advance(wait)
+        again = journal.start(
+            "s-1", name="trip", version=1, input="{}", fingerprint="fp1", lease=30, first=_row(0)
+        )
+        assert again.outcome is outcome
+        steps = again.snapshot.steps
+        assert [(r.index, r.state, r.result) for r in steps] == [
+            (0, StepState.SUCCEEDED, "1"),
+            (1, StepState.STARTED, None),
+        ]
+        assert steps == _load_steps(journal)
+
+
+def _load_steps(journal: SagaJournal) -> tuple[StepRecord, ...]:
+    snapshot = journal.load("s-1")
+    assert snapshot is not None
+    return snapshot.steps
 
 
 def test_a_heartbeat_only_extends_the_lease(journal: SagaJournal, clock: FakeClock) -> None:

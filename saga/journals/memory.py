@@ -176,7 +176,7 @@ class MemoryJournal:
             if old.state not in LIVE_STATES:
                 raise LostSagaLease(saga_id, token, f"saga is already {old.state}")
             changes: dict[str, object] = {
-                "lease_until": now + phase.lease if phase.lease > 0 else 0.0,
+                "lease_until": _lease.renewed(old.lease_until, now, phase.lease),
                 "updated_at": now,
             }
             if phase.state is not None:

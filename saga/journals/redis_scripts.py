@@ -8,6 +8,8 @@ very same double.
 
 from __future__ import annotations
 
+from sagaguard.saga.lease import KEPT_WITHIN
+
 __all__ = [
     "CANCEL", "CLAIM", "COMMIT", "FIELDS", "INDEX_CAS", "LOAD", "ORPHAN_GRACE", "REOPEN", "SIGNAL",
     "START", "TAKE_OVER",
@@ -111,7 +113,14 @@ if not r[5] or not live(r[5]) or tonumber(r[6]) ~= tonumber(ARGV[2]) then
   return {'lost', r[5] or false, r[6] or false}
 end
 local lease = tonumber(ARGV[3])
-local lease_until = lease > 0 and f(now + lease) or '0'
+local lease_until = '0'
+if lease > 0 then
+  -- lease.renewed: a lease already ending in the last fifth of the one asked for is kept
+  local held = tonumber(r[7])
+  if held > now + lease * """
+    + repr(1 - KEPT_WITHIN)
+    + """ and held <= now + lease then lease_until = r[7] else lease_until = f(now + lease) end
+end
 local state = ARGV[4]
 if state == 'waiting' then
   if (r[15] == '1' and ARGV[10] == '1') or redis.call('HEXISTS', KEYS[3], ARGV[7]) == 1 then

@@ -18,6 +18,7 @@ from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 
 from sagaguard.idempotency.errors import ConfigurationError
+from sagaguard.saga.lease import KEPT_WITHIN
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -33,11 +34,12 @@ __all__ = [
     "journal_tables",
 ]
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """2 added deadlines, recovery counts, waits, cancellation and the signals table; 3 added the
 steps' ``trace`` and ``resolution`` columns; 4 the sagas' ``holder`` column (3 and 4 are added to
 existing tables by the ``journal`` table set's first migration, ``journal_0001``; an older row's
-holder reads as None, unknown)."""
+holder reads as None, unknown); 5 dropped the sagas' index on ``state`` alone and, on Postgres,
+gave the sagas and steps tables a fillfactor (``journal_0002``)."""
 DEFAULT_PREFIX: Final = "sagaguard_"
 
 _PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
@@ -70,7 +72,7 @@ class SagaFields(_JournalModel):
     version: int
     fingerprint: str = Field(max_length=80)
     input: str = Field(sa_type=sa.Text)
-    state: str = Field(max_length=24, index=True)
+    state: str = Field(max_length=24)  # indexed first in the due index (journal_models)
     token: int = Field(sa_type=sa.BigInteger)
     lease_until: float = Field(sa_type=sa.Double)
     created_at: float = Field(sa_type=sa.Double)
@@ -115,6 +117,11 @@ class SignalFields(_JournalModel):
 
 
 Models = tuple[type[SagaFields], type[StepFields], type[SignalFields]]
+FILLFACTOR: Final = 70
+"""Postgres: how full an insert leaves a page of the sagas and steps tables. A saga's row and its
+steps' rows are updated a few times soon after they are written; the room left lets such an update
+stay on the page as a heap-only tuple (no index entry) when it changes no indexed column."""
+_ROOM: Final = {"postgresql_with": {"fillfactor": FILLFACTOR}}
 _models: dict[str, Models] = {}
 _models_lock = threading.Lock()
 
@@ -141,11 +148,12 @@ def journal_models(prefix: str = DEFAULT_PREFIX) -> Models:
         found = _models.get(prefix)
         if found is None:
             sagas = f"{prefix}sagas"
-            # The recovery sweep's query: resumable states whose lease_until has passed.
-            due = (sa.Index(f"ix_{sagas}_due", "state", "lease_until"),)
+            # The recovery sweep's query (resumable states whose lease_until has passed) and a
+            # listing by state (the leading column) both use this one index.
+            due = sa.Index(f"ix_{sagas}_due", "state", "lease_until")
             found = (
-                _model(SagaFields, sagas, due),
-                _model(StepFields, f"{prefix}saga_steps"),
+                _model(SagaFields, sagas, (due, _ROOM)),
+                _model(StepFields, f"{prefix}saga_steps", (_ROOM,)),
                 _model(SignalFields, f"{prefix}saga_signals"),
             )
             _models[prefix] = found
@@ -236,7 +244,9 @@ class Statements:
         self.get_signals = sa.text(f"SELECT name, payload FROM {signals} WHERE saga_id = :saga_id")
         # A bound "now" needs no clock row to join: the hot updates then name it directly.
         at, source = (now, "") if injected_clock else ("c.now", f" FROM {clock}")
-        lease = f"CASE WHEN {seconds} > 0 THEN {at} + {seconds} ELSE 0 END"
+        # lease.renewed: a lease already ending in the last fifth of the one asked for is kept.
+        ahead = f"lease_until > {at} + {seconds} * {1 - KEPT_WITHIN!r} AND lease_until <= {at} + {seconds}"
+        lease = f"CASE WHEN {seconds} <= 0 THEN 0 WHEN {ahead} THEN lease_until ELSE {at} + {seconds} END"
         self.text: dict[str, str] = {
             # The atomic phase's fenced update of the saga row: a heartbeat, or a new state.
             "touch": f"UPDATE {sagas} SET lease_until = {lease}, updated_at = {at}{source} "
@@ -258,6 +268,11 @@ class Statements:
         kept = ("saga_id", "idx", "started_at")
         updates = ", ".join(f"{c} = excluded.{c}" for c in STEP_COLUMNS.split(", ") if c not in kept)
         self._steps_table = steps
+        self._step_updates = ", ".join(
+            f"{c} = " + ("r.updated_at" if c == "updated_at" else f"v.{c}")
+            for c in STEP_COLUMNS.split(", ")
+            if c not in kept
+        )
         self._upsert_tail = f"ON CONFLICT (saga_id, idx) DO UPDATE SET {updates}"
         self.text["upsert_step"] = (
             f"INSERT INTO {steps} ({STEP_COLUMNS}) VALUES (:saga_id, :idx, :name, :kind, :state, "
@@ -305,10 +320,11 @@ class Statements:
     def start_with_step(self) -> str:
         """Postgres: :attr:`start` and, only when it created the saga (token 1), the upsert of its
         first step row (parameters ``idx0``, ``name0``, ...), as one statement."""
-        return self._with_steps(self.text["start"], 1, "WHERE r.token = 1")
+        return self._with_steps(self.text["start"], 1, "r.token = 1")
 
-    def _with_steps(self, saga_sql: str, rows: int, where: str = "") -> str:
-        """``saga_sql`` (returning the saga row) with ``rows`` step rows upserted from its result."""
+    def _with_steps(self, saga_sql: str, rows: int, only: str = "true") -> str:
+        """``saga_sql`` (returning the saga row) with ``rows`` step rows upserted from its result,
+        when the condition ``only`` on it (``r``) holds."""
         if rows == 0:
             return saga_sql
         values = ", ".join(
@@ -318,11 +334,20 @@ class Statements:
         names = ", ".join(field for field, _ in _STEP_VALUES)
         stamped = {"saga_id": "r.saga_id", "started_at": "r.updated_at", "updated_at": "r.updated_at"}
         picked = ", ".join(stamped.get(c, f"v.{c}") for c in STEP_COLUMNS.split(", "))
-        # A data-modifying WITH runs to completion whether or not the outer query reads it.
+        rows_of = f"r, (VALUES {values}) AS v({names})"
+        steps = self._steps_table
+        # The rows that exist are updated and the others inserted, rather than upserted: an upsert
+        # pays a speculative insertion (its confirmation, or a lock of the row it then updates) in
+        # the WAL for every row. The fenced update of the saga row (r) holds that row's lock, and
+        # only the saga's holder writes its step rows, one thread per step, so no other writer
+        # inserts one of these rows meanwhile. A data-modifying WITH runs to completion whether or
+        # not the outer query reads it; all of them see the snapshot the statement started with.
         return (
             f"WITH r AS ({saga_sql}), "
-            f"w AS (INSERT INTO {self._steps_table} ({STEP_COLUMNS}) SELECT {picked} "
-            f"FROM r, (VALUES {values}) AS v({names}) {where} {self._upsert_tail}) "
+            f"u AS (UPDATE {steps} AS s SET {self._step_updates} FROM {rows_of} "
+            f"WHERE {only} AND s.saga_id = r.saga_id AND s.idx = v.idx RETURNING s.idx), "
+            f"w AS (INSERT INTO {steps} ({STEP_COLUMNS}) SELECT {picked} FROM {rows_of} "
+            f"WHERE {only} AND v.idx NOT IN (SELECT idx FROM u)) "
             "SELECT * FROM r"
         )
 

@@ -3,8 +3,8 @@
 Adopts tables made before versioned schemas: creates the tables and indexes that are missing (the
 signals table came with layout 2) and adds the steps' ``trace`` and ``resolution`` (layout 3) and
 the sagas' ``holder`` (layout 4) where they are missing. A new database never runs this: it is
-created at the current layout and stamped. A later revision changes the layout with
-``alembic.op`` and must leave this one creating layout 4.
+created at the current layout and stamped. The tables it creates are this code's (later layouts
+included), so every later revision must be idempotent over them (``journal_0002`` is).
 """
 
 from alembic import context, op
