@@ -67,8 +67,8 @@ def postmaster_pid(url: str) -> int:
 
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    return int(_stat(int(row[0]))[1])
+        assert row is not None
+        return int(_stat(int(row[0]))[1])  # while the backend lives: it exits once closed
 
 
 def pg_reading(url: str, postmaster: int) -> dict[str, float]:
