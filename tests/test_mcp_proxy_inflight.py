@@ -1,0 +1,68 @@
+"""The proxy's runs (:class:`~sagaguard.connectors.mcp.proxyruns.ProxyRuns`) when an operator's cancel
+arrives while a call of the connection is in flight: the run is undone only once that call is
+recorded, so the call being applied is undone too, never missed. In one process, on the memory
+journal and store, each step of the interleaving driven by events (no sleeps)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from anyio import wait_all_tasks_blocked
+
+from sagaguard.connectors.mcp.proxyruns import ProxyRuns
+from sagaguard.idempotency import Guard, MemoryStore
+from sagaguard.saga.agent import AgentSaga, OnFailure, UndoRegistry
+from sagaguard.saga.journals.memory import MemoryJournal
+from sagaguard.saga.records import SagaState
+
+
+def test_a_cancel_arriving_while_a_call_is_in_flight_undoes_that_call_too_once_it_is_recorded() -> None:
+    undone: list[str] = []
+    undos = UndoRegistry()
+
+    @undos.named("cancel_booking")
+    def cancel_booking(arguments: dict[str, Any], result: Any) -> None:
+        undone.append(result)
+
+    journal, guard = MemoryJournal(), Guard(MemoryStore())
+    agent = AgentSaga("mcp-proxy.test", undos, on_failure=OnFailure.LEAVE)
+    runs = ProxyRuns(journal, guard, agent, interval=3600, say=lambda _line: None)
+    seen: dict[str, Any] = {}
+
+    async def book(reference: str) -> str:
+        return reference
+
+    async def body() -> None:
+        async with runs.calling("c1") as run:
+            await run.acall("book", lambda: book("b1"), {"n": 1}, undo="cancel_booking")
+
+        async def applying() -> str:
+            # The server is applying the second booking when the operator cancels the run.
+            journal.cancel(run.run_id, "operator")
+            await runs.cancelled("c1")
+            await wait_all_tasks_blocked()
+            seen["undone while in flight"] = list(undone)
+            seen["state while in flight"] = _state(journal, run.run_id)
+            return "b2"
+
+        async with runs.calling("c1") as run:
+            await run.acall("book", applying, {"n": 2}, undo="cancel_booking")
+        seen["run"] = run.run_id
+
+    async def main() -> None:
+        await runs.serve(body)
+
+    try:
+        anyio.run(main)
+    finally:
+        guard.close()
+    assert seen["undone while in flight"] == [] and seen["state while in flight"] is SagaState.RUNNING
+    assert undone == ["b2", "b1"]  # the call in flight is undone too, the last first, each once
+    assert _state(journal, seen["run"]) is SagaState.COMPENSATED
+
+
+def _state(journal: MemoryJournal, run_id: str) -> SagaState:
+    snapshot = journal.load(run_id)
+    assert snapshot is not None
+    return snapshot.saga.state
