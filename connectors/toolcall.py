@@ -33,7 +33,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypedDict, TypeVar, cast
 
 from sagaguard.connectors.declare import ToolDeclaration, is_step, kind_options, recorded_output
 from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
@@ -229,24 +229,17 @@ def run_tool_call(
                 return body()
 
         def call() -> T:
-            return run.call(
-                site.tool, step_body, site.arguments, undo=plan.undo, pivot=plan.pivot,
-                call_id=site.call_id, result_type=site.result_type, record=site.record, options=plan.options,
-            )  # fmt: skip
+            return run.call(site.tool, step_body, site.arguments, **_step_options(site, plan))
 
         store = run.runner.guard.store
         step_run: AgentRun | None = run
     else:
         step_run = None
         effect_guard = _guarded(guard, site)
-        fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
 
         def call() -> T:
             with site.enter(site.scope_id):  # a fresh scope per attempt
-                return effect_guard.run(
-                    plan.name, body, arguments=fingerprinted, key=plan.key, result_type=site.result_type,
-                    **plan.options,
-                )  # fmt: skip
+                return effect_guard.run(plan.name, body, **_effect_options(site, plan))
 
         store = effect_guard.store
     with _call_id(site), _failing(step_run):
@@ -275,24 +268,17 @@ async def arun_tool_call(
                 return await body()
 
         async def call() -> T:
-            return await run.acall(
-                site.tool, step_body, site.arguments, undo=plan.undo, pivot=plan.pivot,
-                call_id=site.call_id, result_type=site.result_type, record=site.record, options=plan.options,
-            )  # fmt: skip
+            return await run.acall(site.tool, step_body, site.arguments, **_step_options(site, plan))
 
         store = run.runner.guard.store
         step_run: AgentRun | None = run
     else:
         step_run = None
         effect_guard = _guarded(guard, site)
-        fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
 
         async def call() -> T:
             with site.enter(site.scope_id):
-                return await effect_guard.arun(
-                    plan.name, body, arguments=fingerprinted, key=plan.key, result_type=site.result_type,
-                    **plan.options,
-                )  # fmt: skip
+                return await effect_guard.arun(plan.name, body, **_effect_options(site, plan))
 
         store = effect_guard.store
     with _call_id(site), _failing(step_run):
@@ -311,6 +297,36 @@ def _failing(run: AgentRun | None) -> Iterator[None]:
         if run is not None:
             run.fail_on_exit(exc)
         raise
+
+
+class _StepOptions(TypedDict, Generic[T]):
+    undo: str | None
+    pivot: bool
+    call_id: str
+    result_type: Any
+    record: Callable[[T], Any]
+    options: RunOptions
+
+
+def _step_options(site: ToolCallSite[T], plan: Step) -> _StepOptions[T]:
+    """The keyword arguments of :meth:`~sagaguard.saga.agent.AgentRun.call` (and ``acall``) for a
+    step: both drivers pass the same ones (pure, no I/O)."""
+    return {
+        "undo": plan.undo,
+        "pivot": plan.pivot,
+        "call_id": site.call_id,
+        "result_type": site.result_type,
+        "record": site.record,
+        "options": plan.options,
+    }
+
+
+def _effect_options(site: ToolCallSite[Any], plan: Effect) -> dict[str, Any]:
+    """The keyword arguments of ``Guard.run`` (and ``arun``) for a guarded call: its fingerprinted
+    arguments (:attr:`ToolCallSite.fingerprint`, else the call's arguments), key, result type and
+    the options :func:`decide` merged (pure, no I/O)."""
+    fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
+    return {"arguments": fingerprinted, "key": plan.key, "result_type": site.result_type, **plan.options}
 
 
 def _run_of(saga: SagaMode) -> AgentRun:
