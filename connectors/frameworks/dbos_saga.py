@@ -39,11 +39,12 @@ import functools
 import inspect
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar
 
 from dbos import DBOS
 from dbos import error as dbos_errors
 
+from sagaguard.connectors.declare import ToolDeclaration
 from sagaguard.connectors.frameworks._engine_saga import AgentRunStopped, Ending, EngineTools, call_arguments
 from sagaguard.connectors.frameworks.dbos import dbos_scope
 from sagaguard.idempotency.errors import ConfigurationError
@@ -98,30 +99,18 @@ class DbosSagaTools(EngineTools):
             name=f"sagaguard.agent.end.{agent.name}"
         )(end_run)
 
-    @overload
-    def tool(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
-
-    @overload
-    def tool(
-        self, fn: None = None, /, *, name: str | None = None
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
-
-    def tool(self, fn: Any = None, /, *, name: str | None = None) -> Any:
-        """Decorator (bare or with ``name=``): a sync DBOS step function as a tool of the run.
-
-        Apply it under ``@DBOS.step()``. The tool's declaration (``@changes_world(undo=...)`` on the
-        function, or by name in ``declare``) says what kind of call it is; a tool with neither
-        ``undo=`` nor ``pivot=True`` runs as it is. The undo receives the call's arguments by
-        parameter name and the step's return value.
+    def _tool(
+        self, fn: Callable[..., Any], tool_name: str, declaration: ToolDeclaration, result_type: Any
+    ) -> Callable[..., Any]:
+        """A sync DBOS step function as the tool ``tool_name`` (:meth:`tool`; apply it under
+        ``@DBOS.step()``): its call is keyed on the step id, inside
+        :func:`~sagaguard.connectors.frameworks.dbos.dbos_scope`.
 
         Raises:
             ConfigurationError: an async function (not supported yet).
         """
-        if fn is None:
-            return lambda f: self.tool(f, name=name)
         if inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"{fn.__name__}: an async DBOS step cannot be an agent saga tool yet")
-        tool_name, declaration, result_type = self.declared(fn, name)
 
         @functools.wraps(fn)
         def step(*args: Any, **kwargs: Any) -> Any:

@@ -56,12 +56,13 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, TypeVar
 
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, FailureError, is_cancelled_exception
 
+from sagaguard.connectors.declare import ToolDeclaration
 from sagaguard.connectors.frameworks._engine_saga import AgentRunStopped, Ending, EngineTools, call_arguments
 from sagaguard.connectors.frameworks.temporal import activity_scope
 from sagaguard.idempotency.errors import ConfigurationError
@@ -75,8 +76,6 @@ __all__ = [
     "temporal_run_id",
 ]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 T = TypeVar("T")
 
 HEARTBEAT = timedelta(seconds=5)
@@ -142,27 +141,14 @@ class TemporalSagaTools(EngineTools):
         """The activities to register with the worker besides the tools (the end activity)."""
         return [self.end_activity]
 
-    @overload
-    def tool(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
-
-    @overload
-    def tool(
-        self, fn: None = None, /, *, name: str | None = None
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
-
-    def tool(self, fn: Any = None, /, *, name: str | None = None) -> Any:
-        """Decorator (bare or with ``name=``): an activity function (sync or async) as a tool of
-        the workflow's run. Apply it under ``@activity.defn``.
-
-        The tool's declaration (``@changes_world(undo=...)`` on the function, or by name in
-        ``declare``) says what kind of call it is; a tool with neither ``undo=`` nor ``pivot=True``
-        runs as it is. Its body runs inside :func:`~sagaguard.connectors.frameworks.temporal.activity_scope`,
-        so guarded effects inside it are keyed on the activity. The undo receives the call's arguments by
-        parameter name and the activity's return value.
+    def _tool(
+        self, fn: Callable[..., Any], tool_name: str, declaration: ToolDeclaration, result_type: Any
+    ) -> Callable[..., Any]:
+        """An activity function (sync or async) as the tool ``tool_name`` of the workflow's run
+        (:meth:`tool`; apply it under ``@activity.defn``). Its body runs inside
+        :func:`~sagaguard.connectors.frameworks.temporal.activity_scope`, so guarded effects inside
+        it are keyed on the activity.
         """
-        if fn is None:
-            return lambda f: self.tool(f, name=name)
-        tool_name, declaration, result_type = self.declared(fn, name)
 
         def call(info: activity.Info, body: Callable[[], Any], arguments: dict[str, Any]) -> Any:
             with activity_scope(info):
