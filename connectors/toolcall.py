@@ -300,6 +300,8 @@ def _failing(run: AgentRun | None) -> Iterator[None]:
 
 
 class _StepOptions(TypedDict, Generic[T]):
+    """The keyword arguments of :meth:`~sagaguard.saga.agent.AgentRun.call` and ``acall`` for a step."""
+
     undo: str | None
     pivot: bool
     call_id: str
@@ -309,22 +311,16 @@ class _StepOptions(TypedDict, Generic[T]):
 
 
 def _step_options(site: ToolCallSite[T], plan: Step) -> _StepOptions[T]:
-    """The keyword arguments of :meth:`~sagaguard.saga.agent.AgentRun.call` (and ``acall``) for a
-    step: both drivers pass the same ones (pure, no I/O)."""
-    return {
-        "undo": plan.undo,
-        "pivot": plan.pivot,
-        "call_id": site.call_id,
-        "result_type": site.result_type,
-        "record": site.record,
-        "options": plan.options,
-    }
+    """What both drivers pass a step's ``call``/``acall`` (pure, no I/O)."""
+    return _StepOptions(
+        undo=plan.undo, pivot=plan.pivot, call_id=site.call_id, result_type=site.result_type,
+        record=site.record, options=plan.options,
+    )  # fmt: skip
 
 
 def _effect_options(site: ToolCallSite[Any], plan: Effect) -> dict[str, Any]:
-    """The keyword arguments of ``Guard.run`` (and ``arun``) for a guarded call: its fingerprinted
-    arguments (:attr:`ToolCallSite.fingerprint`, else the call's arguments), key, result type and
-    the options :func:`decide` merged (pure, no I/O)."""
+    """What both drivers pass ``Guard.run``/``arun`` for a guarded call (pure, no I/O): its
+    fingerprinted arguments (:attr:`ToolCallSite.fingerprint`, else the call's), key and options."""
     fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
     return {"arguments": fingerprinted, "key": plan.key, "result_type": site.result_type, **plan.options}
 
