@@ -337,8 +337,8 @@ class EngineTools:
     ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
     def tool(self, fn: Any = None, /, *, name: str | None = None) -> Any:
-        """Decorator (bare or with ``name=``): a step (activity) function as a tool of the run;
-        apply it under the engine's own step decorator (see the adapter's class).
+        """Decorator (bare or with ``name=``): a step (activity) function as a tool of the run,
+        applied under the engine's own decorator (``@DBOS.step()``, ``@activity.defn``).
 
         The tool's declaration (``@changes_world(undo=...)`` on the function, or by name in
         ``declare``) says what kind of call it is; a tool with neither ``undo=`` nor ``pivot=True``
@@ -350,10 +350,8 @@ class EngineTools:
         """
         if fn is None:
             return lambda f: self.tool(f, name=name)
-        return self._tool(fn, *self.declared(fn, name))
+        return self._tool(fn, name)
 
-    def _tool(
-        self, fn: Callable[..., Any], tool_name: str, declaration: ToolDeclaration, result_type: Any
-    ) -> Callable[..., Any]:
-        """``fn`` wrapped as the tool ``tool_name``: the adapter's own."""
+    def _tool(self, fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+        """``fn`` wrapped as a tool (named ``name`` or after itself, :meth:`declared`): the adapter's own."""
         raise NotImplementedError

@@ -44,7 +44,6 @@ from typing import Any, ParamSpec, TypeVar
 from dbos import DBOS
 from dbos import error as dbos_errors
 
-from sagaguard.connectors.declare import ToolDeclaration
 from sagaguard.connectors.frameworks._engine_saga import AgentRunStopped, Ending, EngineTools, call_arguments
 from sagaguard.connectors.frameworks.dbos import dbos_scope
 from sagaguard.idempotency.errors import ConfigurationError
@@ -99,18 +98,16 @@ class DbosSagaTools(EngineTools):
             name=f"sagaguard.agent.end.{agent.name}"
         )(end_run)
 
-    def _tool(
-        self, fn: Callable[..., Any], tool_name: str, declaration: ToolDeclaration, result_type: Any
-    ) -> Callable[..., Any]:
-        """A sync DBOS step function as the tool ``tool_name`` (:meth:`tool`; apply it under
-        ``@DBOS.step()``): its call is keyed on the step id, inside
-        :func:`~sagaguard.connectors.frameworks.dbos.dbos_scope`.
+    def _tool(self, fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+        """A sync DBOS step function as a tool (:meth:`tool`; apply it under ``@DBOS.step()``): its
+        call is keyed on the step id, inside :func:`~sagaguard.connectors.frameworks.dbos.dbos_scope`.
 
         Raises:
             ConfigurationError: an async function (not supported yet).
         """
         if inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"{fn.__name__}: an async DBOS step cannot be an agent saga tool yet")
+        tool_name, declaration, result_type = self.declared(fn, name)
 
         @functools.wraps(fn)
         def step(*args: Any, **kwargs: Any) -> Any:

@@ -62,7 +62,6 @@ from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, FailureError, is_cancelled_exception
 
-from sagaguard.connectors.declare import ToolDeclaration
 from sagaguard.connectors.frameworks._engine_saga import AgentRunStopped, Ending, EngineTools, call_arguments
 from sagaguard.connectors.frameworks.temporal import activity_scope
 from sagaguard.idempotency.errors import ConfigurationError
@@ -141,14 +140,13 @@ class TemporalSagaTools(EngineTools):
         """The activities to register with the worker besides the tools (the end activity)."""
         return [self.end_activity]
 
-    def _tool(
-        self, fn: Callable[..., Any], tool_name: str, declaration: ToolDeclaration, result_type: Any
-    ) -> Callable[..., Any]:
-        """An activity function (sync or async) as the tool ``tool_name`` of the workflow's run
-        (:meth:`tool`; apply it under ``@activity.defn``). Its body runs inside
+    def _tool(self, fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+        """An activity function (sync or async) as a tool of the workflow's run (:meth:`tool`; apply
+        it under ``@activity.defn``). Its body runs inside
         :func:`~sagaguard.connectors.frameworks.temporal.activity_scope`, so guarded effects inside
         it are keyed on the activity.
         """
+        tool_name, declaration, result_type = self.declared(fn, name)
 
         def call(info: activity.Info, body: Callable[[], Any], arguments: dict[str, Any]) -> Any:
             with activity_scope(info):
