@@ -297,14 +297,7 @@ class StripeEffects(AsyncStripeMethods):
                 raise map_error(exc, provider_key) from exc
             return write.result_type.of(answer)
 
-        return self.guard.run(
-            write.effect,
-            call,
-            arguments=write.arguments,
-            key=key,
-            result_type=write.result_type,
-            **self._guard_options(reconciler),
-        )
+        return self.guard.run(write.effect, call, **self._write_options(write, key, reconciler))
 
     def _do(self, op: flows.Op) -> Any:
         if isinstance(op, flows.Undo):

@@ -168,14 +168,7 @@ class AsyncStripeMethods(StripeBase):
                 raise map_error(exc, provider_key) from exc
             return write.result_type.of(answer)
 
-        return await self.guard.arun(
-            write.effect,
-            call,
-            arguments=write.arguments,
-            key=key,
-            result_type=write.result_type,
-            **self._guard_options(reconciler),
-        )
+        return await self.guard.arun(write.effect, call, **self._write_options(write, key, reconciler))
 
     def _async_method(self, resource: str, method: str) -> Callable[..., Awaitable[Any]]:
         service = getattr(self.async_client.v1, resource)
