@@ -243,13 +243,7 @@ class StripeEffects(AsyncStripeMethods):
         generation = attempts.current_attempt(self.guard, identity)
         if evidence.replayed_5xx(request.record, attempts.attempt_key(identity.provider_key, generation)):
             new_key = attempts.attempt_key(identity.provider_key, generation + 1)
-            self.guard.run(
-                attempts.ATTEMPT,
-                lambda: new_key,
-                key=attempts.marker_key(identity.key, generation + 1),
-                arguments={"generation": generation + 1},
-                result_type=str,
-            )
+            self.guard.run(attempts.ATTEMPT, lambda: new_key, **attempts.marker(identity, generation + 1))
 
     def reconcile_refund(self, request: ReconcileRequest) -> Resolution[Refund]:
         """Did the in-doubt refund happen? Refunds of the PaymentIntent, matched on metadata."""

@@ -116,13 +116,7 @@ class AsyncStripeMethods(StripeBase):
         async def record() -> str:
             return new_key
 
-        await self.guard.arun(
-            attempts.ATTEMPT,
-            record,
-            key=attempts.marker_key(identity.key, generation + 1),
-            arguments={"generation": generation + 1},
-            result_type=str,
-        )
+        await self.guard.arun(attempts.ATTEMPT, record, **attempts.marker(identity, generation + 1))
 
     async def reconcile_refund_async(self, request: ReconcileRequest) -> Resolution[Refund]:
         """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.reconcile_refund`."""
