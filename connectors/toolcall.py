@@ -228,22 +228,19 @@ def run_tool_call(
             with site.enter(run.call_key(site.call_id)):  # a fresh scope per attempt
                 return body()
 
-        def call() -> T:
+        def step() -> T:
             return run.call(site.tool, step_body, site.arguments, **_step_options(site, plan))
 
-        store = run.runner.guard.store
-        step_run: AgentRun | None = run
-    else:
-        step_run = None
-        effect_guard = _guarded(guard, site)
+        with _call_id(site), _failing(run):
+            return settle(step, on_doubt, run.runner.guard.store, site.pending)
+    effect_guard = _guarded(guard, site)
 
-        def call() -> T:
-            with site.enter(site.scope_id):  # a fresh scope per attempt
-                return effect_guard.run(plan.name, body, **_effect_options(site, plan))
+    def call() -> T:
+        with site.enter(site.scope_id):  # a fresh scope per attempt
+            return effect_guard.run(plan.name, body, **_effect_options(site, plan))
 
-        store = effect_guard.store
-    with _call_id(site), _failing(step_run):
-        return settle(call, on_doubt, store, site.pending)
+    with _call_id(site):
+        return settle(call, on_doubt, effect_guard.store, site.pending)
 
 
 async def arun_tool_call(
@@ -267,26 +264,23 @@ async def arun_tool_call(
             with site.enter(run.call_key(site.call_id)):
                 return await body()
 
-        async def call() -> T:
+        async def step() -> T:
             return await run.acall(site.tool, step_body, site.arguments, **_step_options(site, plan))
 
-        store = run.runner.guard.store
-        step_run: AgentRun | None = run
-    else:
-        step_run = None
-        effect_guard = _guarded(guard, site)
+        with _call_id(site), _failing(run):
+            return await asettle(step, on_doubt, run.runner.guard.store, site.pending)
+    effect_guard = _guarded(guard, site)
 
-        async def call() -> T:
-            with site.enter(site.scope_id):
-                return await effect_guard.arun(plan.name, body, **_effect_options(site, plan))
+    async def call() -> T:
+        with site.enter(site.scope_id):
+            return await effect_guard.arun(plan.name, body, **_effect_options(site, plan))
 
-        store = effect_guard.store
-    with _call_id(site), _failing(step_run):
-        return await asettle(call, on_doubt, store, site.pending)
+    with _call_id(site):
+        return await asettle(call, on_doubt, effect_guard.store, site.pending)
 
 
 @contextlib.contextmanager
-def _failing(run: AgentRun | None) -> Iterator[None]:
+def _failing(run: AgentRun) -> Iterator[None]:
     """A step's exception reaches the framework, which may turn it into a message for its model
     and go on: the run is told, so it ends failed whatever the framework does
     (:meth:`~sagaguard.saga.agent.AgentRun.fail_on_exit`). An answer ``on_doubt`` gave instead
@@ -294,8 +288,7 @@ def _failing(run: AgentRun | None) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if run is not None:
-            run.fail_on_exit(exc)
+        run.fail_on_exit(exc)
         raise
 
 
