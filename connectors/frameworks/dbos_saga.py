@@ -82,9 +82,12 @@ def _cancelled(workflow_id: str) -> bool:
 class DbosSagaTools(EngineTools):
     """Tool steps and the workflow wrapper of one agent saga type's DBOS runs.
 
-    Create it at import, before ``DBOS.launch()``: it registers the run's end step with DBOS.
-    Arguments as for :class:`~sagaguard.connectors.frameworks._engine_saga.EngineTools` (``runner``,
-    ``agent``, ``declare=``, ``hold_wait=``).
+    Create it at import, before ``DBOS.launch()``: it registers the run's end step with DBOS. Its
+    :meth:`tool` takes sync step functions (apply it under ``@DBOS.step()``; an async one raises
+    ``ConfigurationError``), each call keyed on its step id inside
+    :func:`~sagaguard.connectors.frameworks.dbos.dbos_scope`. Arguments as for
+    :class:`~sagaguard.connectors.frameworks._engine_saga.EngineTools` (``runner``, ``agent``,
+    ``declare=``, ``hold_wait=``).
     """
 
     def _register_end(self) -> None:
@@ -99,8 +102,7 @@ class DbosSagaTools(EngineTools):
         )(end_run)
 
     def _tool(self, fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
-        """A sync DBOS step function as a tool (:meth:`tool`; apply it under ``@DBOS.step()``): its
-        call is keyed on the step id, inside :func:`~sagaguard.connectors.frameworks.dbos.dbos_scope`.
+        """A sync DBOS step function as a tool (see the class docstring).
 
         Raises:
             ConfigurationError: an async function (not supported yet).

@@ -116,7 +116,10 @@ class TemporalSagaTools(EngineTools):
 
     Arguments as for :class:`~sagaguard.connectors.frameworks._engine_saga.EngineTools` (``runner``: use a
     short ``lease``, e.g. 5 s, as an activity retried after a worker died waits out the dead holder's
-    lease; ``agent``, ``declare=``, ``hold_wait=``).
+    lease; ``agent``, ``declare=``, ``hold_wait=``). Its :meth:`tool` takes activity functions, sync
+    or async (apply it under ``@activity.defn``), and runs each body inside
+    :func:`~sagaguard.connectors.frameworks.temporal.activity_scope`, so guarded effects inside a
+    tool are keyed on its activity.
     """
 
     def _register_end(self) -> None:
@@ -141,11 +144,8 @@ class TemporalSagaTools(EngineTools):
         return [self.end_activity]
 
     def _tool(self, fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
-        """An activity function (sync or async) as a tool of the workflow's run (:meth:`tool`; apply
-        it under ``@activity.defn``). Its body runs inside
-        :func:`~sagaguard.connectors.frameworks.temporal.activity_scope`, so guarded effects inside
-        it are keyed on the activity.
-        """
+        """An activity function (sync or async) as a tool of the workflow's run (see the class
+        docstring)."""
         tool_name, declaration, result_type = self.declared(fn, name)
 
         def call(info: activity.Info, body: Callable[[], Any], arguments: dict[str, Any]) -> Any:
