@@ -122,8 +122,13 @@ async def _athere(store: IdempotencyStore, key: str) -> bool:
     return await asyncio.to_thread(_still_in_doubt, store, key)
 
 
-def _fallback(on_doubt: OnDoubt) -> Stop | ReturnPending:
-    return on_doubt.then if isinstance(on_doubt, WaitForOperator) else on_doubt
+def _still_unknown(on_doubt: OnDoubt, exc: OutcomeUnknown, pending: Callable[[Pending], T]) -> T:
+    """What a call that stays in doubt answers, for both drivers: the pending result
+    (``ReturnPending``, or a wait ``then=ReturnPending()``), else ``exc`` raised."""
+    fallback = on_doubt.then if isinstance(on_doubt, WaitForOperator) else on_doubt
+    if isinstance(fallback, ReturnPending):
+        return pending(fallback.pending(exc))
+    raise exc
 
 
 def settle(
@@ -152,10 +157,7 @@ def settle(
                     on_doubt.sleep(on_doubt.interval)
                 if not _still_in_doubt(store, exc.key):
                     continue  # resolved: the call replays (or runs, when resolved as not applied)
-            fallback = _fallback(on_doubt)
-            if isinstance(fallback, ReturnPending):
-                return pending(fallback.pending(exc))
-            raise
+            return _still_unknown(on_doubt, exc, pending)
 
 
 async def asettle(
@@ -177,7 +179,4 @@ async def asettle(
                     await on_doubt.async_sleep(on_doubt.interval)
                 if not await _athere(store, exc.key):
                     continue
-            fallback = _fallback(on_doubt)
-            if isinstance(fallback, ReturnPending):
-                return pending(fallback.pending(exc))
-            raise
+            return _still_unknown(on_doubt, exc, pending)

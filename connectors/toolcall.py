@@ -33,7 +33,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypedDict, TypeVar, cast
 
 from sagaguard.connectors.declare import ToolDeclaration, is_step, kind_options, recorded_output
 from sagaguard.connectors.in_doubt import OnDoubt, Pending, Stop, asettle, settle
@@ -228,29 +228,19 @@ def run_tool_call(
             with site.enter(run.call_key(site.call_id)):  # a fresh scope per attempt
                 return body()
 
-        def call() -> T:
-            return run.call(
-                site.tool, step_body, site.arguments, undo=plan.undo, pivot=plan.pivot,
-                call_id=site.call_id, result_type=site.result_type, record=site.record, options=plan.options,
-            )  # fmt: skip
+        def step() -> T:
+            return run.call(site.tool, step_body, site.arguments, **_step_options(site, plan))
 
-        store = run.runner.guard.store
-        step_run: AgentRun | None = run
-    else:
-        step_run = None
-        effect_guard = _guarded(guard, site)
-        fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
+        with _call_id(site), _failing(run):
+            return settle(step, on_doubt, run.runner.guard.store, site.pending)
+    effect_guard = _guarded(guard, site)
 
-        def call() -> T:
-            with site.enter(site.scope_id):  # a fresh scope per attempt
-                return effect_guard.run(
-                    plan.name, body, arguments=fingerprinted, key=plan.key, result_type=site.result_type,
-                    **plan.options,
-                )  # fmt: skip
+    def call() -> T:
+        with site.enter(site.scope_id):  # a fresh scope per attempt
+            return effect_guard.run(plan.name, body, **_effect_options(site, plan))
 
-        store = effect_guard.store
-    with _call_id(site), _failing(step_run):
-        return settle(call, on_doubt, store, site.pending)
+    with _call_id(site):
+        return settle(call, on_doubt, effect_guard.store, site.pending)
 
 
 async def arun_tool_call(
@@ -274,33 +264,23 @@ async def arun_tool_call(
             with site.enter(run.call_key(site.call_id)):
                 return await body()
 
-        async def call() -> T:
-            return await run.acall(
-                site.tool, step_body, site.arguments, undo=plan.undo, pivot=plan.pivot,
-                call_id=site.call_id, result_type=site.result_type, record=site.record, options=plan.options,
-            )  # fmt: skip
+        async def step() -> T:
+            return await run.acall(site.tool, step_body, site.arguments, **_step_options(site, plan))
 
-        store = run.runner.guard.store
-        step_run: AgentRun | None = run
-    else:
-        step_run = None
-        effect_guard = _guarded(guard, site)
-        fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
+        with _call_id(site), _failing(run):
+            return await asettle(step, on_doubt, run.runner.guard.store, site.pending)
+    effect_guard = _guarded(guard, site)
 
-        async def call() -> T:
-            with site.enter(site.scope_id):
-                return await effect_guard.arun(
-                    plan.name, body, arguments=fingerprinted, key=plan.key, result_type=site.result_type,
-                    **plan.options,
-                )  # fmt: skip
+    async def call() -> T:
+        with site.enter(site.scope_id):
+            return await effect_guard.arun(plan.name, body, **_effect_options(site, plan))
 
-        store = effect_guard.store
-    with _call_id(site), _failing(step_run):
-        return await asettle(call, on_doubt, store, site.pending)
+    with _call_id(site):
+        return await asettle(call, on_doubt, effect_guard.store, site.pending)
 
 
 @contextlib.contextmanager
-def _failing(run: AgentRun | None) -> Iterator[None]:
+def _failing(run: AgentRun) -> Iterator[None]:
     """A step's exception reaches the framework, which may turn it into a message for its model
     and go on: the run is told, so it ends failed whatever the framework does
     (:meth:`~sagaguard.saga.agent.AgentRun.fail_on_exit`). An answer ``on_doubt`` gave instead
@@ -308,9 +288,34 @@ def _failing(run: AgentRun | None) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if run is not None:
-            run.fail_on_exit(exc)
+        run.fail_on_exit(exc)
         raise
+
+
+class _StepOptions(TypedDict, Generic[T]):
+    """The keyword arguments of :meth:`~sagaguard.saga.agent.AgentRun.call` and ``acall`` for a step."""
+
+    undo: str | None
+    pivot: bool
+    call_id: str
+    result_type: Any
+    record: Callable[[T], Any]
+    options: RunOptions
+
+
+def _step_options(site: ToolCallSite[T], plan: Step) -> _StepOptions[T]:
+    """What both drivers pass a step's ``call``/``acall`` (pure, no I/O)."""
+    return _StepOptions(
+        undo=plan.undo, pivot=plan.pivot, call_id=site.call_id, result_type=site.result_type,
+        record=site.record, options=plan.options,
+    )  # fmt: skip
+
+
+def _effect_options(site: ToolCallSite[Any], plan: Effect) -> dict[str, Any]:
+    """What both drivers pass ``Guard.run``/``arun`` for a guarded call (pure, no I/O): its
+    fingerprinted arguments (:attr:`ToolCallSite.fingerprint`, else the call's), key and options."""
+    fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
+    return {"arguments": fingerprinted, "key": plan.key, "result_type": site.result_type, **plan.options}
 
 
 def _run_of(saga: SagaMode) -> AgentRun:

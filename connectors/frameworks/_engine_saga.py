@@ -23,7 +23,7 @@ import inspect
 import time
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar, overload
 
 import tenacity
 
@@ -45,6 +45,8 @@ from sagaguard.saga.records import FINAL_STATES, SagaOutcome, SagaState
 
 __all__ = ["AgentRunStopped", "EngineSaga", "EngineTools", "Ending", "call_arguments", "return_type"]
 
+P = ParamSpec("P")
+R = TypeVar("R")
 T = TypeVar("T")
 
 
@@ -325,3 +327,31 @@ class EngineTools:
         """A tool function's name (``name`` or its own), declaration and stored result type."""
         tool = name or fn.__name__
         return tool, declaration_of(fn, tool, self.declare), return_type(fn)
+
+    @overload
+    def tool(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
+
+    @overload
+    def tool(
+        self, fn: None = None, /, *, name: str | None = None
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+    def tool(self, fn: Any = None, /, *, name: str | None = None) -> Any:
+        """Decorator (bare or with ``name=``): a step (activity) function as a tool of the run,
+        applied under the engine's own decorator (``@DBOS.step()``, ``@activity.defn``).
+
+        The tool's declaration (``@changes_world(undo=...)`` on the function, or by name in
+        ``declare``) says what kind of call it is; a tool with neither ``undo=`` nor ``pivot=True``
+        runs as it is. The undo receives the call's arguments by parameter name and the step's
+        return value.
+
+        Raises:
+            ConfigurationError: a function the adapter cannot run as a tool (DBOS: an async one).
+        """
+        if fn is None:
+            return lambda f: self.tool(f, name=name)
+        return self._tool(fn, name)
+
+    def _tool(self, fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+        """``fn`` wrapped as a tool (named ``name`` or after itself, :meth:`declared`): the adapter's own."""
+        raise NotImplementedError

@@ -39,7 +39,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar
 
 from dbos import DBOS
 from dbos import error as dbos_errors
@@ -82,9 +82,12 @@ def _cancelled(workflow_id: str) -> bool:
 class DbosSagaTools(EngineTools):
     """Tool steps and the workflow wrapper of one agent saga type's DBOS runs.
 
-    Create it at import, before ``DBOS.launch()``: it registers the run's end step with DBOS.
-    Arguments as for :class:`~sagaguard.connectors.frameworks._engine_saga.EngineTools` (``runner``,
-    ``agent``, ``declare=``, ``hold_wait=``).
+    Create it at import, before ``DBOS.launch()``: it registers the run's end step with DBOS. Its
+    :meth:`tool` takes sync step functions (apply it under ``@DBOS.step()``; an async one raises
+    ``ConfigurationError``), each call keyed on its step id inside
+    :func:`~sagaguard.connectors.frameworks.dbos.dbos_scope`. Arguments as for
+    :class:`~sagaguard.connectors.frameworks._engine_saga.EngineTools` (``runner``, ``agent``,
+    ``declare=``, ``hold_wait=``).
     """
 
     def _register_end(self) -> None:
@@ -98,27 +101,12 @@ class DbosSagaTools(EngineTools):
             name=f"sagaguard.agent.end.{agent.name}"
         )(end_run)
 
-    @overload
-    def tool(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
-
-    @overload
-    def tool(
-        self, fn: None = None, /, *, name: str | None = None
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
-
-    def tool(self, fn: Any = None, /, *, name: str | None = None) -> Any:
-        """Decorator (bare or with ``name=``): a sync DBOS step function as a tool of the run.
-
-        Apply it under ``@DBOS.step()``. The tool's declaration (``@changes_world(undo=...)`` on the
-        function, or by name in ``declare``) says what kind of call it is; a tool with neither
-        ``undo=`` nor ``pivot=True`` runs as it is. The undo receives the call's arguments by
-        parameter name and the step's return value.
+    def _tool(self, fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+        """A sync DBOS step function as a tool (see the class docstring).
 
         Raises:
             ConfigurationError: an async function (not supported yet).
         """
-        if fn is None:
-            return lambda f: self.tool(f, name=name)
         if inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"{fn.__name__}: an async DBOS step cannot be an agent saga tool yet")
         tool_name, declaration, result_type = self.declared(fn, name)

@@ -56,7 +56,7 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, TypeVar
 
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
@@ -75,8 +75,6 @@ __all__ = [
     "temporal_run_id",
 ]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 T = TypeVar("T")
 
 HEARTBEAT = timedelta(seconds=5)
@@ -118,7 +116,10 @@ class TemporalSagaTools(EngineTools):
 
     Arguments as for :class:`~sagaguard.connectors.frameworks._engine_saga.EngineTools` (``runner``: use a
     short ``lease``, e.g. 5 s, as an activity retried after a worker died waits out the dead holder's
-    lease; ``agent``, ``declare=``, ``hold_wait=``).
+    lease; ``agent``, ``declare=``, ``hold_wait=``). Its :meth:`tool` takes activity functions, sync
+    or async (apply it under ``@activity.defn``), and runs each body inside
+    :func:`~sagaguard.connectors.frameworks.temporal.activity_scope`, so guarded effects inside a
+    tool are keyed on its activity.
     """
 
     def _register_end(self) -> None:
@@ -142,26 +143,9 @@ class TemporalSagaTools(EngineTools):
         """The activities to register with the worker besides the tools (the end activity)."""
         return [self.end_activity]
 
-    @overload
-    def tool(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
-
-    @overload
-    def tool(
-        self, fn: None = None, /, *, name: str | None = None
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
-
-    def tool(self, fn: Any = None, /, *, name: str | None = None) -> Any:
-        """Decorator (bare or with ``name=``): an activity function (sync or async) as a tool of
-        the workflow's run. Apply it under ``@activity.defn``.
-
-        The tool's declaration (``@changes_world(undo=...)`` on the function, or by name in
-        ``declare``) says what kind of call it is; a tool with neither ``undo=`` nor ``pivot=True``
-        runs as it is. Its body runs inside :func:`~sagaguard.connectors.frameworks.temporal.activity_scope`,
-        so guarded effects inside it are keyed on the activity. The undo receives the call's arguments by
-        parameter name and the activity's return value.
-        """
-        if fn is None:
-            return lambda f: self.tool(f, name=name)
+    def _tool(self, fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+        """An activity function (sync or async) as a tool of the workflow's run (see the class
+        docstring)."""
         tool_name, declaration, result_type = self.declared(fn, name)
 
         def call(info: activity.Info, body: Callable[[], Any], arguments: dict[str, Any]) -> Any:

@@ -53,7 +53,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from mcp import types
 from mcp.server.context import ServerRequestContext
@@ -77,6 +77,8 @@ from sagaguard.idempotency.guard import Guard
 from sagaguard.saga.agent import AgentRunCancelled, AgentRunEnded
 
 __all__ = ["McpProxy", "call_key", "serve_http", "serve_stdio"]
+
+T = TypeVar("T")
 
 _RESERVED = "io.modelcontextprotocol/"
 """``_meta`` entries the SDK session stamps itself (protocol version, client info)."""
@@ -159,15 +161,21 @@ class McpProxy:
                 )  # fmt: skip
         return self.guarded
 
-    async def _list_tools(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
+    async def _once_more(self, call: Callable[[GuardedSession], Awaitable[T]]) -> T:
+        """``call`` on the upstream session; when that one is gone (not sent, its record released),
+        again on a new connection, with ``reconnect`` (once: a server that dies again at once
+        answers the client "not sent")."""
         try:
-            return await (await self._upstream()).list_tools()
+            return await call(await self._upstream())
         except ServerGone:
             if self._reconnect is None:
                 raise
-            return await (await self._upstream()).list_tools()
+            return await call(await self._upstream())
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return await self._once_more(lambda upstream: upstream.list_tools())
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -187,18 +195,9 @@ class McpProxy:
                     connection=connection, params=params, key=key, client_key=client_key,
                     request_id=str(ctx.request_id), forward=forward,
                 )  # fmt: skip
-            try:
-                return await (await self._upstream()).call_tool(
-                    params.name, params.arguments, key=key, meta=forward
-                )
-            except ServerGone:
-                if self._reconnect is None:
-                    raise
-                # Not sent, record released: send it on a new connection (once: a server that dies
-                # again at once answers the client "not sent").
-                return await (await self._upstream()).call_tool(
-                    params.name, params.arguments, key=key, meta=forward
-                )
+            return await self._once_more(
+                lambda upstream: upstream.call_tool(params.name, params.arguments, key=key, meta=forward)
+            )
         except KeyConflict as exc:
             raise MCPError(
                 types.INVALID_PARAMS, f"idempotency key reused with other arguments: {exc}"

@@ -243,13 +243,7 @@ class StripeEffects(AsyncStripeMethods):
         generation = attempts.current_attempt(self.guard, identity)
         if evidence.replayed_5xx(request.record, attempts.attempt_key(identity.provider_key, generation)):
             new_key = attempts.attempt_key(identity.provider_key, generation + 1)
-            self.guard.run(
-                attempts.ATTEMPT,
-                lambda: new_key,
-                key=attempts.marker_key(identity.key, generation + 1),
-                arguments={"generation": generation + 1},
-                result_type=str,
-            )
+            self.guard.run(attempts.ATTEMPT, lambda: new_key, **attempts.marker(identity, generation + 1))
 
     def reconcile_refund(self, request: ReconcileRequest) -> Resolution[Refund]:
         """Did the in-doubt refund happen? Refunds of the PaymentIntent, matched on metadata."""
@@ -297,14 +291,7 @@ class StripeEffects(AsyncStripeMethods):
                 raise map_error(exc, provider_key) from exc
             return write.result_type.of(answer)
 
-        return self.guard.run(
-            write.effect,
-            call,
-            arguments=write.arguments,
-            key=key,
-            result_type=write.result_type,
-            **self._guard_options(reconciler),
-        )
+        return self.guard.run(write.effect, call, **self._write_options(write, key, reconciler))
 
     def _do(self, op: flows.Op) -> Any:
         if isinstance(op, flows.Undo):

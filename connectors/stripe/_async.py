@@ -116,13 +116,7 @@ class AsyncStripeMethods(StripeBase):
         async def record() -> str:
             return new_key
 
-        await self.guard.arun(
-            attempts.ATTEMPT,
-            record,
-            key=attempts.marker_key(identity.key, generation + 1),
-            arguments={"generation": generation + 1},
-            result_type=str,
-        )
+        await self.guard.arun(attempts.ATTEMPT, record, **attempts.marker(identity, generation + 1))
 
     async def reconcile_refund_async(self, request: ReconcileRequest) -> Resolution[Refund]:
         """The async twin of :meth:`~sagaguard.connectors.stripe.StripeEffects.reconcile_refund`."""
@@ -168,14 +162,7 @@ class AsyncStripeMethods(StripeBase):
                 raise map_error(exc, provider_key) from exc
             return write.result_type.of(answer)
 
-        return await self.guard.arun(
-            write.effect,
-            call,
-            arguments=write.arguments,
-            key=key,
-            result_type=write.result_type,
-            **self._guard_options(reconciler),
-        )
+        return await self.guard.arun(write.effect, call, **self._write_options(write, key, reconciler))
 
     def _async_method(self, resource: str, method: str) -> Callable[..., Awaitable[Any]]:
         service = getattr(self.async_client.v1, resource)

@@ -13,11 +13,13 @@ was sent under (``sagaguard list``). Generation 0 is the effect's own provider k
 
 from __future__ import annotations
 
+from typing import Any
+
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import EffectIdentity
 from sagaguard.idempotency.records import State
 
-__all__ = ["ATTEMPT", "attempt_key", "current_attempt", "marker_key"]
+__all__ = ["ATTEMPT", "attempt_key", "current_attempt", "marker", "marker_key"]
 
 ATTEMPT = "stripe.attempt_key"
 """The effect name of the ledger entry recording a new attempt key."""
@@ -26,6 +28,16 @@ ATTEMPT = "stripe.attempt_key"
 def marker_key(effect_key: str, generation: int) -> str:
     """The explicit key of the ledger entry for ``generation`` (1, 2, ...) of ``effect_key``."""
     return f"{effect_key}/attempt/{generation}"
+
+
+def marker(identity: EffectIdentity, generation: int) -> dict[str, Any]:
+    """The ``Guard.run`` (or ``arun``) arguments of the ledger entry that records ``generation``
+    of the effect's attempt keys (run as :data:`ATTEMPT`, its body returning the attempt key)."""
+    return {
+        "key": marker_key(identity.key, generation),
+        "arguments": {"generation": generation},
+        "result_type": str,
+    }
 
 
 def attempt_key(provider_key: str, generation: int) -> str:

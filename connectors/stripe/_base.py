@@ -12,6 +12,7 @@ from typing import Any
 import stripe
 
 from sagaguard.connectors.errors import classify, replayable
+from sagaguard.connectors.stripe._flows import Write
 from sagaguard.connectors.stripe._objects import KEY_WINDOW
 from sagaguard.idempotency.checks import count, seconds
 from sagaguard.idempotency.effect import ReconcileRequest, Retry
@@ -105,8 +106,15 @@ class StripeBase:
             self._async_client = None
             await http.close_async()  # type: ignore[no-untyped-call]
 
-    def _guard_options(self, reconciler: Callable[[ReconcileRequest], Any]) -> dict[str, Any]:
+    def _write_options(
+        self, write: Write[Any], key: str | None, reconciler: Callable[[ReconcileRequest], Any]
+    ) -> dict[str, Any]:
+        """What the sync and async drivers pass ``Guard.run``/``arun`` with ``write``'s effect: its
+        fingerprinted arguments, the key, its result type and the connector's options."""
         return {
+            "arguments": write.arguments,
+            "key": key,
+            "result_type": write.result_type,
             "reconciler": reconciler,
             "provider_idempotent": True,
             "provider_window": self.key_window,
