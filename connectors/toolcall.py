@@ -311,7 +311,16 @@ def _step_options(site: ToolCallSite[T], plan: Step) -> _StepOptions[T]:
     )  # fmt: skip
 
 
-def _effect_options(site: ToolCallSite[Any], plan: Effect) -> dict[str, Any]:
+class _EffectOptions(RunOptions, total=False):
+    """The keyword arguments of :meth:`~sagaguard.idempotency.guard.Guard.run` and ``arun`` for a
+    guarded call: its options and what ``run`` takes besides them (mypy checks both)."""
+
+    arguments: Mapping[str, Any]
+    key: str | None
+    result_type: Any
+
+
+def _effect_options(site: ToolCallSite[Any], plan: Effect) -> _EffectOptions:
     """What both drivers pass ``Guard.run``/``arun`` for a guarded call (pure, no I/O): its
     fingerprinted arguments (:attr:`ToolCallSite.fingerprint`, else the call's), key and options."""
     fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint
