@@ -3,11 +3,10 @@
 ``{prefix}sagas`` holds one row per saga instance, ``{prefix}saga_steps`` one row per started step,
 ``{prefix}saga_signals`` one row per delivered signal (see :mod:`sagaguard.saga.journals.sql_schema`). Each
 primitive is one transaction; :meth:`SqlJournal.commit` (the atomic phase) is one fenced
-``UPDATE .. RETURNING`` of the saga row and the write of each step row, committed together, so a
-phase is written entirely or not at all: on Postgres one statement (in data-modifying ``WITH``
-clauses fed by the update's ``RETURNING``, so a refused fence writes no step row: an update of the
-step rows that exist, an insert of the others) in autocommit, one round trip; on SQLite one
-``BEGIN IMMEDIATE`` transaction, an upsert per step row. Those calls a saga makes on every step
+``UPDATE .. RETURNING`` of the saga row and an upsert per step row, committed together, so a
+phase is written entirely or not at all: on Postgres one statement (the upserts in a data-modifying
+``WITH`` fed by the update's ``RETURNING``, so a refused fence writes no step row) in autocommit, one
+round trip; on SQLite one ``BEGIN IMMEDIATE`` transaction. Those calls a saga makes on every step
 (:meth:`~SqlJournal.start`, :meth:`~SqlJournal.commit`) run their SQL text on the driver itself
 (:mod:`sagaguard.idempotency.backends.sql_driver`: psycopg's prepared statements, sqlite3); the rest goes
 through SQLAlchemy Core.

@@ -268,11 +268,6 @@ class Statements:
         kept = ("saga_id", "idx", "started_at")
         updates = ", ".join(f"{c} = excluded.{c}" for c in STEP_COLUMNS.split(", ") if c not in kept)
         self._steps_table = steps
-        self._step_updates = ", ".join(
-            f"{c} = " + ("r.updated_at" if c == "updated_at" else f"v.{c}")
-            for c in STEP_COLUMNS.split(", ")
-            if c not in kept
-        )
         self._upsert_tail = f"ON CONFLICT (saga_id, idx) DO UPDATE SET {updates}"
         self.text["upsert_step"] = (
             f"INSERT INTO {steps} ({STEP_COLUMNS}) VALUES (:saga_id, :idx, :name, :kind, :state, "
@@ -320,11 +315,10 @@ class Statements:
     def start_with_step(self) -> str:
         """Postgres: :attr:`start` and, only when it created the saga (token 1), the upsert of its
         first step row (parameters ``idx0``, ``name0``, ...), as one statement."""
-        return self._with_steps(self.text["start"], 1, "r.token = 1")
+        return self._with_steps(self.text["start"], 1, "WHERE r.token = 1")
 
-    def _with_steps(self, saga_sql: str, rows: int, only: str = "true") -> str:
-        """``saga_sql`` (returning the saga row) with ``rows`` step rows upserted from its result,
-        when the condition ``only`` on it (``r``) holds."""
+    def _with_steps(self, saga_sql: str, rows: int, where: str = "") -> str:
+        """``saga_sql`` (returning the saga row) with ``rows`` step rows upserted from its result."""
         if rows == 0:
             return saga_sql
         values = ", ".join(
@@ -334,20 +328,11 @@ class Statements:
         names = ", ".join(field for field, _ in _STEP_VALUES)
         stamped = {"saga_id": "r.saga_id", "started_at": "r.updated_at", "updated_at": "r.updated_at"}
         picked = ", ".join(stamped.get(c, f"v.{c}") for c in STEP_COLUMNS.split(", "))
-        rows_of = f"r, (VALUES {values}) AS v({names})"
-        steps = self._steps_table
-        # The rows that exist are updated and the others inserted, rather than upserted: an upsert
-        # pays a speculative insertion (its confirmation, or a lock of the row it then updates) in
-        # the WAL for every row. The fenced update of the saga row (r) holds that row's lock, and
-        # only the saga's holder writes its step rows, one thread per step, so no other writer
-        # inserts one of these rows meanwhile. A data-modifying WITH runs to completion whether or
-        # not the outer query reads it; all of them see the snapshot the statement started with.
+        # A data-modifying WITH runs to completion whether or not the outer query reads it.
         return (
             f"WITH r AS ({saga_sql}), "
-            f"u AS (UPDATE {steps} AS s SET {self._step_updates} FROM {rows_of} "
-            f"WHERE {only} AND s.saga_id = r.saga_id AND s.idx = v.idx RETURNING s.idx), "
-            f"w AS (INSERT INTO {steps} ({STEP_COLUMNS}) SELECT {picked} FROM {rows_of} "
-            f"WHERE {only} AND v.idx NOT IN (SELECT idx FROM u)) "
+            f"w AS (INSERT INTO {self._steps_table} ({STEP_COLUMNS}) SELECT {picked} "
+            f"FROM r, (VALUES {values}) AS v({names}) {where} {self._upsert_tail}) "
             "SELECT * FROM r"
         )
 
