@@ -197,5 +197,13 @@ def redis_commands(ports: list[int], run: Callable[[], None]) -> float:
 
 
 def difference(before: dict[str, float], after: dict[str, float], units: int) -> dict[str, float]:
-    """Per unit: ``(after - before) / units`` for each figure (zeros when nothing was done)."""
+    """Per unit: ``(after - before) / units`` for each figure (zeros when nothing was done).
+
+    Raises:
+        RuntimeError: a counter went down (a Redis AOF rewritten during the window, a server
+            restarted): the window measured nothing it could report.
+    """
+    fallen = sorted(k for k in after if after[k] < before[k])
+    if fallen:
+        raise RuntimeError(f"counters went down during the window: {fallen}")
     return {k: (after[k] - before[k]) / units if units else 0.0 for k in after}
