@@ -35,7 +35,7 @@ def ship(ctx: StepContext, order: str) -> str:
     return f"shp_{order}"
 
 
-# A saga's lease: renewed at each commit and every third of it while a step runs.
+# A saga's lease: renewed by a commit once a fifth of it has passed, and every third of it while a step runs.
 runner = SagaRunner(journal, guard, lease=60.0, wait=10.0)
 done = runner.run(fulfil, "order-7", "order-7")
 assert done.state is SagaState.COMPLETED, done
