@@ -41,7 +41,7 @@ from sagaguard.idempotency.effect import Policy
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import Scope, scope
-from sagaguard.idempotency.options import PassedOptions, RunOptions
+from sagaguard.idempotency.options import PassedOptions, RunArguments, RunOptions
 from sagaguard.idempotency.telemetry import TOOL_CALL_ID
 from sagaguard.saga.agent import AgentRun, current_run
 
@@ -311,16 +311,7 @@ def _step_options(site: ToolCallSite[T], plan: Step) -> _StepOptions[T]:
     )  # fmt: skip
 
 
-class _EffectOptions(RunOptions, total=False):
-    """The keyword arguments of :meth:`~sagaguard.idempotency.guard.Guard.run` and ``arun`` for a
-    guarded call: its options and what ``run`` takes besides them (mypy checks both)."""
-
-    arguments: Mapping[str, Any]
-    key: str | None
-    result_type: Any
-
-
-def _effect_options(site: ToolCallSite[Any], plan: Effect) -> _EffectOptions:
+def _effect_options(site: ToolCallSite[Any], plan: Effect) -> RunArguments:
     """What both drivers pass ``Guard.run``/``arun`` for a guarded call (pure, no I/O): its
     fingerprinted arguments (:attr:`ToolCallSite.fingerprint`, else the call's), key and options."""
     fingerprinted = site.arguments if site.fingerprint is None else site.fingerprint

@@ -23,6 +23,7 @@ from sagaguard.idempotency.flow import EffectSpec
 __all__ = [
     "RUN_OPTIONS",
     "PassedOptions",
+    "RunArguments",
     "RunOptions",
     "EffectOptions",
     "FingerprintSpec",
@@ -198,6 +199,15 @@ class RunOptions(PassedOptions, total=False):
 
     policy: Policy | str
     tool: bool
+
+
+class RunArguments(RunOptions, total=False):
+    """Every keyword argument of :meth:`Guard.run` / ``arun``: its options and what it takes besides
+    them, for code that builds them once for a sync and an async driver (mypy checks both)."""
+
+    arguments: Mapping[str, Any] | None
+    key: str | None
+    result_type: Any
 
 
 class EffectOptions(PassedOptions, total=False):

@@ -13,10 +13,9 @@ was sent under (``sagaguard list``). Generation 0 is the effect's own provider k
 
 from __future__ import annotations
 
-from typing import Any
-
 from sagaguard.idempotency.guard import Guard
 from sagaguard.idempotency.keys import EffectIdentity
+from sagaguard.idempotency.options import RunArguments
 from sagaguard.idempotency.records import State
 
 __all__ = ["ATTEMPT", "attempt_key", "current_attempt", "marker", "marker_key"]
@@ -30,7 +29,7 @@ def marker_key(effect_key: str, generation: int) -> str:
     return f"{effect_key}/attempt/{generation}"
 
 
-def marker(identity: EffectIdentity, generation: int) -> dict[str, Any]:
+def marker(identity: EffectIdentity, generation: int) -> RunArguments:
     """The ``Guard.run`` (or ``arun``) arguments of the ledger entry that records ``generation``
     of the effect's attempt keys (run as :data:`ATTEMPT`, its body returning the attempt key)."""
     return {

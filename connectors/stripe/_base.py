@@ -17,6 +17,7 @@ from sagaguard.connectors.stripe._objects import KEY_WINDOW
 from sagaguard.idempotency.checks import count, seconds
 from sagaguard.idempotency.effect import ReconcileRequest, Retry
 from sagaguard.idempotency.guard import Guard
+from sagaguard.idempotency.options import RunArguments
 
 
 class StripeBase:
@@ -108,7 +109,7 @@ class StripeBase:
 
     def _write_options(
         self, write: Write[Any], key: str | None, reconciler: Callable[[ReconcileRequest], Any]
-    ) -> dict[str, Any]:
+    ) -> RunArguments:
         """What the sync and async drivers pass ``Guard.run``/``arun`` with ``write``'s effect: its
         fingerprinted arguments, the key, its result type and the connector's options."""
         return {
