@@ -52,7 +52,7 @@ from _common import Config, balance
 from _harness import Case, Stats, interleave, stats
 from _localservers import localstripe_installed, localstripe_server, temporal_cli, temporal_dev_server
 from _report import write
-from _sql import _database
+from _sql import _database, _raw_floor
 from guard import _command, _load, _machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,7 +198,7 @@ def _measure(cfg: Settings, workdir: Path) -> dict[str, Any]:
 
     from sagaguard.connectors.testing import LocalStripe
     from sagaguard.idempotency import Guard
-    from sagaguard.idempotency.stores.sql import SqlStore
+    from sagaguard.idempotency.stores.sql import SqlStore, make_engine
     from sagaguard.saga import SagaRunner
     from sagaguard.saga.journals.sql import SqlJournal
 
@@ -224,6 +224,12 @@ def _measure(cfg: Settings, workdir: Path) -> dict[str, Any]:
         stack.callback(journal.close)
         guard = Guard(store)
         guarded = guard_calls(guard, charger)
+        # What any guard with a claim before the effect pays at least: the store's record, inserted
+        # in one commit and updated in another, on the bare driver (bench/_sql.py's floor).
+        floor_engine = make_engine(url)
+        stack.callback(floor_engine.dispose)
+        two_commits, close_floor = _raw_floor("postgres", url, floor_engine, tag)
+        stack.callback(close_floor)
         dbos, stop_dbos = dbos_calls(url, charger)
         stack.callback(stop_dbos)
         temporal = TemporalSide(address, charger)
@@ -250,6 +256,7 @@ def _measure(cfg: Settings, workdir: Path) -> dict[str, Any]:
             {
                 "bare.charge": _timed(charger.charge, lambda i: f"{tag}-bare1-{i}"),
                 "guard.noop": _timed(guarded["noop"], lambda i: f"{tag}-g-noop-{i}"),
+                "floor.two_commits": two_commits,
                 "dbos.noop_workflow": dbos_case("noop"),
                 "guard.charge": _timed(guarded["charge"], lambda i: f"{tag}-g-charge-{i}"),
                 "dbos.charge_workflow": dbos_case("charge"),

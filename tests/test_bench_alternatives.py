@@ -27,7 +27,7 @@ SERIES = {
     "bare.charge", "bare.charge_2", "guard.noop", "guard.charge", "dbos.noop_step", "dbos.charge_step",
     "dbos.noop_workflow", "dbos.charge_workflow", "saga.noop_step", "saga.charge_step", "saga.noop_one",
     "saga.charge_one", "temporal.noop_activity", "temporal.charge_activity", "temporal.noop_one",
-    "temporal.charge_one",
+    "temporal.charge_one", "floor.two_commits",
 }  # fmt: skip
 TARGETS = ("guarded effect vs DBOS step, no-op", "saga step vs Temporal activity, no-op")
 
