@@ -1,8 +1,9 @@
 """Undo through ``sagaguard mcp proxy``: a tool declared with an undo in ``--declare FILE`` makes
 each client connection an agent run; an operator's ``sagaguard sagas cancel RUN`` undoes its calls
 (through the live proxy, a restarted one, or ``sagaguard mcp worker``), a SIGKILLed proxy
-included; a clean disconnect completes the run. Counted at the fake Stripe behind the payments
-server.
+included (a worker on another host leaves its run to its ``--lease``); a clean disconnect completes
+the run; a stateless HTTP request is a run of its own. Counted at the fake Stripe behind the
+payments server.
 """
 
 from __future__ import annotations
