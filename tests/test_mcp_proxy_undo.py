@@ -39,7 +39,7 @@ from sagaguard.connectors.testing.smtp import SmtpSink
 from sagaguard.idempotency import holder
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga.journals import open_journal
-from sagaguard.saga.records import SagaSnapshot, SagaState
+from sagaguard.saga.records import SagaRecord, SagaSnapshot, SagaState
 
 __all__ = ["sink_fixture", "stripe_fixture"]  # the fixtures `sink` and `stripe`, re-used
 pytestmark = pytest.mark.timeout(300)
@@ -462,20 +462,22 @@ def test_each_stateless_http_request_is_a_run_of_its_own_and_one_cancelled_in_fl
 # ---------------------------------------------------- another host: the dead proxy's lease first
 
 
-LEASE = 10.0
-"""The dead proxy's ``--lease``: long enough for one ``mcp worker --once`` to run inside it."""
+LEASE = 8.0
+"""The dead proxy's ``--lease`` (renewed every third of it while the proxy lives)."""
 
 
 @contextlib.contextmanager
-def worker_running(env: dict[str, str], tmp_path: Path) -> Iterator[None]:
-    """``sagaguard mcp worker --interval 0.1`` (until SIGTERM), its stderr in ``worker.err``."""
+def worker_running(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[], bool]]:
+    """``sagaguard mcp worker --interval 0.1`` until SIGTERM; yields whether it is sweeping yet (it
+    says so on stderr, ``worker.err``, before its first sweep)."""
     argv = [sys.executable, "-c", CLI, "mcp", "worker", "--server", "payments",
             "--declare", str(tmp_path / "declare.json"), "--interval", "0.1",
             "--", sys.executable, str(SERVER)]  # fmt: skip
-    with (tmp_path / "worker.err").open("w") as err:
+    errlog = tmp_path / "worker.err"
+    with errlog.open("w") as err:
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
         try:
-            yield
+            yield lambda: process.poll() is None and "mcp worker running" in errlog.read_text()
         finally:
             process.terminate()
             process.wait(timeout=60)
@@ -484,54 +486,68 @@ def worker_running(env: dict[str, str], tmp_path: Path) -> Iterator[None]:
 def test_a_sigkilled_proxy_is_parked_by_a_worker_on_another_host_once_its_lease_ran_out_then_undone(
     env: dict[str, str], stripe: LocalStripe, sink: SmtpSink, tmp_path: Path
 ) -> None:
-    """The proxy (``--lease 10``) SIGKILLed after a charge; workers on "another host"
-    (``$SAGAGUARD_HOST_ID``), which cannot prove it dead: a sweep inside the lease leaves the run
-    RUNNING, the worker parks it WAITING only once the lease ran out, and undoes it (one refund)
-    once an operator cancels it."""
+    """The proxy (``--lease 8``) SIGKILLed after a charge, while ``sagaguard mcp worker`` sweeps
+    every 0.1 s on "another host" (``$SAGAGUARD_HOST_ID``), which cannot prove the proxy dead: the
+    run is left as the proxy left it for as long as its lease lasts, parked WAITING once the lease
+    ran out, and undone (one refund) once an operator cancels it."""
     here = {k: v for k, v in env.items() if k != holder.HOST_ENV}
     elsewhere = {**here, holder.HOST_ENV: "another-host"}
     argv = ["-c", CLI, "mcp", "proxy", "--server", "payments", "--declare", str(tmp_path / "declare.json"),
             "--lease", str(LEASE), "--", sys.executable, str(SERVER)]  # fmt: skip
     errlog = tmp_path / "killed.err"
     answers: list[types.CallToolResult] = []
-
-    async def killed() -> None:
-        with errlog.open("w") as err:
-            params = StdioServerParameters(command=sys.executable, args=argv, env=here)
-            async with (
-                stdio_client(params, errlog=err) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
-                answers.append(await session.call_tool("charge", CHARGE))
-                # The proxy's pid, as the journal names its run's holder (on this host).
-                dead = holder.parse(snapshot_of(env, run_of(errlog)).saga.holder or "")
-                assert dead is not None and dead.host == holder.parse(holder.current()).host  # type: ignore[union-attr]
-                os.kill(dead.pid, signal.SIGKILL)
-
-    with contextlib.suppress(Exception, BaseExceptionGroup):  # the proxy died under the client
-        in_loop(killed)
-    (answer,) = answers
-    run_id = run_of(errlog)
-    dead_run = snapshot_of(env, run_id).saga  # as the dead proxy last renewed it: final
-    lease_until = dead_run.lease_until
-    assert 0 < lease_until - dead_run.updated_at <= LEASE  # held under --lease, not the 30 s default
-    swept = worker_once(elsewhere, tmp_path)
-    assert swept.returncode == 0, swept.stderr
     journal = open_journal(env["SAGAGUARD_STORE"])
+
+    def row() -> SagaRecord:
+        found = journal.load(run_of(errlog))
+        assert found is not None
+        return found.saga
+
     try:
-        assert journal.now() < lease_until, "the sweep outlasted the lease: raise LEASE"
+        with worker_running(elsewhere, tmp_path) as sweeping:  # sweeping from before the kill
+
+            async def killed() -> None:
+                with errlog.open("w") as err:
+                    params = StdioServerParameters(command=sys.executable, args=argv, env=here)
+                    async with (
+                        stdio_client(params, errlog=err) as (read, write),
+                        ClientSession(read, write) as session,
+                    ):
+                        await session.initialize()
+                        answers.append(await session.call_tool("charge", CHARGE))
+                        await auntil(sweeping, "the worker elsewhere sweeping")
+                        # The proxy's pid, as the journal names its run's holder (on this host).
+                        dead = holder.parse(row().holder or "")
+                        assert dead is not None and dead.host == holder.parse(holder.current()).host  # type: ignore[union-attr]
+                        os.kill(dead.pid, signal.SIGKILL)
+
+            with contextlib.suppress(Exception, BaseExceptionGroup):  # the proxy died under the client
+                in_loop(killed)
+            (answer,) = answers
+            left = row()  # as the dead proxy last renewed it
+            assert left.state is SagaState.RUNNING
+            assert 0 < left.lease_until - left.updated_at <= LEASE  # held under --lease, not 30 s
+            inside: list[float] = []
+
+            def parked() -> bool:
+                now = row()
+                if now.state is SagaState.WAITING:
+                    return True
+                at = journal.now()  # read after the row: the row was read before this
+                if at < left.lease_until:
+                    assert now == left, now  # inside the lease: not touched (state, token, holder)
+                    inside.append(at)
+                return False
+
+            until(parked, "the worker elsewhere parked the run")
+            assert inside  # seen untouched inside the lease, the worker sweeping all along
+            assert row().updated_at >= left.lease_until  # parked once the lease had run out
+            assert counts(stripe, sink) == {"charges": 1, "refunds": 0, "emails": 0}  # parking undoes nothing
+            done = cli(here, "sagas", "cancel", left.saga_id)
+            assert done.returncode == 0, done.stderr
+            until(lambda: row().state is SagaState.COMPENSATED, "the worker elsewhere undid the run")
     finally:
         journal.close()
-    assert state(env, run_id) is SagaState.RUNNING  # a sweep inside the lease left it alone
-
-    with worker_running(elsewhere, tmp_path):
-        until(lambda: state(env, run_id) is SagaState.WAITING, "the worker elsewhere parked the run")
-        assert snapshot_of(env, run_id).saga.updated_at >= lease_until  # parked once the lease ran out
-        assert counts(stripe, sink) == {"charges": 1, "refunds": 0, "emails": 0}  # parking undoes nothing
-        done = cli(here, "sagas", "cancel", run_id)
-        assert done.returncode == 0, done.stderr
-        until(lambda: state(env, run_id) is SagaState.COMPENSATED, "the worker elsewhere undid the run")
     assert counts(stripe, sink) == {"charges": 1, "refunds": 1, "emails": 0}
     assert refunded(stripe) == [answer.structured_content["id"]]  # type: ignore[index]
     assert worker_once(elsewhere, tmp_path).returncode == 0  # again: nothing more
