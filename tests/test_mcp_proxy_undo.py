@@ -439,9 +439,11 @@ def test_each_stateless_http_request_is_a_run_of_its_own_and_one_cancelled_in_fl
                 listed = journal_runs(env)
                 assert len(listed) == 2 and listed[completed] == "completed", listed
                 (running,) = (r for r, s in listed.items() if s == "running")
-                late = await asyncio.to_thread(cli, env, "sagas", "cancel", completed)
+                late, done = await asyncio.gather(
+                    asyncio.to_thread(cli, env, "sagas", "cancel", completed),
+                    asyncio.to_thread(cli, env, "sagas", "cancel", running),
+                )
                 assert late.returncode == 1, late.stdout + late.stderr  # answered: its run is over
-                done = await asyncio.to_thread(cli, env, "sagas", "cancel", running)
                 assert done.returncode == 0, done.stderr
                 (tmp_path / "release-777").write_text("go")
                 return first, await in_flight, completed, running
