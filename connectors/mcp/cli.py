@@ -233,17 +233,10 @@ def proxy(
         try:
             asyncio.run(
                 proxy_main(
-                    opener,
-                    guard,
-                    server,
-                    host,
-                    port,
-                    declare=declared,
-                    journal=journal,
-                    interval=interval,
+                    opener, guard, server, host, port, declare=declared, journal=journal, interval=interval,
                     lease=lease,
                 )
-            )
+            )  # fmt: skip
         finally:
             if journal is not None:
                 journal.close()
