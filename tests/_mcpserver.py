@@ -14,7 +14,9 @@ through the SMTP sink, passing on the idempotency key a client sends in the requ
 Environment: ``MCP_STRIPE`` (the Stripe server's URL), ``MCP_SMTP`` (``host:port``), ``MCP_KILL``
 (``before_charge``: SIGKILL this server as the charge starts, nothing charged; ``after_charge``:
 once the charge is made, before it answers; ``in_refund``: the same after the refund) with
-``MCP_MARKS`` (a folder: each kill happens once, marked there).
+``MCP_MARKS`` (a folder: each kill happens once, marked there); ``MCP_HOLD`` (an amount: the charge
+of that amount, once made, marks ``held-AMOUNT`` in ``MCP_MARKS`` and answers only once the test
+wrote ``release-AMOUNT`` there: a call held in flight, the effect made).
 
 ``python tests/_mcpserver.py`` serves stdio; ``python tests/_mcpserver.py http PORT`` serves
 streamable HTTP on 127.0.0.1:PORT at ``/mcp``.
@@ -26,6 +28,7 @@ import os
 import signal
 import smtplib
 import sys
+import time
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
@@ -51,6 +54,15 @@ def _kill(point: str) -> None:
         return
     mark.write_text("killed")
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hold(amount: int) -> None:
+    if os.environ.get("MCP_HOLD") != str(amount):
+        return
+    marks = Path(os.environ["MCP_MARKS"])
+    (marks / f"held-{amount}").write_text("held")
+    while not (marks / f"release-{amount}").exists():  # the test's signal, polled
+        time.sleep(0.02)
 
 
 def _stripe() -> stripe.StripeClient:
@@ -80,6 +92,7 @@ def charge(amount: int, customer: str, ctx: Context) -> dict[str, Any]:
     except stripe.CardError as exc:
         raise ToolError(f"card declined: {exc.user_message}") from exc  # an isError result
     _kill("after_charge")
+    _hold(amount)
     return {"id": intent.id, "amount": intent.amount, "status": intent.status}
 
 

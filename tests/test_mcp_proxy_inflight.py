@@ -1,7 +1,8 @@
 """The proxy's runs (:class:`~sagaguard.connectors.mcp.proxyruns.ProxyRuns`) when an operator's cancel
 arrives while a call of the connection is in flight: the run is undone only once that call is
-recorded, so the call being applied is undone too, never missed. In one process, on the memory
-journal and store, each step of the interleaving driven by events (no sleeps)."""
+recorded, so the call being applied is undone too, never missed; and undone, not completed, when the
+connection ends before any sweep saw the cancel. In one process, on the memory journal and store,
+each step of the interleaving driven by events (no sleeps)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from anyio import wait_all_tasks_blocked
 from sagaguard.connectors.mcp.proxyruns import ProxyRuns
 from sagaguard.idempotency import Guard, MemoryStore
 from sagaguard.saga.agent import AgentSaga, OnFailure, UndoRegistry
+from sagaguard.saga.control import cancel
 from sagaguard.saga.journals.memory import MemoryJournal
-from sagaguard.saga.records import SagaState
+from sagaguard.saga.records import CancelOutcome, SagaState
 
 
 def test_a_cancel_arriving_while_a_call_is_in_flight_undoes_that_call_too_once_it_is_recorded() -> None:
@@ -66,3 +68,39 @@ def _state(journal: MemoryJournal, run_id: str) -> SagaState:
     snapshot = journal.load(run_id)
     assert snapshot is not None
     return snapshot.saga.state
+
+
+def test_a_cancel_no_sweep_saw_before_the_connection_ended_undoes_the_run_rather_than_completing_it() -> None:
+    """The operator cancels while the connection's last call is in flight (``sagas cancel`` answers
+    REQUESTED), and the connection ends (a stateless HTTP request answered, a client gone) before
+    any sweep looked: the run is undone, not completed with the cancel ignored."""
+    undone: list[str] = []
+    undos = UndoRegistry()
+
+    @undos.named("cancel_booking")
+    def cancel_booking(arguments: dict[str, Any], result: Any) -> None:
+        undone.append(result)
+
+    journal, guard = MemoryJournal(), Guard(MemoryStore())
+    agent = AgentSaga("mcp-proxy.test", undos, on_failure=OnFailure.LEAVE)
+    runs = ProxyRuns(journal, guard, agent, interval=3600, say=lambda _line: None)  # one sweep, at the start
+    seen: dict[str, Any] = {}
+
+    async def body() -> None:
+        async with runs.calling("request:1") as run:
+
+            async def applying() -> str:
+                seen["cancel"] = cancel(journal, run.run_id, reason="operator")
+                return "b1"
+
+            await run.acall("book", applying, {"n": 1}, undo="cancel_booking")
+            seen["run"] = run.run_id
+        await runs.close("request:1")  # the end of the request: no sweep since the cancel
+
+    try:
+        anyio.run(runs.serve, body)
+    finally:
+        guard.close()
+    assert seen["cancel"] is CancelOutcome.REQUESTED
+    assert undone == ["b1"]
+    assert _state(journal, seen["run"]) is SagaState.COMPENSATED

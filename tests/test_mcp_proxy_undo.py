@@ -1,8 +1,9 @@
 """Undo through ``sagaguard mcp proxy``: a tool declared with an undo in ``--declare FILE`` makes
 each client connection an agent run; an operator's ``sagaguard sagas cancel RUN`` undoes its calls
 (through the live proxy, a restarted one, or ``sagaguard mcp worker``), a SIGKILLed proxy
-included; a clean disconnect completes the run. Counted at the fake Stripe behind the payments
-server.
+included (a worker on another host leaves its run to its ``--lease``); a clean disconnect completes
+the run; a stateless HTTP request is a run of its own. Counted at the fake Stripe behind the
+payments server.
 """
 
 from __future__ import annotations
@@ -16,26 +17,29 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import stripe as stripe_sdk
 from _mcpkit import CLI, SERVER, TESTS, counts, in_loop, serve_http, server_env, sink_fixture, stripe_fixture
-from mcp import ClientSession, types
+from click.testing import CliRunner
+from mcp import Client, ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
 from sagaguard.connectors.declare import read_only
 from sagaguard.connectors.mcp import IDEMPOTENCY_META_KEY, ErrorText, UndoTool, http_session
 from sagaguard.connectors.mcp.cli import load_declarations
+from sagaguard.connectors.mcp.cli import mcp as mcp_command
 from sagaguard.connectors.mcp.proxyruns import DeclaredUndo
 from sagaguard.connectors.testing import LocalStripe
 from sagaguard.connectors.testing.smtp import SmtpSink
+from sagaguard.idempotency import holder
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga.journals import open_journal
-from sagaguard.saga.records import SagaState
+from sagaguard.saga.records import SagaRecord, SagaSnapshot, SagaState
 
 __all__ = ["sink_fixture", "stripe_fixture"]  # the fixtures `sink` and `stripe`, re-used
 pytestmark = pytest.mark.timeout(300)
@@ -385,3 +389,174 @@ def test_the_worker_command_refuses_declarations_without_an_undo(env: dict[str, 
     done = worker_once(env, tmp_path)
     assert done.returncode == 2 and "declares no undo" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+# -------------------------------------------------------------- a stateless HTTP request, a run
+
+
+STATELESS = "2026-07-28"
+"""The protocol revision without sessions: each request a self-contained POST, no ``mcp-session-id``
+(the SDK's ``mcp.Client`` negotiates it by default with a server that offers it, as the proxy does)."""
+
+
+def snapshot_of(env: dict[str, str], run_id: str) -> SagaSnapshot:
+    journal = open_journal(env["SAGAGUARD_STORE"])
+    try:
+        found = journal.load(run_id)
+        assert found is not None, run_id
+        return found
+    finally:
+        journal.close()
+
+
+def journal_runs(env: dict[str, str]) -> dict[str, str]:
+    """The proxy's runs in the journal: id to state (``runs`` without a ``sagas list`` process)."""
+    journal = open_journal(env["SAGAGUARD_STORE"])
+    try:
+        return {r.saga_id: r.state.value for r in journal.list() if r.name == "mcp-proxy.payments"}
+    finally:
+        journal.close()
+
+
+def test_each_stateless_http_request_is_a_run_of_its_own_and_one_cancelled_in_flight_is_undone_alone(
+    env: dict[str, str], stripe: LocalStripe, sink: SmtpSink, tmp_path: Path
+) -> None:
+    """One client, two stateless requests: two runs. The first is answered, its run completed with
+    it (too late to cancel); the second's charge is made and held at the server when the operator
+    cancels its run: once it is answered, its charge alone is refunded. ``--interval 3600``: no
+    sweep sees the cancel, the end of the request must."""
+    argv = [sys.executable, "-c", CLI, "mcp", "proxy", "--server", "payments", "--http", "127.0.0.1:{port}",
+            "--declare", str(tmp_path / "declare.json"), "--interval", "3600",
+            "--", sys.executable, str(SERVER)]  # fmt: skip
+    with serve_http({**env, "MCP_HOLD": "777"}, argv) as url:
+
+        async def client() -> tuple[types.CallToolResult, types.CallToolResult, str, str]:
+            async with Client(url, mode=STATELESS) as session:
+                first = await session.call_tool("charge", CHARGE)
+                (completed,) = journal_runs(env)
+                in_flight = asyncio.ensure_future(session.call_tool("charge", {**CHARGE, "amount": 777}))
+                await auntil((tmp_path / "held-777").exists, "the second charge made, held")
+                listed = journal_runs(env)
+                assert len(listed) == 2 and listed[completed] == "completed", listed
+                (running,) = (r for r, s in listed.items() if s == "running")
+                late, done = await asyncio.gather(
+                    asyncio.to_thread(cli, env, "sagas", "cancel", completed),
+                    asyncio.to_thread(cli, env, "sagas", "cancel", running),
+                )
+                assert late.returncode == 1, late.stdout + late.stderr  # answered: its run is over
+                assert done.returncode == 0, done.stderr
+                (tmp_path / "release-777").write_text("go")
+                return first, await in_flight, completed, running
+
+        first, second, completed, running = in_loop(client)
+        # Answered once its run had ended: the states are final, nothing to poll for.
+        assert state(env, running) is SagaState.COMPENSATED
+        assert state(env, completed) is SagaState.COMPLETED
+    calls = {r: [row.name for row in snapshot_of(env, r).steps if row.name.startswith("tool.")]
+             for r in (completed, running)}  # fmt: skip
+    one_call = ["tool.mcp.payments.charge.0"]
+    assert calls == {completed: one_call, running: one_call}  # each request's call, in its own run
+    assert not first.is_error and not second.is_error  # the client saw both charges made
+    assert counts(stripe, sink) == {"charges": 2, "refunds": 1, "emails": 0}
+    assert refunded(stripe) == [second.structured_content["id"]]  # type: ignore[index]
+
+
+# ---------------------------------------------------- another host: the dead proxy's lease first
+
+
+LEASE = 8.0
+"""The dead proxy's ``--lease`` (renewed every third of it while the proxy lives)."""
+
+
+@contextlib.contextmanager
+def worker_running(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[], bool]]:
+    """``sagaguard mcp worker --interval 0.1`` until SIGTERM; yields whether it is sweeping yet (it
+    says so on stderr, ``worker.err``, before its first sweep)."""
+    argv = [sys.executable, "-c", CLI, "mcp", "worker", "--server", "payments",
+            "--declare", str(tmp_path / "declare.json"), "--interval", "0.1",
+            "--", sys.executable, str(SERVER)]  # fmt: skip
+    errlog = tmp_path / "worker.err"
+    with errlog.open("w") as err:
+        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        try:
+            yield lambda: process.poll() is None and "mcp worker running" in errlog.read_text()
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+
+def test_a_sigkilled_proxy_is_parked_by_a_worker_on_another_host_once_its_lease_ran_out_then_undone(
+    env: dict[str, str], stripe: LocalStripe, sink: SmtpSink, tmp_path: Path
+) -> None:
+    """The proxy (``--lease 8``) SIGKILLed after a charge, while ``sagaguard mcp worker`` sweeps
+    every 0.1 s on "another host" (``$SAGAGUARD_HOST_ID``), which cannot prove the proxy dead: the
+    run is left as the proxy left it for as long as its lease lasts, parked WAITING once the lease
+    ran out, and undone (one refund) once an operator cancels it."""
+    here = {k: v for k, v in env.items() if k != holder.HOST_ENV}
+    elsewhere = {**here, holder.HOST_ENV: "another-host"}
+    argv = ["-c", CLI, "mcp", "proxy", "--server", "payments", "--declare", str(tmp_path / "declare.json"),
+            "--lease", str(LEASE), "--", sys.executable, str(SERVER)]  # fmt: skip
+    errlog = tmp_path / "killed.err"
+    answers: list[types.CallToolResult] = []
+    journal = open_journal(env["SAGAGUARD_STORE"])
+
+    def row() -> SagaRecord:
+        found = journal.load(run_of(errlog))
+        assert found is not None
+        return found.saga
+
+    try:
+        with worker_running(elsewhere, tmp_path) as sweeping:  # sweeping from before the kill
+
+            async def killed() -> None:
+                with errlog.open("w") as err:
+                    params = StdioServerParameters(command=sys.executable, args=argv, env=here)
+                    async with (
+                        stdio_client(params, errlog=err) as (read, write),
+                        ClientSession(read, write) as session,
+                    ):
+                        await session.initialize()
+                        answers.append(await session.call_tool("charge", CHARGE))
+                        await auntil(sweeping, "the worker elsewhere sweeping")
+                        # The proxy's pid, as the journal names its run's holder (on this host).
+                        dead = holder.parse(row().holder or "")
+                        assert dead is not None and dead.host == holder.parse(holder.current()).host  # type: ignore[union-attr]
+                        os.kill(dead.pid, signal.SIGKILL)
+
+            with contextlib.suppress(Exception, BaseExceptionGroup):  # the proxy died under the client
+                in_loop(killed)
+            (answer,) = answers
+            left = row()  # as the dead proxy last renewed it
+            assert left.state is SagaState.RUNNING
+            assert 0 < left.lease_until - left.updated_at <= LEASE  # held under --lease, not 30 s
+            inside: list[float] = []
+
+            def parked() -> bool:
+                now = row()
+                if now.state is SagaState.WAITING:
+                    return True
+                at = journal.now()  # read after the row: the row was read before this
+                if at < left.lease_until:
+                    assert now == left, now  # inside the lease: not touched (state, token, holder)
+                    inside.append(at)
+                return False
+
+            until(parked, "the worker elsewhere parked the run")
+            assert inside  # seen untouched inside the lease, the worker sweeping all along
+            assert row().updated_at >= left.lease_until  # parked once the lease had run out
+            assert counts(stripe, sink) == {"charges": 1, "refunds": 0, "emails": 0}  # parking undoes nothing
+            done = cli(here, "sagas", "cancel", left.saga_id)
+            assert done.returncode == 0, done.stderr
+            until(lambda: row().state is SagaState.COMPENSATED, "the worker elsewhere undid the run")
+    finally:
+        journal.close()
+    assert counts(stripe, sink) == {"charges": 1, "refunds": 1, "emails": 0}
+    assert refunded(stripe) == [answer.structured_content["id"]]  # type: ignore[index]
+    assert worker_once(elsewhere, tmp_path).returncode == 0  # again: nothing more
+    assert counts(stripe, sink)["refunds"] == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "inf"])
+def test_a_bad_lease_is_refused_naming_the_option(value: str) -> None:
+    done = CliRunner().invoke(mcp_command, ["proxy", "--lease", value, "--", sys.executable, str(SERVER)])
+    assert done.exit_code == 2 and "Invalid value for '--lease'" in done.output, done.output

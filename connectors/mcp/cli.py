@@ -4,7 +4,7 @@
 
     sagaguard mcp tools [--json] -- SERVER COMMAND...        # or --url http://host:port/mcp
     sagaguard mcp proxy [--store URL] [--namespace NS] [--server NAME] [--http HOST:PORT]
-                        [--declare FILE] [--interval S] -- SERVER COMMAND...
+                        [--declare FILE] [--interval S] [--lease S] -- SERVER COMMAND...
     sagaguard mcp worker [--store URL] [--namespace NS] [--server NAME] --declare FILE
                          [--interval S] [--once] -- SERVER COMMAND...
 
@@ -14,7 +14,9 @@ tools to one client over stdio (default) or to many over streamable HTTP (``--ht
 guarded as :mod:`sagaguard.connectors.mcp.proxy` says, recorded in ``--store`` (default ``$SAGAGUARD_STORE``).
 ``--declare FILE`` overrides tools' annotations (:func:`load_declarations`); a tool declared with an
 undo makes each client connection an agent run (:mod:`sagaguard.connectors.mcp.proxyruns`), and the
-proxy runs the worker of those runs every ``--interval`` seconds. ``worker`` runs that worker alone,
+proxy runs the worker of those runs every ``--interval`` seconds and holds each run under a lease of
+``--lease`` seconds (renewed while it lives: how long a run of a proxy that died waits before a
+worker on another host parks it). ``worker`` runs that worker alone,
 for when no proxy is up: a cancelled run is undone (``sagaguard sagas cancel RUN``). When the server dies,
 the proxy starts (or reconnects to) it again for the next call; a call it could not send is
 answered as not sent, never parked. A server that fails to start is one line on stderr.
@@ -188,6 +190,11 @@ def tools(*, as_json: bool, url: str | None, server_command: tuple[str, ...]) ->
               help="per-tool declarations (JSON) that win over the annotations: "
               "mode, lookup, provider_idempotent, on_error, failed_if, undo")  # fmt: skip
 @_interval_option
+@click.option(
+    "--lease", type=Positive(float), default=30.0, metavar="S",
+    help="seconds the proxy's hold on its runs lasts, renewed while it lives: how long the run of a "
+    "proxy that died waits before a worker on another host parks it (30)",
+)  # fmt: skip
 @store_option
 @_upstream
 def proxy(
@@ -197,6 +204,7 @@ def proxy(
     http: str | None,
     declare: Path | None,
     interval: float,
+    lease: float,
     store: str | None,
     url: str | None,
     server_command: tuple[str, ...],
@@ -225,9 +233,10 @@ def proxy(
         try:
             asyncio.run(
                 proxy_main(
-                    opener, guard, server, host, port, declare=declared, journal=journal, interval=interval
+                    opener, guard, server, host, port, declare=declared, journal=journal, interval=interval,
+                    lease=lease,
                 )
-            )
+            )  # fmt: skip
         finally:
             if journal is not None:
                 journal.close()
@@ -453,14 +462,15 @@ async def proxy_main(
     declare: Mapping[str, Declared] | None = None,
     journal: SagaJournal | None = None,
     interval: float = 5.0,
+    lease: float = 30.0,
 ) -> None:
     """Open the upstream session and serve the proxy (stdio when ``host`` is None, else HTTP).
 
     The upstream is reopened through ``opener`` when it is gone (the server died), for the next
     call; the first session failing to open is an error (the server does not start). When
     ``declare`` names undos, each client connection is an agent run in ``journal``, and the
-    proxy runs the worker of their saga type every ``interval`` seconds
-    (:mod:`sagaguard.connectors.mcp.proxyruns`).
+    proxy runs the worker of their saga type every ``interval`` seconds and holds each run under a
+    lease of ``lease`` seconds (:mod:`sagaguard.connectors.mcp.proxyruns`).
 
     Raises:
         ConfigurationError: ``declare`` names undos and no ``journal`` is given.
@@ -470,7 +480,7 @@ async def proxy_main(
     if agent is not None:
         if journal is None:
             raise ConfigurationError("the declarations name undos: the proxy needs a saga journal")
-        runs = ProxyRuns(journal, guard, agent, interval=interval)
+        runs = ProxyRuns(journal, guard, agent, lease=lease, interval=interval)
     async with anyio.create_task_group() as group:
         upstream = _Upstream(opener, group)
         proxy = McpProxy(

@@ -37,7 +37,9 @@ client connection is an agent run of the saga type ``mcp-proxy.{server}`` (``run
 :mod:`sagaguard.connectors.mcp.proxyruns`): every call of that tool is a step of its connection's run,
 registered with its undo before the request leaves, so ``sagaguard sagas cancel RUN`` undoes what the
 connection did, in reverse (a live proxy, a restarted one, or ``sagaguard mcp worker``). A clean
-disconnect (stdio) or an HTTP client's ``DELETE`` of its session completes the run. A client key
+disconnect (stdio) or an HTTP client's ``DELETE`` of its session completes the run (undoes it, when
+an operator cancelled it first); a stateless HTTP request (no ``mcp-session-id``: the protocol
+revision without sessions) is a run of its own, ended when it is answered. A client key
 used by one run is refused on another connection (not sent), never made again in a second run.
 Calls of tools without an undo are as above.
 

@@ -11,8 +11,11 @@ is a step of that run, registered with its undo in one journal commit before the
 
 How a run ends:
 
-- the client disconnects cleanly (the proxy's stdio input closes; the proxy stops cleanly, for
-  HTTP sessions, whose end the SDK does not report): COMPLETED, nothing undone;
+- the client disconnects cleanly (the proxy's stdio input closes; an HTTP client's ``DELETE`` of
+  its session; the proxy stops cleanly; a stateless HTTP request answered): COMPLETED, nothing
+  undone, unless an operator's cancel came first (while a call was in flight, or since the last
+  sweep): the end of the connection looks, and the run is undone as below, never completed with
+  the cancel ignored;
 - an operator cancels it (``sagaguard sagas cancel RUN``, the console,
   :func:`~sagaguard.saga.operator.cancel_saga`): the live proxy sees it at its next sweep, or
   at the connection's next call of a declared tool (refused, not sent), and undoes the run's
@@ -229,7 +232,8 @@ class ProxyRuns:
 
     async def close(self, connection: str) -> None:
         """End ``connection``'s run, if it has one, as a clean disconnect does: completed, or, when
-        one of its calls failed, parked for an operator (its next call opens a new run)."""
+        one of its calls failed, parked for an operator (its next call opens a new run), or undone
+        when an operator cancelled it meanwhile."""
         async with self._lock:
             held = self._held.pop(connection, None)
         if held is not None:
@@ -269,6 +273,11 @@ class ProxyRuns:
                 await held.stop.wait()
                 while held.calls:  # the calls in flight end first (calling())
                     await held.idle.wait()
+                if not held.cancelled:
+                    # An operator's cancel the sweeps have not seen yet (it came while a call was
+                    # in flight, or since the last sweep) wins over the connection's end: the run
+                    # is undone, not completed (the journal would complete it regardless).
+                    held.cancelled = await self._cancel_pending(held.run_id)
                 if held.cancelled:
                     raise AgentRunCancelled(held.run_id)  # leaving with it undoes the run's calls
             self._say(f"agent run {held.run_id}: {run.outcome.state.value if run.outcome else 'left'}")
@@ -283,6 +292,10 @@ class ProxyRuns:
         finally:
             ready.set()
             held.ended.set()
+
+    async def _cancel_pending(self, run_id: str) -> bool:
+        snapshot = await anyio.to_thread.run_sync(self.journal.load, run_id)
+        return snapshot is not None and snapshot.saga.cancel_requested
 
     async def _sweeps(self) -> None:
         while True:
