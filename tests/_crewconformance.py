@@ -51,6 +51,7 @@ class CrewCrash(BaseException):
 
 if CREW_HERE:
     from crewai.events.event_bus import crewai_event_bus
+    from crewai.hooks.dispatch import InterceptionPoint, register_scoped, scoped_hooks
     from crewai.tools import BaseTool
 
     class Book(BaseTool):
@@ -71,7 +72,6 @@ if CREW_HERE:
         def _run(self) -> str:
             if _CRASHES:
                 _CRASHES.pop()
-                crewai_event_bus.flush()  # the task_started checkpoint is on disk, as it may be
                 raise CrewCrash("the process died here")
             return "ok"
 
@@ -147,7 +147,6 @@ class CrewHarness:
             self._kickoff(_seen(crew_guard().protect(crews[-1]), seen, errors))
 
         def again() -> None:  # a restarted process: the crew restored from its newest checkpoint
-            crewai_event_bus.flush()  # the checkpoints are written from the event bus's threads
             newest = sorted((folder / "checkpoints").rglob("*.json"), key=lambda p: p.stat().st_mtime_ns)
             assert newest, sorted(str(p) for p in folder.rglob("*"))
             crews.append(Crew.from_checkpoint(CheckpointConfig(restore_from=str(newest[-1]))))
@@ -168,7 +167,23 @@ class CrewHarness:
         return seen
 
     def _kickoff(self, crew: Any) -> Any:
-        return asyncio.run(crew.akickoff()) if self.run_async else crew.kickoff()
+        with scoped_hooks():
+            register_scoped(InterceptionPoint.PRE_STEP, _checkpoint_written)
+            return asyncio.run(crew.akickoff()) if self.run_async else crew.kickoff()
+
+
+def _checkpoint_written(step: Any) -> None:
+    """A ``pre_step`` hook of the harness's kickoffs: a task goes on once its ``task_started``
+    checkpoint is on disk, so the restore always has it.
+
+    CrewAI writes a checkpoint on an event-bus thread, serializing the kickoff's event record while
+    the kickoff goes on adding events to it (``EventRecord.add`` takes the record's lock, the
+    serializer does not): under load the write dies (pydantic-core panics, "dictionary changed size
+    during iteration") and the crashed crew had no checkpoint to restore. CrewAI dispatches this
+    hook in the kickoff's thread right after the ``task_started`` event and before the task's next
+    one, so nothing is added to the record while the handlers, the checkpoint's among them, run."""
+    if step.kind == "task":
+        crewai_event_bus.flush(timeout=None)
 
 
 def _process(work: Callable[[], None], errors: list[BaseException]) -> None:
