@@ -44,6 +44,7 @@ for _name in ("CREWAI_DISABLE_TELEMETRY", "CREWAI_DISABLE_TRACKING", "OTEL_SDK_D
     os.environ[_name] = "true"
 os.environ["CREWAI_TRACING_ENABLED"] = "false"
 
+from _crewcheckpoint import checkpoints_written  # noqa: E402
 from crewai import LLM, Agent, Crew, Task  # noqa: E402
 from crewai.events.event_bus import crewai_event_bus  # noqa: E402
 from crewai.state.checkpoint_config import CheckpointConfig  # noqa: E402
@@ -130,7 +131,8 @@ def model_calls(base_url: str) -> int:
 
 def kickoff(crew: Crew, config: dict[str, Any]) -> None:
     before = model_calls(config["model"])
-    output = asyncio.run(crew.akickoff()) if config.get("async") else crew.kickoff()
+    with checkpoints_written():
+        output = asyncio.run(crew.akickoff()) if config.get("async") else crew.kickoff()
     print(json.dumps({
         "step": config["step"],
         "mode": config["mode"],

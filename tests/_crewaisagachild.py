@@ -48,6 +48,7 @@ from typing import Any
 
 from _crewaichild import checkpoints, main
 from _crewaisaga import die_once, post, stripe_client, trip_crew, undos
+from _crewcheckpoint import checkpoints_written
 from crewai import LLM, Agent, Crew, Task
 from crewai.events.event_bus import crewai_event_bus
 from crewai.state.checkpoint_config import CheckpointConfig
@@ -256,7 +257,8 @@ def play(config: dict[str, Any]) -> None:
         else:
             crew = crew_guard.protect(build(folder, config, crew_saga))
         try:
-            asyncio.run(crew.akickoff()) if config.get("async") else crew.kickoff()
+            with checkpoints_written():
+                asyncio.run(crew.akickoff()) if config.get("async") else crew.kickoff()
         except (Exception, Vanished) as exc:
             report["raised"] = type(exc).__name__
             report["reason"] = str(exc)
@@ -276,7 +278,8 @@ def play(config: dict[str, Any]) -> None:
             newest = checkpoints(folder)[-1]
             restored = crew_guard.protect(Crew.from_checkpoint(CheckpointConfig(restore_from=str(newest))))
             try:
-                restored.kickoff()
+                with checkpoints_written():
+                    restored.kickoff()
                 report["again"] = "ran"
             except Exception as exc:
                 report["again"] = type(exc).__name__

@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from _crewaichild import checkpoints
+from _crewcheckpoint import checkpoints_written
 from _declaredworld import FOLDER, book, guard, pay, undos
 from crewai import LLM, Agent, Crew, Task
 from crewai.events.event_bus import crewai_event_bus
@@ -78,7 +79,8 @@ def main() -> int:
     restored = Crew.from_checkpoint(CheckpointConfig(restore_from=str(found[-1]))) if found else None
     crew = crew_guard.protect(restored or build())
     try:
-        answer = crew.kickoff().raw
+        with checkpoints_written():
+            answer = crew.kickoff().raw
     finally:
         crew_saga.runner.close()
     run_id = crew_saga.run_id(crew)

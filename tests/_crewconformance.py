@@ -50,8 +50,7 @@ class CrewCrash(BaseException):
 
 
 if CREW_HERE:
-    from crewai.events.event_bus import crewai_event_bus
-    from crewai.hooks.dispatch import InterceptionPoint, register_scoped, scoped_hooks
+    from _crewcheckpoint import checkpoints_written
     from crewai.tools import BaseTool
 
     class Book(BaseTool):
@@ -167,23 +166,8 @@ class CrewHarness:
         return seen
 
     def _kickoff(self, crew: Any) -> Any:
-        with scoped_hooks():
-            register_scoped(InterceptionPoint.PRE_STEP, _checkpoint_written)
+        with checkpoints_written():  # the restore always has its checkpoint
             return asyncio.run(crew.akickoff()) if self.run_async else crew.kickoff()
-
-
-def _checkpoint_written(step: Any) -> None:
-    """A ``pre_step`` hook of the harness's kickoffs: a task goes on once its ``task_started``
-    checkpoint is on disk, so the restore always has it.
-
-    CrewAI writes a checkpoint on an event-bus thread, serializing the kickoff's event record while
-    the kickoff goes on adding events to it (``EventRecord.add`` takes the record's lock, the
-    serializer does not): under load the write dies (pydantic-core panics, "dictionary changed size
-    during iteration") and the crashed crew had no checkpoint to restore. CrewAI dispatches this
-    hook in the kickoff's thread right after the ``task_started`` event and before the task's next
-    one, so nothing is added to the record while the handlers, the checkpoint's among them, run."""
-    if step.kind == "task":
-        crewai_event_bus.flush(timeout=None)
 
 
 def _process(work: Callable[[], None], errors: list[BaseException]) -> None:
