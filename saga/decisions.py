@@ -6,10 +6,10 @@ step's failed try leads to (a retry, or failing for good, having applied or not)
 :func:`failure_state` where a step that failed for good leaves the saga,
 :func:`compensation_failure_state` where a failed compensation does;
 :func:`abandon_cause`, :func:`completion_yields_to_cancel`, :func:`step_deadline` and
-:func:`wake_at` say when cancellation and deadlines stop the saga going forward; :func:`compensation_retry` says whether a failed compensation is
-retried in-line, parked for the recovery worker, or given up. :mod:`sagaguard.saga.coordinator` strings them
-together; nothing here reads a clock: "now" is the journal time of the snapshot's latest write
-(``saga.updated_at``).
+:func:`wake_at` say when cancellation and deadlines stop the saga going forward;
+:func:`compensation_retry` says whether a failed compensation is retried in-line, parked for the
+recovery worker, or given up. :mod:`sagaguard.saga.coordinator` strings them together; nothing
+here reads a clock: "now" is the journal time of the snapshot's latest write (``saga.updated_at``).
 """
 
 from __future__ import annotations

@@ -391,7 +391,10 @@ def test_a_completion_unless_cancelled_leaves_a_cancelled_saga_running(
     assert kept.lease_until == T0 + 40 and kept.token == 1
     snapshot = journal.load("cancelled")
     assert snapshot is not None and snapshot.saga == kept
-    assert [(r.state, r.result) for r in snapshot.steps] == [(StepState.SUCCEEDED, "1"), (StepState.SUCCEEDED, '"b!"')]
+    assert [(r.state, r.result) for r in snapshot.steps] == [
+        (StepState.SUCCEEDED, "1"),
+        (StepState.SUCCEEDED, '"b!"'),
+    ]
     assert journal.cancel("cancelled", "{}") is CancelOutcome.ALREADY
     # its runner goes on with the same token: compensating
     journal.commit("cancelled", 1, Phase(state=SagaState.COMPENSATING, error='{"why":"operator"}', lease=30))
@@ -402,7 +405,8 @@ def test_a_completion_unless_cancelled_leaves_a_cancelled_saga_running(
     assert journal.cancel("plain", "{}") is CancelOutcome.TOO_LATE  # after the completion: too late
 
     # Without the flag (past the pivot) a pending cancellation does not stop the completion.
-    ended = journal.commit("unflagged", 1, Phase(steps=last, state=SagaState.COMPLETED, error='{"why":"operator"}'))
+    unflagged = Phase(steps=last, state=SagaState.COMPLETED, error='{"why":"operator"}')
+    ended = journal.commit("unflagged", 1, unflagged)
     assert (ended.state, ended.lease_until) == (SagaState.COMPLETED, 0)
     for saga_id in ("plain", "unflagged"):
         snapshot = journal.load(saga_id)

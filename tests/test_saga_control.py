@@ -176,10 +176,17 @@ def test_cancel_is_too_late_after_the_pivot_and_at_the_end(journal: SagaJournal,
         cancel(journal, "nope")
 
 
-def _last(journal: SagaJournal, log: list[str], seen: list[CancelOutcome], *, asynchronous: bool = False) -> Saga[Order]:
+def _last(
+    journal: SagaJournal, log: list[str], seen: list[CancelOutcome], *, asynchronous: bool = False
+) -> Saga[Order]:
     """a -> b (both compensatable); b, the last step, is cancelled by an operator while it runs."""
     s: Saga[Order] = Saga("last", input=Order)
-    s.step(name="a", compensate=lambda ctx, o, r: log.append(f"undo a {r}"))(lambda ctx, o: log.append("a") or "a!")
+
+    def a(ctx: StepContext, o: Order) -> str:
+        log.append("a")
+        return "a!"
+
+    s.step(name="a", compensate=lambda ctx, o, r: log.append(f"undo a {r}"))(a)
 
     def b(ctx: StepContext, o: Order) -> str:
         log.append("b")

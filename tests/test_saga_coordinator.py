@@ -130,7 +130,9 @@ PLAIN = _plain()
         (PLAIN, [OK, OK], {"deadline": 10.0, "updated_at": 20.0}, SetState(SagaState.COMPLETED)),
     ],
 )
-def test_decide_at_the_end(saga: Saga[Order], rows: list[StepState], record: dict[str, object], expected: object) -> None:
+def test_decide_at_the_end(
+    saga: Saga[Order], rows: list[StepState], record: dict[str, object], expected: object
+) -> None:
     snapshot = SagaSnapshot(
         _record(**record).evolve(name=saga.name),
         tuple(StepRecord(i, saga.steps[i].name, saga.steps[i].kind, s) for i, s in enumerate(rows)),

@@ -309,8 +309,9 @@ class Statements:
         )
 
     def phase(self, update: str, rows: int) -> str:
-        """Postgres: the fenced ``update`` (``touch``, ``move`` or ``finish``) of the saga row and the upsert of
-        ``rows`` step rows as one statement, so an atomic phase is one round trip in autocommit.
+        """Postgres: the fenced ``update`` (``touch``, ``move`` or ``finish``) of the saga row and
+        the upsert of ``rows`` step rows as one statement, so an atomic phase is one round trip in
+        autocommit.
 
         The step rows are selected from the updated saga row: when the fence refuses the update,
         no step row is written either. Their values are the parameters ``{field}{i}`` (``idx0``,
