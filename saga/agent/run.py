@@ -662,14 +662,20 @@ class AgentRun:
     def _complete(self) -> None:
         """Complete the run, unless a cancellation came first (during its last tool call, or
         since) and is still honoured: the journal then leaves it RUNNING, in the same commit, and
-        the run's calls are undone as a cancellation seen at a call would have them."""
-        unless = completion_yields_to_cancel(self._load())
-        lease = self.runner.lease if unless else 0.0
+        the run's calls are undone as a cancellation seen at a call would have them.
+
+        The completion asks the journal to yield to a pending cancellation without reading the
+        run first (a completed run costs no more than before); only when one is pending is the
+        run read, to honour it before the pivot and complete all the same after it."""
+        completing = Phase(state=SagaState.COMPLETED, lease=self.runner.lease, unless_cancelled=True)
         with self._lock:
-            record = self._write(Phase(state=SagaState.COMPLETED, lease=lease, unless_cancelled=unless))
+            record = self._write(completing)
         if record.state is SagaState.RUNNING:
-            self._compensate(record.error or encode_error(SagaCancelled()))
-            return
+            if completion_yields_to_cancel(self._load()):
+                self._compensate(record.error or encode_error(SagaCancelled()))
+                return
+            with self._lock:
+                record = self._write(Phase(state=SagaState.COMPLETED, lease=0.0))
         self.outcome = SagaOutcome(self.run_id, record.state)
 
     def _fail(self, cause: str, state: SagaState, rows: tuple[StepRecord, ...] = ()) -> SagaSnapshot:
