@@ -32,6 +32,7 @@ from sagaguard.saga.decisions import (
     compensation_failure_state,
     compensation_retry,
     compensation_retry_base,
+    completion_yields_to_cancel,
     decide,
     decide_start,
     failed_try,
@@ -351,7 +352,10 @@ class SagaFlow:
                 state = move.state
                 error = after.saga.error if move.error is None else move.error
         now = snapshot.saga.state if state is None else state
-        live = now in LIVE_STATES
+        # Completing, the saga stays RUNNING (and leased) if a cancellation that came meanwhile is
+        # still honoured: decide() then abandons it.
+        unless_cancelled = now is SagaState.COMPLETED and completion_yields_to_cancel(after)
+        live = now in LIVE_STATES or unless_cancelled
         phase = Phase(
             steps=steps,
             state=state,
@@ -361,6 +365,7 @@ class SagaFlow:
             wait_until=wait.wait_until,
             wake_at=wait.wake_at,
             wake_on_cancel=wait.wake_on_cancel,
+            unless_cancelled=unless_cancelled,
         )
         record = yield Write(self.token, phase)
         if fresh is not None:

@@ -5,11 +5,11 @@
 step's failed try leads to (a retry, or failing for good, having applied or not);
 :func:`failure_state` where a step that failed for good leaves the saga,
 :func:`compensation_failure_state` where a failed compensation does;
-:func:`abandon_cause`, :func:`step_deadline` and :func:`wake_at` say when cancellation and deadlines
-stop the saga going forward; :func:`compensation_retry` says whether a failed compensation is
-retried in-line, parked for the recovery worker, or given up. :mod:`sagaguard.saga.coordinator` strings them
-together; nothing here reads a clock: "now" is the journal time of the snapshot's latest write
-(``saga.updated_at``).
+:func:`abandon_cause`, :func:`completion_yields_to_cancel`, :func:`step_deadline` and
+:func:`wake_at` say when cancellation and deadlines stop the saga going forward;
+:func:`compensation_retry` says whether a failed compensation is retried in-line, parked for the
+recovery worker, or given up. :mod:`sagaguard.saga.coordinator` strings them together; nothing
+here reads a clock: "now" is the journal time of the snapshot's latest write (``saga.updated_at``).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ __all__ = [
     "compensation_failures",
     "compensation_retry",
     "compensation_retry_base",
+    "completion_yields_to_cancel",
     "decide",
     "decide_start",
     "fresh_undo_signal",
@@ -336,6 +337,18 @@ def abandon_cause(snapshot: SagaSnapshot, fresh: int | None = None) -> str | Non
     return encode_error(SagaDeadlineExceeded(saga.saga_id))
 
 
+def completion_yields_to_cancel(snapshot: SagaSnapshot) -> bool:
+    """Whether a phase completing the saga of ``snapshot`` (its rows as the phase leaves them)
+    must leave it RUNNING when a cancellation is pending, the journal checking that in the
+    commit's own transaction (:attr:`~sagaguard.saga.records.Phase.unless_cancelled`). Pure.
+
+    A cancellation that came while the last step ran (a tool call, for an agent run) is honoured
+    like one between steps: every step is undone, the last one included. Only until the pivot
+    started (see :func:`pivot_started`): after it the saga only goes forward, and completes.
+    """
+    return not pivot_started(snapshot)
+
+
 def step_deadline(saga: Saga[Any], snapshot: SagaSnapshot, index: int) -> float | None:
     """When step ``index`` (STARTED) must be done: its timeout from its start and, for a step
     before the pivot, the saga's deadline; None when neither applies. Pure."""
@@ -418,6 +431,13 @@ def decide(
                 pending, row = position, found
                 break
         if pending >= len(saga.steps):
+            if record.cancel_requested:
+                # Every step succeeded, but a cancellation came while the last one ran (the
+                # journal refused to complete the saga, see completion_yields_to_cancel): it is
+                # honoured, every step undone, until the pivot started.
+                cause = abandon_cause(snapshot, fresh)
+                if cause is not None:
+                    return Abandon(cause)
             return SetState(SagaState.COMPLETED)
         if record.cancel_requested or 0 < record.deadline <= record.updated_at:
             # Only then may abandon_cause() find one (the usual case is decided without calling it).

@@ -155,6 +155,12 @@ class SagaJournal(Protocol):
         is already recorded or (if ``phase.wake_on_cancel``) a cancellation is pending, checked in
         the same transaction, so a signal racing the parking is never lost. Any other phase leaves
         those fields alone.
+
+        A phase with ``unless_cancelled`` (and ``state=COMPLETED``) completes the saga only when no
+        cancellation is pending, checked in the same transaction: with one pending its step rows
+        are written, but the saga stays RUNNING with its error, and its lease becomes
+        ``now + phase.lease``, so a cancellation racing the last step is never lost; without one
+        the saga completes with ``phase.error`` and ``lease_until`` 0.
         ``cancel_requested`` is never changed by a commit.
 
         Fenced: only when the saga's token equals ``token`` and the saga is RUNNING or COMPENSATING.

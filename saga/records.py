@@ -260,6 +260,13 @@ class Phase:
     wake_on_cancel: bool = True
     """With ``state=WAITING``: whether a pending cancellation makes the saga due at once (False once
     the pivot has started, when a cancellation is no longer honoured)."""
+    unless_cancelled: bool = False
+    """With ``state=COMPLETED``: complete the saga only if no cancellation is pending, checked in
+    the same transaction. With one pending, the step rows are written all the same but the saga
+    stays RUNNING with its error (the cancellation's cause) and its lease renewed by ``lease``, so
+    its runner compensates instead (a cancellation that came while the last step ran is honoured).
+    Without one, the saga completes and its lease is released (0) whatever ``lease`` says. Set by
+    :func:`~sagaguard.saga.decisions.completion_yields_to_cancel` (False once the pivot has started)."""
 
 
 class StartOutcome(enum.StrEnum):

@@ -21,7 +21,7 @@ from conftest import FakeClock
 from sagaguard.idempotency import Guard, holder
 from sagaguard.idempotency.codec import decode_error
 from sagaguard.idempotency.effect import Retry
-from sagaguard.saga import SagaRegistry, SagaState, StepState, cancel, recover, retry
+from sagaguard.saga import CancelOutcome, SagaRegistry, SagaState, StepState, cancel, recover, retry
 from sagaguard.saga.agent import (
     AgentRunCancelled,
     AgentRunEnded,
@@ -348,6 +348,56 @@ def test_a_cancellation_stops_a_live_run_at_its_next_tool_call(
     ]
     assert world.did("cancel_booking") == [("ritz", {"booking": "bk-ritz"})]
     assert world.did("refund") == []
+
+
+def test_a_cancellation_during_the_last_tool_call_undoes_the_run_rather_than_completing_it(
+    journal: SagaJournal, runner: AgentRunner, agent: AgentSaga, world: World
+) -> None:
+    """The cancel comes while the run's last tool call runs (answered REQUESTED), and the block
+    then returns: no tool call is left to see it, and the journal refuses the completion (the run
+    stays RUNNING, in the same commit), so leaving the block undoes every call, the last first."""
+    from sagaguard.saga.agent import current_run
+
+    seen: list[Any] = []
+
+    def charging() -> dict[str, Any]:
+        seen.append(cancel(journal, "thread-1", reason="customer withdrew"))
+        return world.charge(120)
+
+    with runner.run(agent, "thread-1") as run:
+        book(world, runner)
+        current_run().call("charge", charging, {"amount": 120}, undo="refund")
+    assert seen == [CancelOutcome.REQUESTED]
+    assert run.outcome is not None and run.outcome.state is SagaState.COMPENSATED
+    snapshot = load(journal, "thread-1")
+    assert snapshot.saga.state is SagaState.COMPENSATED
+    assert snapshot.saga.error is not None and "customer withdrew" in snapshot.saga.error
+    assert [name for name, _ in world.log] == ["book", "charge", "refund", "cancel_booking"]
+    assert world.did("refund") == [(120, {"charge": "ch-1", "amount": 120})]
+    assert cancel(journal, "thread-1") is CancelOutcome.TOO_LATE
+
+
+def test_a_cancellation_during_the_last_tool_call_after_the_pivot_is_not_honoured(
+    journal: SagaJournal, runner: AgentRunner, agent: AgentSaga, world: World
+) -> None:
+    """Past the pivot a run only goes forward: a cancel answered REQUESTED during its last call
+    (it read the run before the pivot started) leaves the run to complete."""
+    from sagaguard.saga.agent import current_run
+
+    seen: list[Any] = []
+
+    def charging() -> dict[str, Any]:
+        seen.append(journal.cancel("thread-1", '{"why":"raced the pivot"}'))
+        return world.charge(120)
+
+    with runner.run(agent, "thread-1") as run:
+        book(world, runner)
+        current_run().call("sign", world.sign, {}, pivot=True)
+        current_run().call("charge", charging, {"amount": 120}, undo="refund")
+    assert seen == [CancelOutcome.REQUESTED]
+    assert run.outcome is not None and run.outcome.state is SagaState.COMPLETED
+    assert load(journal, "thread-1").saga.state is SagaState.COMPLETED
+    assert world.did("refund") == [] and world.did("cancel_booking") == []
 
 
 def test_a_cancellation_of_a_run_whose_process_is_gone_is_carried_out_by_the_worker(

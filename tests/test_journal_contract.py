@@ -370,6 +370,50 @@ def test_a_pending_cancel_makes_a_parking_due_at_once(journal: SagaJournal) -> N
     assert snapshot is not None and snapshot.saga.lease_until == T0
 
 
+def test_a_completion_unless_cancelled_leaves_a_cancelled_saga_running(
+    journal: SagaJournal, clock: FakeClock
+) -> None:
+    """A phase completing the saga ``unless_cancelled``: with a cancellation pending (it came while
+    the last step ran) the step rows are written but the saga stays RUNNING with the cancellation's
+    cause and a renewed lease, decided in the commit's transaction; without the flag, or without a
+    pending cancellation, it completes with its lease released."""
+    last = (_row(0, StepState.SUCCEEDED, result="1"), _row(1, StepState.SUCCEEDED, result='"b!"'))
+    finish = Phase(steps=last, state=SagaState.COMPLETED, lease=30, unless_cancelled=True)
+    for saga_id in ("cancelled", "plain", "unflagged"):
+        _start(journal, saga_id)
+        journal.commit(saga_id, 1, Phase(steps=(_row(0, StepState.SUCCEEDED, result="1"), _row(1)), lease=30))
+    journal.cancel("cancelled", '{"why":"operator"}')
+    journal.cancel("unflagged", '{"why":"operator"}')
+    clock.advance(10)
+
+    kept = journal.commit("cancelled", 1, finish)
+    assert (kept.state, kept.error, kept.cancel_requested) == (SagaState.RUNNING, '{"why":"operator"}', True)
+    assert kept.lease_until == T0 + 40 and kept.token == 1
+    snapshot = journal.load("cancelled")
+    assert snapshot is not None and snapshot.saga == kept
+    assert [(r.state, r.result) for r in snapshot.steps] == [
+        (StepState.SUCCEEDED, "1"),
+        (StepState.SUCCEEDED, '"b!"'),
+    ]
+    assert journal.cancel("cancelled", "{}") is CancelOutcome.ALREADY
+    # its runner goes on with the same token: compensating
+    journal.commit("cancelled", 1, Phase(state=SagaState.COMPENSATING, error='{"why":"operator"}', lease=30))
+    assert _saga(journal, "cancelled").state is SagaState.COMPENSATING
+
+    done = journal.commit("plain", 1, finish)
+    assert (done.state, done.error, done.lease_until) == (SagaState.COMPLETED, None, 0)
+    assert journal.cancel("plain", "{}") is CancelOutcome.TOO_LATE  # after the completion: too late
+
+    # Without the flag (past the pivot) a pending cancellation does not stop the completion.
+    unflagged = Phase(steps=last, state=SagaState.COMPLETED, error='{"why":"operator"}')
+    ended = journal.commit("unflagged", 1, unflagged)
+    assert (ended.state, ended.lease_until) == (SagaState.COMPLETED, 0)
+    for saga_id in ("plain", "unflagged"):
+        snapshot = journal.load(saga_id)
+        assert snapshot is not None and [r.state for r in snapshot.steps] == [StepState.SUCCEEDED] * 2
+    assert journal.due() == []
+
+
 def test_due_lists_overdue_sagas_longest_overdue_first(journal: SagaJournal, clock: FakeClock) -> None:
     _start(journal, "a", lease=50)
     _start(journal, "b", lease=10)

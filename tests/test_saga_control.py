@@ -176,6 +176,79 @@ def test_cancel_is_too_late_after_the_pivot_and_at_the_end(journal: SagaJournal,
         cancel(journal, "nope")
 
 
+def _last(
+    journal: SagaJournal, log: list[str], seen: list[CancelOutcome], *, asynchronous: bool = False
+) -> Saga[Order]:
+    """a -> b (both compensatable); b, the last step, is cancelled by an operator while it runs."""
+    s: Saga[Order] = Saga("last", input=Order)
+
+    def a(ctx: StepContext, o: Order) -> str:
+        log.append("a")
+        return "a!"
+
+    s.step(name="a", compensate=lambda ctx, o, r: log.append(f"undo a {r}"))(a)
+
+    def b(ctx: StepContext, o: Order) -> str:
+        log.append("b")
+        seen.append(cancel(journal, ctx.saga_id, reason="operator"))
+        return "b!"
+
+    async def ab(ctx: StepContext, o: Order) -> str:
+        return b(ctx, o)
+
+    s.step(name="b", compensate=lambda ctx, o, r: log.append(f"undo b {r}"))(ab if asynchronous else b)
+    return s
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_cancel_during_the_last_step_is_honoured(
+    journal: SagaJournal, guard: Guard, asynchronous: bool
+) -> None:
+    """The cancel is answered REQUESTED while the last step runs: that step's result and the
+    completion are one commit, which the journal refuses to complete (the saga stays RUNNING), so
+    the runner undoes every step, the last one first, each once."""
+    log: list[str] = []
+    seen: list[CancelOutcome] = []
+    saga = _last(journal, log, seen, asynchronous=asynchronous)
+    runner = _runner(journal, guard)
+    if asynchronous:
+        outcome = asyncio.run(runner.arun(saga, "c-last", ORDER))
+    else:
+        outcome = runner.run(saga, "c-last", ORDER)
+    assert seen == [CancelOutcome.REQUESTED]
+    assert outcome.state is SagaState.COMPENSATED
+    assert outcome.error is not None and outcome.error.type_name == "sagaguard.saga.errors.SagaCancelled"
+    assert log == ["a", "b", "undo b b!", "undo a a!"]
+    snapshot = journal.load("c-last")
+    assert snapshot is not None
+    assert [r.state for r in snapshot.steps] == [StepState.COMPENSATED, StepState.COMPENSATED]
+    assert cancel(journal, "c-last") is CancelOutcome.TOO_LATE
+    # Run again (a replay): nothing more runs or is undone.
+    if asynchronous:
+        again = asyncio.run(runner.arun(saga, "c-last", ORDER))
+    else:
+        again = runner.run(saga, "c-last", ORDER)
+    assert again.state is SagaState.COMPENSATED and again.replayed
+    assert log == ["a", "b", "undo b b!", "undo a a!"]
+
+
+def test_a_cancel_during_the_last_step_after_the_pivot_is_not_honoured(
+    journal: SagaJournal, guard: Guard
+) -> None:
+    """Past the pivot the saga only goes forward: a cancel answered REQUESTED while its last step
+    (retriable, after the pivot) runs is not honoured, and the saga completes. (``cancel`` answers
+    TOO_LATE once it reads a started pivot; the journal's REQUESTED is what a cancel that read the
+    saga just before the pivot started gets.)"""
+    steps = Steps()
+    seen: list[CancelOutcome] = []
+    steps.hooks["r"] = lambda ctx: seen.append(journal.cancel(ctx.saga_id, '{"why":"raced the pivot"}'))
+    outcome = _runner(journal, guard).run(steps.saga, "c-pivot", ORDER)
+    assert seen == [CancelOutcome.REQUESTED]
+    assert outcome.state is SagaState.COMPLETED
+    assert steps.log == ["a", "b", "c", "p", "r"]
+    assert cancel(journal, "c-pivot") is CancelOutcome.TOO_LATE
+
+
 def test_cancel_with_nothing_to_undo_fails_the_saga(journal: SagaJournal, guard: Guard) -> None:
     s: Saga[Order] = Saga("plain", input=Order)
     s.step(name="x", compensate=None)(lambda ctx, o: cancel(journal, ctx.saga_id))

@@ -9,6 +9,7 @@ import pytest
 from sagaguard.idempotency.records import Disposition
 from sagaguard.saga import DefinitionMismatch, Saga, SagaState, StepContext, StepKind, StepState
 from sagaguard.saga.coordinator import (
+    Abandon,
     Compensate,
     Done,
     Next,
@@ -22,7 +23,7 @@ from sagaguard.saga.coordinator import (
     failure_state,
     needs_compensation,
 )
-from sagaguard.saga.decisions import FailedTry, failed_try
+from sagaguard.saga.decisions import FailedTry, completion_yields_to_cancel, failed_try
 from sagaguard.saga.errors import SignalTimeout, StepTimeout
 from sagaguard.saga.records import Phase, SagaRecord, SagaSnapshot, StartOutcome, StartResult, StepRecord
 
@@ -102,6 +103,67 @@ S, OK, F, C, CF = (
 def test_decide(state: SagaState, rows: list[StepState], expected: Next) -> None:
     snapshot = SagaSnapshot(_record(state), tuple(_row(i, s) for i, s in enumerate(rows)))
     assert decide(SAGA, snapshot) == expected
+
+
+def _plain() -> Saga[Order]:
+    s = Saga("plain", input=Order)
+    s.step(name="a", compensate=undo)(lambda ctx, o: None)
+    s.step(name="b", compensate=undo)(lambda ctx, o: None)
+    return s.freeze()
+
+
+PLAIN = _plain()
+"""Two compensatable steps, no pivot: a cancellation is honoured to the end."""
+
+
+@pytest.mark.parametrize(
+    ("saga", "rows", "record", "expected"),
+    [
+        # every step succeeded, no cancellation: complete
+        (PLAIN, [OK, OK], {}, SetState(SagaState.COMPLETED)),
+        # a cancellation came while the last step ran (the journal kept the saga RUNNING): undo all
+        (PLAIN, [OK, OK], {"cancel_requested": True, "error": "why"}, "Abandon:why"),
+        (PLAIN, [OK, OK], {"cancel_requested": True}, "Abandon:SagaCancelled"),
+        # past the pivot a cancellation is not honoured: complete
+        (SAGA, [OK, OK, OK, OK, OK], {"cancel_requested": True}, SetState(SagaState.COMPLETED)),
+        # a deadline passed at the end is not a cancellation: the last step finished in time
+        (PLAIN, [OK, OK], {"deadline": 10.0, "updated_at": 20.0}, SetState(SagaState.COMPLETED)),
+    ],
+)
+def test_decide_at_the_end(
+    saga: Saga[Order], rows: list[StepState], record: dict[str, object], expected: object
+) -> None:
+    snapshot = SagaSnapshot(
+        _record(**record).evolve(name=saga.name),
+        tuple(StepRecord(i, saga.steps[i].name, saga.steps[i].kind, s) for i, s in enumerate(rows)),
+    )
+    move = decide(saga, snapshot)
+    if isinstance(expected, str):
+        cause = expected.split(":", 1)[1]
+        assert isinstance(move, Abandon) and cause in move.cause
+    else:
+        assert move == expected
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([], True),
+        ([(StepKind.COMPENSATABLE, OK, False)], True),
+        ([(StepKind.COMPENSATABLE, OK, False), (StepKind.COMPENSATABLE, S, False)], True),
+        ([(StepKind.COMPENSATABLE, OK, False), (StepKind.PIVOT, OK, False)], False),
+        ([(StepKind.COMPENSATABLE, OK, False), (StepKind.PIVOT, S, False)], False),
+        # a pivot that never applied does not count: the saga may still be undone
+        ([(StepKind.COMPENSATABLE, OK, False), (StepKind.PIVOT, F, True)], True),
+        ([(StepKind.PIVOT, OK, False), (StepKind.RETRIABLE, OK, False)], False),
+    ],
+)
+def test_completion_yields_to_cancel(rows: list[tuple[StepKind, StepState, bool]], expected: bool) -> None:
+    steps = tuple(
+        StepRecord(i, f"s{i}", kind, state, not_applied=not_applied)
+        for i, (kind, state, not_applied) in enumerate(rows)
+    )
+    assert completion_yields_to_cancel(SagaSnapshot(_record(), steps)) is expected
 
 
 def test_not_applied_failure_skips_its_own_compensation() -> None:

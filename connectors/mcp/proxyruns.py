@@ -273,13 +273,13 @@ class ProxyRuns:
                 await held.stop.wait()
                 while held.calls:  # the calls in flight end first (calling())
                     await held.idle.wait()
-                if not held.cancelled:
-                    # An operator's cancel the sweeps have not seen yet (it came while a call was
-                    # in flight, or since the last sweep) wins over the connection's end: the run
-                    # is undone, not completed (the journal would complete it regardless).
-                    held.cancelled = await self._cancel_pending(held.run_id)
                 if held.cancelled:
                     raise AgentRunCancelled(held.run_id)  # leaving with it undoes the run's calls
+                # An operator's cancel the sweeps have not seen yet (it came while a call was in
+                # flight, or since the last sweep) still wins over the connection's end: leaving
+                # the block completes the run unless a cancel is pending, which the journal
+                # checks in the completion's own commit (Phase.unless_cancelled), and the run is
+                # undone instead.
             self._say(f"agent run {held.run_id}: {run.outcome.state.value if run.outcome else 'left'}")
         except AgentRunCancelled:
             state = held.run.outcome.state.value if held.run and held.run.outcome else "cancelled"
@@ -292,10 +292,6 @@ class ProxyRuns:
         finally:
             ready.set()
             held.ended.set()
-
-    async def _cancel_pending(self, run_id: str) -> bool:
-        snapshot = await anyio.to_thread.run_sync(self.journal.load, run_id)
-        return snapshot is not None and snapshot.saga.cancel_requested
 
     async def _sweeps(self) -> None:
         while True:

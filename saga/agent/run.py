@@ -61,7 +61,12 @@ from sagaguard.saga.agent.errors import (
     NoOpenRun,
     UnknownUndo,
 )
-from sagaguard.saga.decisions import CallOutcome, pivot_failure, pivot_started
+from sagaguard.saga.decisions import (
+    CallOutcome,
+    completion_yields_to_cancel,
+    pivot_failure,
+    pivot_started,
+)
 from sagaguard.saga.errors import (
     DefinitionMismatch,
     SagaCancelled,
@@ -181,7 +186,9 @@ class AgentRun:
     from async code, ``async with``: the same semantics, the journal written from a worker thread).
 
     - Leaving the block normally completes the run (saga COMPLETED, effects kept), unless
-      :meth:`pause` was called (a human must approve first).
+      :meth:`pause` was called (a human must approve first), or the run was cancelled from outside
+      before its pivot meanwhile (during its last tool call, or since): its tool calls are then
+      undone, in the same way as at a call (the outcome says COMPENSATED; nothing is raised).
     - An exception escaping the block: with ``on_failure="compensate"`` (default) the run's tool
       calls are undone now, in reverse journal order; with ``"leave"`` the run is parked
       NEEDS_ATTENTION. The exception propagates either way.
@@ -289,7 +296,7 @@ class AgentRun:
                     self._failed(failure)
                 raise failure
             else:
-                self._end(Phase(state=SagaState.COMPLETED, lease=0.0))
+                self._complete()
         else:
             # The run's own exception propagates; a run that has meanwhile ended (completed or
             # compensated elsewhere) is left as it is.
@@ -652,9 +659,23 @@ class AgentRun:
         self._release()  # in the awaiting task: the run is no longer current there
         return await in_thread(self._compensate, encode_error(AgentRunRejected(reason)))
 
-    def _end(self, phase: Phase) -> None:
+    def _complete(self) -> None:
+        """Complete the run, unless a cancellation came first (during its last tool call, or
+        since) and is still honoured: the journal then leaves it RUNNING, in the same commit, and
+        the run's calls are undone as a cancellation seen at a call would have them.
+
+        The completion asks the journal to yield to a pending cancellation without reading the
+        run first (a completed run costs no more than before); only when one is pending is the
+        run read, to honour it before the pivot and complete all the same after it."""
+        completing = Phase(state=SagaState.COMPLETED, lease=self.runner.lease, unless_cancelled=True)
         with self._lock:
-            record = self._write(phase)
+            record = self._write(completing)
+        if record.state is SagaState.RUNNING:
+            if completion_yields_to_cancel(self._load()):
+                self._compensate(record.error or encode_error(SagaCancelled()))
+                return
+            with self._lock:
+                record = self._write(Phase(state=SagaState.COMPLETED, lease=0.0))
         self.outcome = SagaOutcome(self.run_id, record.state)
 
     def _fail(self, cause: str, state: SagaState, rows: tuple[StepRecord, ...] = ()) -> SagaSnapshot:

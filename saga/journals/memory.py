@@ -179,7 +179,9 @@ class MemoryJournal:
                 "lease_until": _lease.renewed(old.lease_until, now, phase.lease),
                 "updated_at": now,
             }
-            if phase.state is not None:
+            if phase.unless_cancelled and not old.cancel_requested:
+                changes["lease_until"] = 0.0  # it completes: a cancellation pending keeps it RUNNING
+            if phase.state is not None and not (phase.unless_cancelled and old.cancel_requested):
                 changes["state"] = phase.state
                 changes["error"] = phase.error
             if phase.state is SagaState.WAITING:

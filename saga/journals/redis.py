@@ -384,6 +384,7 @@ class RedisJournal:
             float(phase.wait_until),
             float(phase.wake_at),
             "1" if phase.wake_on_cancel else "0",
+            "1" if phase.unless_cancelled else "0",
         ]
         for row in phase.steps:
             args += [str(row.index), _step_json(row)]

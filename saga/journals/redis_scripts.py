@@ -105,7 +105,8 @@ return {'no'}
 LOAD = _PRELUDE + "\nif not r[5] then return {'unknown'} end\nreturn snapshot('ok')\n"
 
 # KEYS: saga, steps, signals. ARGV: now, token, lease, state ('' keeps it), has_error, error,
-# waiting_for, wait_until, wake_at, wake_on_cancel, then pairs of (step index, step row JSON).
+# waiting_for, wait_until, wake_at, wake_on_cancel, unless_cancelled, then pairs of (step index,
+# step row JSON).
 COMMIT = (
     _PRELUDE
     + """
@@ -122,6 +123,10 @@ if lease > 0 then
     + """ and held <= now + lease then lease_until = r[7] else lease_until = f(now + lease) end
 end
 local state = ARGV[4]
+if ARGV[11] == '1' then
+  -- completing unless a cancellation is pending: then the saga stays RUNNING, its lease renewed
+  if r[15] == '1' then state = '' else lease_until = '0' end
+end
 if state == 'waiting' then
   if (r[15] == '1' and ARGV[10] == '1') or redis.call('HEXISTS', KEYS[3], ARGV[7]) == 1 then
     lease_until = f(now)
@@ -136,7 +141,7 @@ if state ~= '' then
   if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'error', ARGV[6])
   else redis.call('HDEL', KEYS[1], 'error') end
 end
-for i = 11, #ARGV, 2 do
+for i = 12, #ARGV, 2 do
   local idx = ARGV[i]
   if redis.call('HEXISTS', KEYS[2], idx .. ':s') == 0 then
     redis.call('HSET', KEYS[2], idx .. ':s', f(now))

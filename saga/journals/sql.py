@@ -365,7 +365,7 @@ class SqlJournal:
         params = self._params(saga_id=saga_id, token=token, lease=float(phase.lease))
         update = "touch"
         if phase.state is not None:
-            update = "move"
+            update = "finish" if phase.unless_cancelled else "move"
             params["state"] = phase.state.value
             params["error"] = phase.error
         run, steps = self._driver.run, phase.steps

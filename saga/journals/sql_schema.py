@@ -253,6 +253,13 @@ class Statements:
             f"WHERE {fence} RETURNING {SAGA_COLUMNS}",
             "move": f"UPDATE {sagas} SET state = :state, error = :error, lease_until = {lease}, "
             f"updated_at = {at}{source} WHERE {fence} RETURNING {SAGA_COLUMNS}",
+            # A move to COMPLETED unless a cancellation is pending (Phase.unless_cancelled): with
+            # one, the saga stays RUNNING with its error and a renewed lease; without, it completes
+            # with its lease released. Decided on the row this update locks.
+            "finish": f"UPDATE {sagas} SET state = CASE WHEN cancel_requested THEN state ELSE :state END, "
+            "error = CASE WHEN cancel_requested THEN error ELSE :error END, "
+            f"lease_until = CASE WHEN cancel_requested THEN {lease} ELSE 0 END, "
+            f"updated_at = {at}{source} WHERE {fence} RETURNING {SAGA_COLUMNS}",
         }
         """The statements of the hot path (run by :mod:`sagaguard.idempotency.backends.sql_driver`), as
         text."""
@@ -302,8 +309,9 @@ class Statements:
         )
 
     def phase(self, update: str, rows: int) -> str:
-        """Postgres: the fenced ``update`` (``touch`` or ``move``) of the saga row and the upsert of
-        ``rows`` step rows as one statement, so an atomic phase is one round trip in autocommit.
+        """Postgres: the fenced ``update`` (``touch``, ``move`` or ``finish``) of the saga row and
+        the upsert of ``rows`` step rows as one statement, so an atomic phase is one round trip in
+        autocommit.
 
         The step rows are selected from the updated saga row: when the fence refuses the update,
         no step row is written either. Their values are the parameters ``{field}{i}`` (``idx0``,
