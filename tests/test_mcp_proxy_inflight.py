@@ -20,16 +20,7 @@ from sagaguard.saga.records import CancelOutcome, SagaState
 
 
 def test_a_cancel_arriving_while_a_call_is_in_flight_undoes_that_call_too_once_it_is_recorded() -> None:
-    undone: list[str] = []
-    undos = UndoRegistry()
-
-    @undos.named("cancel_booking")
-    def cancel_booking(arguments: dict[str, Any], result: Any) -> None:
-        undone.append(result)
-
-    journal, guard = MemoryJournal(), Guard(MemoryStore())
-    agent = AgentSaga("mcp-proxy.test", undos, on_failure=OnFailure.LEAVE)
-    runs = ProxyRuns(journal, guard, agent, interval=3600, say=lambda _line: None)
+    journal, guard, runs, undone = _proxy_runs()
     seen: dict[str, Any] = {}
 
     async def book(reference: str) -> str:
@@ -64,6 +55,21 @@ def test_a_cancel_arriving_while_a_call_is_in_flight_undoes_that_call_too_once_i
     assert _state(journal, seen["run"]) is SagaState.COMPENSATED
 
 
+def _proxy_runs() -> tuple[MemoryJournal, Guard, ProxyRuns, list[str]]:
+    """Runs of a proxy whose one undo, ``cancel_booking``, appends the booking it undoes to the
+    list returned; sweeps an hour apart (one, at the start), so only the connection sees a cancel."""
+    undone: list[str] = []
+    undos = UndoRegistry()
+
+    @undos.named("cancel_booking")
+    def cancel_booking(arguments: dict[str, Any], result: Any) -> None:
+        undone.append(result)
+
+    journal, guard = MemoryJournal(), Guard(MemoryStore())
+    agent = AgentSaga("mcp-proxy.test", undos, on_failure=OnFailure.LEAVE)
+    return journal, guard, ProxyRuns(journal, guard, agent, interval=3600, say=lambda _line: None), undone
+
+
 def _state(journal: MemoryJournal, run_id: str) -> SagaState:
     snapshot = journal.load(run_id)
     assert snapshot is not None
@@ -74,16 +80,7 @@ def test_a_cancel_no_sweep_saw_before_the_connection_ended_undoes_the_run_rather
     """The operator cancels while the connection's last call is in flight (``sagas cancel`` answers
     REQUESTED), and the connection ends (a stateless HTTP request answered, a client gone) before
     any sweep looked: the run is undone, not completed with the cancel ignored."""
-    undone: list[str] = []
-    undos = UndoRegistry()
-
-    @undos.named("cancel_booking")
-    def cancel_booking(arguments: dict[str, Any], result: Any) -> None:
-        undone.append(result)
-
-    journal, guard = MemoryJournal(), Guard(MemoryStore())
-    agent = AgentSaga("mcp-proxy.test", undos, on_failure=OnFailure.LEAVE)
-    runs = ProxyRuns(journal, guard, agent, interval=3600, say=lambda _line: None)  # one sweep, at the start
+    journal, guard, runs, undone = _proxy_runs()
     seen: dict[str, Any] = {}
 
     async def body() -> None:
