@@ -20,11 +20,10 @@ from typing import Any
 from sagaguard.idempotency.codec import Codec, encode_error
 from sagaguard.idempotency.errors import ConfigurationError
 from sagaguard.saga.checks import check_saga_id
-from sagaguard.saga.decisions import failure_state, fresh_undo_signal, pivot_started, undo_round
+from sagaguard.saga.decisions import failure_state, fresh_undo_signal, undo_round
 from sagaguard.saga.errors import SagaCancelled, SagaError, SagaNotFound
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.records import (
-    RESUMABLE_STATES,
     CancelOutcome,
     SagaRecord,
     SagaSnapshot,
@@ -76,7 +75,8 @@ def cancel(journal: SagaJournal, saga_id: str, *, reason: str = "cancelled") -> 
 
     A saga that has not started its pivot compensates: its runner at its next step boundary, or,
     when it waits or nobody holds it, the recovery sweeper. Once the pivot has started the saga only
-    goes forward, and cancelling is TOO_LATE.
+    goes forward, and cancelling is TOO_LATE; the journal decides that in the transaction that would
+    record the cancel (:func:`~sagaguard.saga.decisions.cancel_outcome`).
 
     Returns:
         REQUESTED; ALREADY when a cancellation is pending or it is compensating anyway; TOO_LATE.
@@ -86,12 +86,9 @@ def cancel(journal: SagaJournal, saga_id: str, *, reason: str = "cancelled") -> 
         ConfigurationError: a malformed saga id, as for :func:`signal`.
         JournalError: the journal failed.
     """
-    snapshot = journal.load(check_saga_id(saga_id))
-    if snapshot is None:
-        raise SagaNotFound(saga_id)
-    if snapshot.saga.state not in RESUMABLE_STATES or pivot_started(snapshot):
-        return CancelOutcome.TOO_LATE
-    return journal.cancel(saga_id, encode_error(SagaCancelled(reason)))
+    # The journal decides in the transaction that records it, so a cancel racing the pivot's
+    # start is either refused or honoured, never answered REQUESTED and then ignored.
+    return journal.cancel(check_saga_id(saga_id), encode_error(SagaCancelled(reason)))
 
 
 class NotParked(SagaError):

@@ -35,6 +35,8 @@ from sagaguard.saga.errors import (
 from sagaguard.saga.records import (
     FOREVER,
     LIVE_STATES,
+    RESUMABLE_STATES,
+    CancelOutcome,
     CompensationPolicy,
     Phase,
     SagaSnapshot,
@@ -61,6 +63,7 @@ __all__ = [
     "applied",
     "apply",
     "call_outcome",
+    "cancel_outcome",
     "check",
     "compensation_failure_state",
     "compensation_failures",
@@ -316,6 +319,27 @@ def pivot_started(snapshot: SagaSnapshot, fresh: int | None = None) -> bool:
         row.kind is not StepKind.COMPENSATABLE and row.index != fresh and not row.not_applied
         for row in snapshot.steps
     )
+
+
+def cancel_outcome(snapshot: SagaSnapshot) -> CancelOutcome:
+    """What an operator's cancel does to the saga of ``snapshot``, read in the very transaction of
+    the journal that records it (:meth:`~sagaguard.saga.journal.SagaJournal.cancel`). Pure.
+
+    TOO_LATE when the saga has ended or needs attention, or when its pivot has started
+    (:func:`pivot_started`): the runner would no longer honour it, so it is refused rather than
+    recorded. ALREADY when a cancellation is pending or the saga is compensating anyway. Otherwise
+    REQUESTED, and the journal records it. Deciding on the rows of the recording transaction is
+    what keeps a cancel racing the pivot's own commit honest: either the pivot's row is there
+    (TOO_LATE) or the pivot's commit comes after and finds the cancellation (the runner abandons).
+    """
+    saga = snapshot.saga
+    if saga.state not in RESUMABLE_STATES:
+        return CancelOutcome.TOO_LATE
+    if saga.cancel_requested or saga.state is SagaState.COMPENSATING:
+        return CancelOutcome.ALREADY
+    if pivot_started(snapshot):
+        return CancelOutcome.TOO_LATE
+    return CancelOutcome.REQUESTED
 
 
 def abandon_cause(snapshot: SagaSnapshot, fresh: int | None = None) -> str | None:

@@ -192,9 +192,13 @@ class SagaJournal(Protocol):
         - RUNNING or WAITING with no cancellation pending: set ``cancel_requested`` and record
           ``cause`` (JSON) as the saga's ``error``; a WAITING saga becomes due at once -> REQUESTED.
         - A cancellation is pending, or the saga is COMPENSATING: unchanged -> ALREADY.
-        - It has ended or needs attention: unchanged -> TOO_LATE.
+        - It has ended or needs attention, or its pivot has started (a row of the pivot or of a
+          later step, not marked not applied): unchanged -> TOO_LATE.
 
-        Whether a cancellation is honoured (only before the pivot starts) is the runner's decision.
+        The rule is :func:`~sagaguard.saga.decisions.cancel_outcome`, applied to the saga and its
+        steps as this transaction reads them: a runner's phase commit (its pivot's row, its
+        completion) is either read by it or sees the cancellation, so what answers REQUESTED is
+        honoured (before the pivot, by the runner's next decision).
 
         Raises:
             SagaNotFound: no saga has this id.

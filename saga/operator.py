@@ -23,7 +23,6 @@ from sagaguard.idempotency.codec import encode_error
 from sagaguard.saga.agent.errors import AgentRunRejected
 from sagaguard.saga.checks import check_saga_id
 from sagaguard.saga.control import NotParked, cancel, resolve, retry, signal
-from sagaguard.saga.decisions import pivot_started
 from sagaguard.saga.errors import SagaNotFound
 from sagaguard.saga.journal import SagaJournal
 from sagaguard.saga.records import CancelOutcome, SagaRecord, SagaState, SignalOutcome
@@ -121,8 +120,6 @@ def _reject(journal: SagaJournal, run_id: str, reason: str) -> CancelOutcome:
         raise NotParked(
             run_id, snapshot.saga.state, f"run {run_id!r} is {snapshot.saga.state.value}, not waiting"
         )
-    if pivot_started(snapshot):
-        return CancelOutcome.TOO_LATE
     return journal.cancel(run_id, encode_error(AgentRunRejected(reason)))
 
 

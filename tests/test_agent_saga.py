@@ -377,11 +377,11 @@ def test_a_cancellation_during_the_last_tool_call_undoes_the_run_rather_than_com
     assert cancel(journal, "thread-1") is CancelOutcome.TOO_LATE
 
 
-def test_a_cancellation_during_the_last_tool_call_after_the_pivot_is_not_honoured(
+def test_a_cancellation_during_the_last_tool_call_after_the_pivot_is_too_late(
     journal: SagaJournal, runner: AgentRunner, agent: AgentSaga, world: World
 ) -> None:
-    """Past the pivot a run only goes forward: a cancel answered REQUESTED during its last call
-    (it read the run before the pivot started) leaves the run to complete."""
+    """Past the pivot a run only goes forward: a cancel during its last call is TOO_LATE, from
+    the journal itself, records nothing, and the run completes."""
     from sagaguard.saga.agent import current_run
 
     seen: list[Any] = []
@@ -394,9 +394,10 @@ def test_a_cancellation_during_the_last_tool_call_after_the_pivot_is_not_honoure
         book(world, runner)
         current_run().call("sign", world.sign, {}, pivot=True)
         current_run().call("charge", charging, {"amount": 120}, undo="refund")
-    assert seen == [CancelOutcome.REQUESTED]
+    assert seen == [CancelOutcome.TOO_LATE]
     assert run.outcome is not None and run.outcome.state is SagaState.COMPLETED
-    assert load(journal, "thread-1").saga.state is SagaState.COMPLETED
+    saga = load(journal, "thread-1").saga
+    assert saga.state is SagaState.COMPLETED and not saga.cancel_requested
     assert world.did("refund") == [] and world.did("cancel_booking") == []
 
 

@@ -362,6 +362,39 @@ def test_cancel(journal: SagaJournal, clock: FakeClock) -> None:
     assert journal.cancel("done", "{}") is CancelOutcome.TOO_LATE
 
 
+def test_a_cancel_once_the_pivot_has_a_row_is_too_late_and_not_recorded(journal: SagaJournal) -> None:
+    """The journal itself refuses a cancel once the pivot (or a later step) has a row, deciding on
+    the rows of its own transaction: a caller that read the saga before the pivot's commit cannot
+    get REQUESTED for a cancel the runner will ignore. A pivot row marked not applied (it never
+    ran) does not count."""
+    compensated = _row(0, StepState.SUCCEEDED, result="1")
+    pivot = _row(1, StepState.SUCCEEDED, kind=StepKind.PIVOT, result="2")
+    rows = {
+        "pivot-started": (compensated, _row(1, kind=StepKind.PIVOT)),
+        "pivot-done": (compensated, pivot),
+        "retriable": (compensated, pivot, _row(2, kind=StepKind.RETRIABLE)),
+        "not-applied": (compensated, _row(1, StepState.FAILED, kind=StepKind.PIVOT, not_applied=True)),
+        "before": (compensated, _row(1)),
+    }
+    for saga_id, steps in rows.items():
+        token = _start(journal, saga_id)
+        journal.commit(saga_id, token, Phase(steps=steps, lease=30))
+    for saga_id in ("pivot-started", "pivot-done", "retriable"):
+        assert journal.cancel(saga_id, '{"why":"late"}') is CancelOutcome.TOO_LATE, saga_id
+        saga = _saga(journal, saga_id)
+        assert (saga.cancel_requested, saga.error, saga.state) == (False, None, SagaState.RUNNING)
+    for saga_id in ("not-applied", "before"):
+        assert journal.cancel(saga_id, '{"why":"in time"}') is CancelOutcome.REQUESTED, saga_id
+        assert _saga(journal, saga_id).cancel_requested
+
+    # Parked after its pivot, waiting for a signal: too late as well.
+    token = _start(journal, "waiting")
+    journal.commit("waiting", token, Phase(steps=(compensated, pivot)))
+    _park(journal, "waiting", token, "approval", FOREVER)
+    assert journal.cancel("waiting", "{}") is CancelOutcome.TOO_LATE
+    assert not _saga(journal, "waiting").cancel_requested
+
+
 def test_a_pending_cancel_makes_a_parking_due_at_once(journal: SagaJournal) -> None:
     token = _start(journal)
     journal.cancel("s-1", "{}")

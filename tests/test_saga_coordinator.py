@@ -23,9 +23,18 @@ from sagaguard.saga.coordinator import (
     failure_state,
     needs_compensation,
 )
-from sagaguard.saga.decisions import FailedTry, completion_yields_to_cancel, failed_try
+from sagaguard.saga.decisions import FailedTry, cancel_outcome, completion_yields_to_cancel, failed_try
 from sagaguard.saga.errors import SignalTimeout, StepTimeout
-from sagaguard.saga.records import Phase, SagaRecord, SagaSnapshot, StartOutcome, StartResult, StepRecord
+from sagaguard.saga.records import (
+    FINAL_STATES,
+    CancelOutcome,
+    Phase,
+    SagaRecord,
+    SagaSnapshot,
+    StartOutcome,
+    StartResult,
+    StepRecord,
+)
 
 
 @dataclass
@@ -164,6 +173,38 @@ def test_completion_yields_to_cancel(rows: list[tuple[StepKind, StepState, bool]
         for i, (kind, state, not_applied) in enumerate(rows)
     )
     assert completion_yields_to_cancel(SagaSnapshot(_record(), steps)) is expected
+
+
+PIVOT_ROWS = [(StepKind.COMPENSATABLE, OK, False), (StepKind.PIVOT, S, False)]
+TOO_LATE = CancelOutcome.TOO_LATE
+Rows = list[tuple[StepKind, StepState, bool]]
+
+
+@pytest.mark.parametrize(
+    ("state", "changes", "rows", "expected"),
+    [
+        (SagaState.RUNNING, {}, [], CancelOutcome.REQUESTED),
+        (SagaState.WAITING, {}, [(StepKind.COMPENSATABLE, OK, False)], CancelOutcome.REQUESTED),
+        (SagaState.RUNNING, {"cancel_requested": True}, [], CancelOutcome.ALREADY),
+        (SagaState.COMPENSATING, {}, [(StepKind.COMPENSATABLE, OK, False)], CancelOutcome.ALREADY),
+        # the pivot (or a step after it) has a row: the saga only goes forward
+        (SagaState.RUNNING, {}, PIVOT_ROWS, CancelOutcome.TOO_LATE),
+        (SagaState.WAITING, {}, [(StepKind.PIVOT, OK, False), (StepKind.RETRIABLE, S, False)], TOO_LATE),
+        # a pivot that never applied does not count
+        (SagaState.RUNNING, {}, [(StepKind.PIVOT, F, True)], CancelOutcome.REQUESTED),
+        # a pending cancellation is ALREADY, whatever the steps
+        (SagaState.RUNNING, {"cancel_requested": True}, PIVOT_ROWS, CancelOutcome.ALREADY),
+        *[(state, {}, [], TOO_LATE) for state in sorted(FINAL_STATES | {SagaState.NEEDS_ATTENTION})],
+    ],
+)
+def test_cancel_outcome(
+    state: SagaState, changes: dict[str, object], rows: Rows, expected: CancelOutcome
+) -> None:
+    steps = tuple(
+        StepRecord(i, f"s{i}", kind, step_state, not_applied=not_applied)
+        for i, (kind, step_state, not_applied) in enumerate(rows)
+    )
+    assert cancel_outcome(SagaSnapshot(_record(state, **changes), steps)) is expected
 
 
 def test_not_applied_failure_skips_its_own_compensation() -> None:

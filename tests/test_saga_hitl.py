@@ -20,6 +20,7 @@ from conftest import FakeClock
 
 from sagaguard.idempotency import Guard
 from sagaguard.saga import (
+    CancelOutcome,
     SagaJournal,
     SagaRunner,
     SagaState,
@@ -231,22 +232,26 @@ def test_the_saga_deadline_also_ends_a_wait(journal: SagaJournal, guard: Guard, 
     assert travel.log[-1] == "refund 700"
 
 
-def test_waiting_again_after_a_wake_keeps_the_first_deadline(
+def test_a_cancel_after_the_pivot_leaves_a_waiting_saga_waiting_on_its_first_deadline(
     journal: SagaJournal, guard: Guard, clock: FakeClock
 ) -> None:
+    """Waiting after its pivot, the saga only goes forward: a cancel is TOO_LATE from the journal
+    and neither wakes it nor moves its wait deadline; the signal then takes it on."""
     travel = Travel(guard)
     runner = _runner(journal, guard)
     runner.run(travel.saga, "t-8", ORDER)
     signal(journal, "t-8", "approval", Approval("ana"))
     recover(journal, guard, travel.saga)
     first = journal.load("t-8")
-    assert first is not None and first.saga.wait_until == clock.now + DAY
+    assert first is not None and first.saga.wait_until == clock.now + DAY == first.saga.lease_until
     clock.advance(DAY / 2)
-    journal.cancel("t-8", "{}")  # wakes it; after the pivot the saga ignores the cancellation
-    outcome = recover(journal, guard, travel.saga).outcomes["t-8"]
-    assert outcome.state is SagaState.WAITING and outcome.waiting_for == "receipt"
+    assert journal.cancel("t-8", "{}") is CancelOutcome.TOO_LATE
+    assert recover(journal, guard, travel.saga).found == 0
     again = journal.load("t-8")
-    assert again is not None and again.saga.wait_until == first.saga.wait_until == again.saga.lease_until
+    assert again is not None and again.saga == first.saga
+    signal(journal, "t-8", "receipt", "r-1")
+    outcome = recover(journal, guard, travel.saga).outcomes["t-8"]
+    assert outcome.state is SagaState.COMPLETED and travel.log[-1] == "receipt r-1"
 
 
 def test_a_wait_without_deadline_waits_forever(journal: SagaJournal, guard: Guard, clock: FakeClock) -> None:

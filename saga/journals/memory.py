@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from sagaguard.saga import lease as _lease
 from sagaguard.saga.checks import check_saga_id
+from sagaguard.saga.decisions import cancel_outcome
 from sagaguard.saga.errors import LostSagaLease, SagaNotFound
 from sagaguard.saga.records import (
     LIVE_STATES,
@@ -247,10 +248,9 @@ class MemoryJournal:
             old = self._sagas.get(saga_id)
             if old is None:
                 raise SagaNotFound(saga_id)
-            if old.state not in RESUMABLE_STATES:
-                return CancelOutcome.TOO_LATE
-            if old.cancel_requested or old.state is SagaState.COMPENSATING:
-                return CancelOutcome.ALREADY
+            outcome = cancel_outcome(self._snapshot(saga_id))
+            if outcome is not CancelOutcome.REQUESTED:
+                return outcome
             changes: dict[str, object] = {"cancel_requested": True, "error": cause, "updated_at": now}
             if old.state is SagaState.WAITING:
                 changes["lease_until"] = now

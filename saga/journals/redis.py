@@ -435,10 +435,11 @@ class RedisJournal:
         return SignalOutcome(reply)
 
     def cancel(self, saga_id: str, cause: str) -> CancelOutcome:
-        """See :meth:`SagaJournal.cancel`: one script (after lowering the saga's index entry)."""
+        """See :meth:`SagaJournal.cancel`: one script, which reads the saga and its steps
+        (:func:`~sagaguard.saga.decisions.cancel_outcome`), after lowering the saga's index entry."""
         check_saga_id(saga_id)
         keys = self._keys(saga_id)
-        reply = self._run(self._cancel, keys[:1], (self._now_arg(), cause), lower=saga_id, durable=True)
+        reply = self._run(self._cancel, keys[:2], (self._now_arg(), cause), lower=saga_id, durable=True)
         if reply == "unknown":
             raise SagaNotFound(saga_id)
         return CancelOutcome(reply)

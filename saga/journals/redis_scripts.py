@@ -168,13 +168,21 @@ return 'delivered'
 """
 )
 
-# KEYS: saga. ARGV: now, cause.
+# KEYS: saga, steps. ARGV: now, cause. The rule of decisions.cancel_outcome: too late once the pivot
+# (or a step after it) has a row not marked not applied.
 CANCEL = (
     _PRELUDE
     + """
 if not r[5] then return 'unknown' end
 if not resumable(r[5]) then return 'too_late' end
 if r[15] == '1' or r[5] == 'compensating' then return 'already' end
+local rows = redis.call('HGETALL', KEYS[2])
+for i = 1, #rows, 2 do
+  if not string.find(rows[i], ':', 1, true) then
+    local row = cjson.decode(rows[i + 1])
+    if row.kind ~= 'compensatable' and not row.not_applied then return 'too_late' end
+  end
+end
 redis.call('HSET', KEYS[1], 'cancel', '1', 'error', ARGV[2], 'updated_at', f(now))
 if r[5] == 'waiting' then redis.call('HSET', KEYS[1], 'lease_until', f(now)) end
 return 'requested'

@@ -37,6 +37,7 @@ from sagaguard.idempotency.errors import ConfigurationError, StoreError, StoreUn
 from sagaguard.idempotency.migrations.runner import ensure_schema, shown_url, upgrade_schema
 from sagaguard.saga import lease as _lease
 from sagaguard.saga.checks import check_saga_id
+from sagaguard.saga.decisions import cancel_outcome
 from sagaguard.saga.errors import JournalError, JournalUnavailable, LostSagaLease, SagaNotFound
 from sagaguard.saga.journals.sql_schema import (
     DEFAULT_PREFIX,
@@ -460,16 +461,23 @@ class SqlJournal:
             return SignalOutcome.DELIVERED
 
     def cancel(self, saga_id: str, cause: str) -> CancelOutcome:
-        """See :meth:`SagaJournal.cancel`. One conditional UPDATE, else one read."""
+        """See :meth:`SagaJournal.cancel`. Locks the saga row (Postgres), reads it and its steps,
+        decides (:func:`~sagaguard.saga.decisions.cancel_outcome`) and records a REQUESTED one, in
+        one transaction."""
         check_saga_id(saga_id)
         with self._connect() as conn:
-            if conn.execute(self._sql.cancel, self._params(saga_id=saga_id, cause=cause)).first():
-                return CancelOutcome.REQUESTED
+            # Under the row lock (or SQLite's one writer) a phase commit of the saga's runner, its
+            # pivot's row among them, is either read below or comes after and sees the cancel: a
+            # plain conditional UPDATE could not read the steps table as of the lock (Postgres
+            # re-checks only the updated row after waiting for it).
+            self._lock_row(conn, saga_id)
             found = conn.execute(self._sql.get_saga, {"saga_id": saga_id}).first()
-        if found is None:
-            raise SagaNotFound(saga_id)
-        state = _saga(found).state
-        return CancelOutcome.ALREADY if state in RESUMABLE_STATES else CancelOutcome.TOO_LATE
+            if found is None:
+                raise SagaNotFound(saga_id)
+            outcome = cancel_outcome(self._snapshot(conn, _saga(found)))
+            if outcome is CancelOutcome.REQUESTED:
+                conn.execute(self._sql.cancel, self._params(saga_id=saga_id, cause=cause))
+            return outcome
 
     def list(
         self,
