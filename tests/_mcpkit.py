@@ -83,23 +83,27 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_http(env: dict[str, str], argv: list[str] | None = None) -> Iterator[str]:
+def serve_http(
+    env: dict[str, str], argv: list[str] | None = None, errlog: Path | None = None
+) -> Iterator[str]:
     """The payments server (or ``argv`` serving on ``{port}``) over streamable HTTP; yields its URL
-    once it accepts connections."""
+    once it accepts connections. Its stderr goes to ``errlog`` when given."""
     port = free_port()
     command = (
         [a.format(port=port) for a in argv] if argv else [sys.executable, str(SERVER), "http", str(port)]
     )
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(600):  # until it listens (a condition, polled), or it died
-            if process.poll() is not None:
-                raise AssertionError(f"{command} exited with {process.returncode}")
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.kill()
-        process.wait()
+    with contextlib.ExitStack() as files:
+        stderr = subprocess.DEVNULL if errlog is None else files.enter_context(errlog.open("w"))
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            for _ in range(600):  # until it listens (a condition, polled), or it died
+                if process.poll() is not None:
+                    raise AssertionError(f"{command} exited with {process.returncode}")
+                with socket.socket() as probe:
+                    if probe.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                time.sleep(0.05)
+            yield f"http://127.0.0.1:{port}/mcp"
+        finally:
+            process.kill()
+            process.wait()

@@ -4,13 +4,16 @@
 
     sagaguard mcp tools [--json] -- SERVER COMMAND...        # or --url http://host:port/mcp
     sagaguard mcp proxy [--store URL] [--namespace NS] [--server NAME] [--http HOST:PORT]
-                        [--declare FILE] [--interval S] [--lease S] -- SERVER COMMAND...
+                        [--session-idle S] [--declare FILE] [--interval S] [--lease S]
+                        -- SERVER COMMAND...
     sagaguard mcp worker [--store URL] [--namespace NS] [--server NAME] --declare FILE
                          [--interval S] [--once] -- SERVER COMMAND...
 
 ``tools`` starts (or connects to) the server, lists its tools with their annotations and the mode
 each gets (``pass_through``, ``resend``, ``at_most_once``) and why. ``proxy`` serves the server's
-tools to one client over stdio (default) or to many over streamable HTTP (``--http``), each call
+tools to one client over stdio (default) or to many over streamable HTTP (``--http``; a client's
+session that sits idle for ``--session-idle`` seconds, 1800 by default, is ended as its ``DELETE``
+would end it: :func:`~sagaguard.connectors.mcp.proxy.serve_http`), each call
 guarded as :mod:`sagaguard.connectors.mcp.proxy` says, recorded in ``--store`` (default ``$SAGAGUARD_STORE``).
 ``--declare FILE`` overrides tools' annotations (:func:`load_declarations`); a tool declared with an
 undo makes each client connection an agent run (:mod:`sagaguard.connectors.mcp.proxyruns`), and the
@@ -47,7 +50,7 @@ from mcp.shared.exceptions import MCPError
 
 from sagaguard.connectors.declare import changes_world, read_only
 from sagaguard.connectors.mcp.policy import ErrorText, LookupTool, policy_from_annotations
-from sagaguard.connectors.mcp.proxy import McpProxy, serve_http, serve_stdio
+from sagaguard.connectors.mcp.proxy import DEFAULT_SESSION_IDLE, McpProxy, serve_http, serve_stdio
 from sagaguard.connectors.mcp.proxyruns import Declared, DeclaredUndo, ProxyRuns, proxy_saga
 from sagaguard.connectors.mcp.session import ToolSession, http_session, stdio_session
 from sagaguard.connectors.mcp.undo import UndoTool
@@ -186,6 +189,11 @@ def tools(*, as_json: bool, url: str | None, server_command: tuple[str, ...]) ->
 @click.option("--namespace", default="default", help="the tenant of the proxy's records")
 @click.option("--server", default="upstream", help="the server's name in effect names")
 @click.option("--http", metavar="HOST:PORT", help="serve clients over streamable HTTP (at /mcp)")
+@click.option(
+    "--session-idle", type=Positive(float), default=DEFAULT_SESSION_IDLE, metavar="S",
+    help="with --http: seconds a client's session may sit idle (no request in flight, no open "
+    "stream) before the proxy ends it, completing its run as the client's DELETE would (1800)",
+)  # fmt: skip
 @click.option("--declare", metavar="FILE", type=click.Path(path_type=Path),
               help="per-tool declarations (JSON) that win over the annotations: "
               "mode, lookup, provider_idempotent, on_error, failed_if, undo")  # fmt: skip
@@ -202,6 +210,7 @@ def proxy(
     namespace: str,
     server: str,
     http: str | None,
+    session_idle: float,
     declare: Path | None,
     interval: float,
     lease: float,
@@ -234,7 +243,7 @@ def proxy(
             asyncio.run(
                 proxy_main(
                     opener, guard, server, host, port, declare=declared, journal=journal, interval=interval,
-                    lease=lease,
+                    lease=lease, session_idle=session_idle,
                 )
             )  # fmt: skip
         finally:
@@ -463,8 +472,10 @@ async def proxy_main(
     journal: SagaJournal | None = None,
     interval: float = 5.0,
     lease: float = 30.0,
+    session_idle: float = DEFAULT_SESSION_IDLE,
 ) -> None:
-    """Open the upstream session and serve the proxy (stdio when ``host`` is None, else HTTP).
+    """Open the upstream session and serve the proxy (stdio when ``host`` is None, else HTTP, where a
+    client's session idle for ``session_idle`` seconds is ended: :func:`serve_http`).
 
     The upstream is reopened through ``opener`` when it is gone (the server died), for the next
     call; the first session failing to open is an error (the server does not start). When
@@ -489,7 +500,10 @@ async def proxy_main(
         _SDK_LOG.serving = True  # started: the SDK's errors from now on are the operator's to see
 
         async def serving() -> None:
-            await (serve_stdio(proxy) if host is None else serve_http(proxy, host, port))
+            if host is None:
+                await serve_stdio(proxy)
+            else:
+                await serve_http(proxy, host, port, session_idle=session_idle)
 
         if runs is None:
             await serving()

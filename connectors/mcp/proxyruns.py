@@ -12,7 +12,9 @@ is a step of that run, registered with its undo in one journal commit before the
 How a run ends:
 
 - the client disconnects cleanly (the proxy's stdio input closes; an HTTP client's ``DELETE`` of
-  its session; the proxy stops cleanly; a stateless HTTP request answered): COMPLETED, nothing
+  its session, or its session idle past ``--session-idle``, which the proxy then ends:
+  :func:`~sagaguard.connectors.mcp.proxy.serve_http`; the proxy stops cleanly; a stateless HTTP
+  request answered): COMPLETED, nothing
   undone, unless an operator's cancel came first (while a call was in flight, or since the last
   sweep): the end of the connection looks, and the run is undone as below, never completed with
   the cancel ignored;
