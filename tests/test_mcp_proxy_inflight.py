@@ -101,3 +101,12 @@ def test_a_cancel_no_sweep_saw_before_the_connection_ended_undoes_the_run_rather
     assert seen["cancel"] is CancelOutcome.REQUESTED
     assert undone == ["b1"]
     assert _state(journal, seen["run"]) is SagaState.COMPENSATED
+
+
+def test_the_proxys_worker_holds_what_it_undoes_under_the_proxys_lease() -> None:
+    """``--lease`` is the lease of the connections' runs and of the runs the proxy's worker takes
+    over to undo: a proxy that dies while undoing is waited for no longer than one it ran."""
+    undos = UndoRegistry()
+    agent = AgentSaga("mcp-proxy.test", undos, on_failure=OnFailure.LEAVE)
+    runs = ProxyRuns(MemoryJournal(), Guard(MemoryStore()), agent, lease=7.0, say=lambda _line: None)
+    assert runs.runner.lease == runs.worker.runner.lease == 7.0

@@ -148,7 +148,8 @@ class ProxyRuns:
         journal: where the runs are recorded (the proxy's store).
         guard: the proxy's guard (its calls, the undos).
         agent: the saga type (:func:`proxy_saga`).
-        lease: seconds a run's lease lasts (renewed while the proxy lives).
+        lease: seconds a run's lease lasts: the connections' runs (renewed while the proxy lives)
+            and those its worker takes over to undo.
         interval: seconds between the sweeps that look for cancelled runs and run the worker.
         say: where a run's id and end are told (default: stderr).
     """
@@ -168,7 +169,7 @@ class ProxyRuns:
         self.agent = agent
         self.interval = interval
         self.runner = AgentRunner(journal, guard, lease=lease)
-        self.worker = RecoveryWorker(journal, guard, agent, interval=interval)
+        self.worker = RecoveryWorker(journal, guard, agent, interval=interval, lease=lease)
         self._say = say
         self._held: dict[str, _Held] = {}
         self._lock = anyio.Lock()
