@@ -48,7 +48,6 @@ from typing import Any
 
 from _crewaichild import checkpoints, main
 from _crewaisaga import die_once, post, stripe_client, trip_crew, undos
-from _crewcheckpoint import checkpoints_written
 from crewai import LLM, Agent, Crew, Task
 from crewai.events.event_bus import crewai_event_bus
 from crewai.state.checkpoint_config import CheckpointConfig
@@ -59,7 +58,6 @@ from sagaguard.connectors.frameworks.crewai import CrewGuard
 from sagaguard.connectors.frameworks.crewai_saga import CrewSaga
 from sagaguard.idempotency import Guard, open_store
 from sagaguard.idempotency.effect import current_effect
-from sagaguard.idempotency.testing import crash_at
 from sagaguard.saga import cancel
 from sagaguard.saga.agent import AgentRunner, AgentSaga
 from sagaguard.saga.journals import open_journal
@@ -173,9 +171,7 @@ class BookFlight(BaseTool):
     mode: str = "ok"
 
     def _run(self) -> str:
-        if crash_at() == "before_flight":
-            crewai_event_bus.flush()  # the checkpoint of fly's task_started is written, as it may be
-        die_once("before_flight")
+        die_once("before_flight")  # protect made fly wait: its task_started checkpoint is on disk
         if self.mode == "fail":
             raise RuntimeError("no seats to Oslo")
         if self.mode == "vanish":
@@ -257,8 +253,7 @@ def play(config: dict[str, Any]) -> None:
         else:
             crew = crew_guard.protect(build(folder, config, crew_saga))
         try:
-            with checkpoints_written():
-                asyncio.run(crew.akickoff()) if config.get("async") else crew.kickoff()
+            asyncio.run(crew.akickoff()) if config.get("async") else crew.kickoff()
         except (Exception, Vanished) as exc:
             report["raised"] = type(exc).__name__
             report["reason"] = str(exc)
@@ -278,8 +273,7 @@ def play(config: dict[str, Any]) -> None:
             newest = checkpoints(folder)[-1]
             restored = crew_guard.protect(Crew.from_checkpoint(CheckpointConfig(restore_from=str(newest))))
             try:
-                with checkpoints_written():
-                    restored.kickoff()
+                restored.kickoff()
                 report["again"] = "ran"
             except Exception as exc:
                 report["again"] = type(exc).__name__

@@ -22,10 +22,8 @@ import sys
 from typing import Any
 
 from _crewaichild import checkpoints
-from _crewcheckpoint import checkpoints_written
 from _declaredworld import FOLDER, book, guard, pay, undos
 from crewai import LLM, Agent, Crew, Task
-from crewai.events.event_bus import crewai_event_bus
 from crewai.state.checkpoint_config import CheckpointConfig
 from crewai.tools import BaseTool
 
@@ -43,8 +41,7 @@ class BookHotel(BaseTool):
     description: str = "Book the hotel."
 
     def _run(self, hotel: str = "ritz") -> str:
-        crewai_event_bus.flush()  # the checkpoint of the task's start is on disk, as it may be
-        return json.dumps(book(hotel))
+        return json.dumps(book(hotel))  # protect made the task wait: its checkpoint is on disk
 
 
 class Charge(BaseTool):
@@ -79,8 +76,7 @@ def main() -> int:
     restored = Crew.from_checkpoint(CheckpointConfig(restore_from=str(found[-1]))) if found else None
     crew = crew_guard.protect(restored or build())
     try:
-        with checkpoints_written():
-            answer = crew.kickoff().raw
+        answer = crew.kickoff().raw
     finally:
         crew_saga.runner.close()
     run_id = crew_saga.run_id(crew)

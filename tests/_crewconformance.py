@@ -50,7 +50,6 @@ class CrewCrash(BaseException):
 
 
 if CREW_HERE:
-    from _crewcheckpoint import checkpoints_written
     from crewai.tools import BaseTool
 
     class Book(BaseTool):
@@ -166,8 +165,8 @@ class CrewHarness:
         return seen
 
     def _kickoff(self, crew: Any) -> Any:
-        with checkpoints_written():  # the restore always has its checkpoint
-            return asyncio.run(crew.akickoff()) if self.run_async else crew.kickoff()
+        # protect made the task wait for its checkpoint: the restore always has one
+        return asyncio.run(crew.akickoff()) if self.run_async else crew.kickoff()
 
 
 def _process(work: Callable[[], None], errors: list[BaseException]) -> None:

@@ -30,8 +30,12 @@ again with each run of a task, which is what a restore at ``task_started`` repla
 mid-task (on tool or model events) resumes the agent from its saved messages, past calls the counts
 no longer see; the model journal then refuses the shifted call (``KeyConflict``, its messages
 differ) rather than replay the wrong answer. CrewAI writes checkpoints from its event-bus threads,
-so the last one before a crash may be missing: the restore then goes back one more checkpoint, and
-the keys, which do not depend on it, still match.
+and 1.15 loses one now and then to a race in its own serialisation; a protected crew's tasks wait,
+at their start, until their ``task_started`` checkpoint is written
+(:mod:`sagaguard.connectors.frameworks._crewai_checkpoint`), so a crash inside the first task finds
+it on disk, not a crew with nothing to restore (a new kickoff, new keys). A later checkpoint that
+is missing (a ``task_completed`` one, or rarely a later task's start) sends the restore back one
+more task boundary, and the keys, which do not depend on it, still match.
 
 With ``CrewGuard(guard, saga=CrewSaga(...))`` each kickoff is also an agent saga run, and the calls
 of tools declared with an undo or as the pivot are its steps
@@ -60,6 +64,7 @@ from crewai.tools import BaseTool
 from pydantic import BaseModel
 
 from sagaguard.connectors.declare import ToolDeclaration, declaration_of, recorded_output
+from sagaguard.connectors.frameworks._crewai_checkpoint import wait_for_task_checkpoints
 from sagaguard.connectors.frameworks._crewai_patch import is_marked, mark, shadow
 from sagaguard.connectors.in_doubt import OnDoubt, Pending
 from sagaguard.connectors.model_call import ajournaled_call, journaled_call
@@ -354,6 +359,11 @@ class CrewGuard:
         are new, unguarded ones). Guarding twice is harmless. With ``saga=``, the crew's
         ``kickoff`` and ``akickoff`` are wrapped too: each kickoff is an agent run.
 
+        When the crew has a checkpoint configured, each of its tasks waits at its start until
+        CrewAI's event bus has written the checkpoint of that start, so that one is on disk before
+        the task's first model or tool call (one process-wide ``pre_step`` hook, registered once:
+        :mod:`sagaguard.connectors.frameworks._crewai_checkpoint`).
+
         Returns:
             ``crew``.
         """
@@ -373,6 +383,7 @@ class CrewGuard:
             for llm in (crew.manager_llm, crew.function_calling_llm, crew.planning_llm):
                 if isinstance(llm, BaseLLM):
                     self.journal(llm)
+        wait_for_task_checkpoints(crew)
         if self.saga is not None:
             self.saga.attach(crew)
         return crew
