@@ -72,22 +72,28 @@ def child_env(crash: str | None = None) -> dict[str, str]:
     return env
 
 
-@dataclass
-class Steps:
-    """What the child printed, by step: its kickoff reports and how its process ended."""
+@dataclass(kw_only=True)
+class ChildLines:
+    """What a CrewAI test's child printed (a JSON object a line, each with its ``step``) and how it
+    exited; a child that did not exit 0 fails the test with its output."""
 
     run: str
     done: subprocess.CompletedProcess[str]
     lines: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        output = f"exit {self.done.returncode}:\n{self.done.stdout}\n{self.done.stderr[-4000:]}"
+        output = f"exit {self.done.returncode}:\n{self.done.stdout}\n{self.done.stderr[-6000:]}"
         assert self.done.returncode == 0, output
         self.lines = [json.loads(line) for line in self.done.stdout.splitlines() if line.startswith("{")]
 
     def ended(self, step: int) -> dict[str, Any]:
         """``exit`` (None when killed) and ``signal`` of the step's process."""
         return next(line for line in self.lines if line["step"] == step and "signal" in line)
+
+
+@dataclass(kw_only=True)
+class Steps(ChildLines):
+    """What the child printed, by step: its kickoff reports and how its process ended."""
 
     def reports(self, step: int, mode: str) -> list[dict[str, Any]]:
         """The step's kickoff reports for the crew of ``mode``, after checking the step exited 0."""
@@ -134,7 +140,7 @@ def steps(crew_python: Path, service: CounterService, tmp_path_factory: pytest.T
             [str(crew_python), str(CHILD), json.dumps(config)], env=child_env(), stdin=subprocess.DEVNULL,
             capture_output=True, text=True, timeout=240, check=False,
         )  # fmt: skip
-    return Steps(run, done)
+    return Steps(run=run, done=done)
 
 
 def test_a_clean_run_calls_each_tool_and_model_once(steps: Steps, service: CounterService) -> None:

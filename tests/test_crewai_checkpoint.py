@@ -26,12 +26,12 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_crewai import child_env, crew_python  # noqa: F401 - the fixture, shared
+from test_crewai import ChildLines, child_env, crew_python  # noqa: F401 - the fixture, shared
 
 from sagaguard.connectors.testing import LocalChatModel
 from sagaguard.idempotency.testing import CounterService
@@ -44,22 +44,11 @@ pytestmark = pytest.mark.timeout(400)
 HOOKS, START, RESUME, ASTART, ARESUME = range(5)
 
 
-@dataclass
-class Played:
+@dataclass(kw_only=True)
+class Played(ChildLines):
     """What the child printed, by step: its looks, kickoffs, hook counts and how each step ended."""
 
-    run: str
     folder: Path
-    done: subprocess.CompletedProcess[str]
-    lines: list[dict[str, Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        output = f"exit {self.done.returncode}:\n{self.done.stdout}\n{self.done.stderr[-4000:]}"
-        assert self.done.returncode == 0, output
-        self.lines = [json.loads(line) for line in self.done.stdout.splitlines() if line.startswith("{")]
-
-    def ended(self, step: int) -> dict[str, Any]:
-        return next(line for line in self.lines if line["step"] == step and "signal" in line)
 
     def of(self, step: int, kind: str) -> list[dict[str, Any]]:
         return [line for line in self.lines if line["step"] == step and kind in line]
@@ -107,7 +96,7 @@ def played(crew_python: Path, service: CounterService, tmp_path_factory: pytest.
         for hog in busy:
             hog.kill()
             hog.wait()
-    return Played(run, folder, done)
+    return Played(run=run, folder=folder, done=done)
 
 
 @pytest.mark.parametrize("start", [START, ASTART], ids=["kickoff", "akickoff"])

@@ -18,7 +18,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import httpx
 import pytest
 import stripe
 from test_agent_saga_crash import _cli, _run, worker_until_done
-from test_crewai import child_env, crew_python  # noqa: F401 - the fixture, shared
+from test_crewai import ChildLines, child_env, crew_python  # noqa: F401 - the fixture, shared
 
 from sagaguard.connectors.testing import LocalChatModel, LocalIdempotentApi, LocalStripe
 from sagaguard.saga import SagaState
@@ -74,25 +74,14 @@ ONE_EACH = {"bookings": 1, "cancellations": 1, "charges": 1, "refunds": 1}
 KEPT = {"bookings": 1, "cancellations": 0, "charges": 1, "refunds": 0}
 
 
-@dataclass
-class Played:
+@dataclass(kw_only=True)
+class Played(ChildLines):
     """What the child printed: one report per kickoff, and how each step's process ended."""
 
-    run: str
     folder: Path
-    done: subprocess.CompletedProcess[str]
-    lines: list[dict[str, Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        output = f"exit {self.done.returncode}:\n{self.done.stdout}\n{self.done.stderr[-6000:]}"
-        assert self.done.returncode == 0, output
-        self.lines = [json.loads(line) for line in self.done.stdout.splitlines() if line.startswith("{")]
 
     def trip(self, step: int) -> str:
         return f"{self.run}-{step}"
-
-    def ended(self, step: int) -> dict[str, Any]:
-        return next(line for line in self.lines if line["step"] == step and "signal" in line)
 
     def report(self, step: int) -> dict[str, Any]:
         assert self.ended(step) == {"step": step, "exit": 0, "signal": 0}, self.done.stderr[-6000:]
@@ -145,7 +134,7 @@ def played(crew_python: Path, servers: Servers, tmp_path_factory: pytest.TempPat
             [str(crew_python), str(CHILD), json.dumps(config)], env=child_env(), stdin=subprocess.DEVNULL,
             capture_output=True, text=True, timeout=280, check=False,
         )  # fmt: skip
-    return Played(run, folder, done)
+    return Played(run=run, folder=folder, done=done)
 
 
 def _tools(report: dict[str, Any]) -> list[tuple[str, str]]:
