@@ -1,15 +1,21 @@
 """An HTTP client of ``sagaguard mcp proxy --http`` that vanishes without ending its session
 (no ``DELETE``): once the session sat idle for ``--session-idle`` seconds the proxy ends it, and
 its run with it, as a ``DELETE`` would: COMPLETED, or undone when an operator's cancel is pending.
-A client still connected (its ``GET`` stream open) is never taken for an idle one. Real processes
-(the proxy, the payments server), the real MCP SDK client, counted at the fake Stripe.
+A client still connected (its ``GET`` stream open) is never taken for an idle one. A client
+process SIGKILLed with its session open (its ``GET`` stream open, no ``DELETE`` ever sent) is a
+vanished one too. Real processes (the proxy, the payments server, the killed client), the real MCP
+SDK client, counted at the fake Stripe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import re
+import signal
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -17,7 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from _mcpkit import CLI, SERVER, counts, in_loop, serve_http, sink_fixture, stripe_fixture
+from _mcpkit import CLI, SERVER, TESTS, counts, in_loop, serve_http, sink_fixture, stripe_fixture
 from click.testing import CliRunner
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -42,6 +48,9 @@ def proxy_argv(tmp_path: Path, *more: str) -> list[str]:
     return [sys.executable, "-c", CLI, "mcp", "proxy", "--server", "payments", "--http", "127.0.0.1:{port}",
             "--declare", str(tmp_path / "declare.json"), "--session-idle", IDLE, *more,
             "--", sys.executable, str(SERVER)]  # fmt: skip
+
+
+KILLED_CLIENT = TESTS / "_mcpidleclient.py"
 
 
 def runs_told(errlog: Path) -> dict[str, str]:
@@ -143,6 +152,70 @@ def test_a_vanished_http_client_s_run_cancelled_before_its_session_sat_idle_is_u
 
         run_id, charge = in_loop(client)
         until(lambda: journal_runs(env)[run_id] == "compensated", "the run undone at the session's idle end")
+    assert counts(stripe, sink) == {"charges": 1, "refunds": 1, "emails": 0}
+    assert refunded(stripe) == [charge]
+
+
+def sigkilled_client(env: dict[str, str], url: str, errlog: Path, *, cancel: bool) -> tuple[str, str, str]:
+    """Start ``_mcpidleclient.py`` on ``url``: it charges once and says so once its ``GET`` stream
+    is open. The operator cancels the run then when ``cancel`` (its client connected: the run stays
+    RUNNING). The client is SIGKILLed with its session open, the run still RUNNING. Returns the
+    session's id, its run's id and the charge's PaymentIntent."""
+    with (errlog.parent / "client.err").open("w") as err:
+        client = subprocess.Popen([sys.executable, str(KILLED_CLIENT), url], env=env, text=True,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)  # fmt: skip
+    try:
+        assert client.stdout is not None
+        line = client.stdout.readline()  # once charged and streaming (or "" if it died)
+        assert line, (errlog.parent / "client.err").read_text()
+        said = json.loads(line)
+        session_id, charge = str(said["session"]), str(said["charge"])
+        told = runs_told(errlog)
+        assert list(told) == [session_id], told  # the client's session, and one run
+        run_id = told[session_id]
+        if cancel:
+            done = cli(env, "sagas", "cancel", run_id)
+            assert done.returncode == 0, done.stderr
+        # Held by the open GET stream: neither ended nor, with no sweep, undone.
+        assert journal_runs(env) == {run_id: "running"}
+    finally:
+        os.kill(client.pid, signal.SIGKILL)  # its session open: no DELETE, ever
+        client.wait()
+        if client.stdout is not None:
+            client.stdout.close()
+    assert client.returncode == -signal.SIGKILL
+    return session_id, run_id, charge
+
+
+def test_a_sigkilled_http_client_s_run_completes_once_its_session_sat_idle_and_its_id_answers_404(
+    env: dict[str, str], stripe: LocalStripe, sink: SmtpSink, tmp_path: Path
+) -> None:
+    """A client process charges, holds its session (its ``GET`` stream open) and is SIGKILLed: no
+    ``DELETE``. Once its session sat idle the proxy ends it (its id answers 404) and completes its
+    run, nothing undone: one charge, no refund."""
+    errlog = tmp_path / "proxy.err"
+    with serve_http(env, proxy_argv(tmp_path), errlog) as url:
+        session_id, run_id, _ = sigkilled_client(env, url, errlog, cancel=False)
+        until(lambda: journal_runs(env)[run_id] == "completed", "the killed client's run completed")
+        assert answered(url, session_id) == 404
+        assert journal_runs(env) == {run_id: "completed"}
+    steps = [row.name for row in snapshot_of(env, run_id).steps if row.name.startswith("tool.")]
+    assert steps == ["tool.mcp.payments.charge.0"]
+    assert counts(stripe, sink) == {"charges": 1, "refunds": 0, "emails": 0}
+
+
+def test_a_sigkilled_http_client_s_run_cancelled_before_the_kill_is_undone_once_when_its_session_sat_idle(
+    env: dict[str, str], stripe: LocalStripe, sink: SmtpSink, tmp_path: Path
+) -> None:
+    """An operator cancels the run while its client process is connected, and no sweep sees it
+    (``--interval 3600``); the client is SIGKILLed with its session open. The session's idle end
+    sees the pending cancel: the run is undone (COMPENSATED), its charge refunded once, and the
+    session's id answers 404."""
+    errlog = tmp_path / "proxy.err"
+    with serve_http(env, proxy_argv(tmp_path, "--interval", "3600"), errlog) as url:
+        session_id, run_id, charge = sigkilled_client(env, url, errlog, cancel=True)
+        until(lambda: journal_runs(env)[run_id] == "compensated", "the killed client's run undone")
+        assert answered(url, session_id) == 404
     assert counts(stripe, sink) == {"charges": 1, "refunds": 1, "emails": 0}
     assert refunded(stripe) == [charge]
 
