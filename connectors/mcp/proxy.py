@@ -81,6 +81,7 @@ from sagaguard.connectors.mcp.policy import (
 )
 from sagaguard.connectors.mcp.proxyruns import ProxyRuns
 from sagaguard.connectors.mcp.session import GuardedSession, ToolSession
+from sagaguard.idempotency.checks import seconds
 from sagaguard.idempotency.errors import KeyConflict
 from sagaguard.idempotency.guard import Guard
 from sagaguard.saga.agent import AgentRunCancelled, AgentRunEnded
@@ -309,12 +310,11 @@ async def serve_http(
     app as its client would end it (a ``DELETE`` with its id, in-process), then its run.
 
     Raises:
-        ValueError: ``session_idle`` is not a positive, finite number of seconds.
+        ConfigurationError: ``session_idle`` is not a positive, finite number of seconds.
     """
     import uvicorn
 
-    if not (0 < session_idle < float("inf")):
-        raise ValueError(f"session_idle must be a positive, finite number of seconds, got {session_idle!r}")
+    session_idle = seconds("session_idle", session_idle)
     app = proxy.server.streamable_http_app(streamable_http_path=path, host=host, session_idle_timeout=None)
     async with anyio.create_task_group() as group:
         sessions = _HttpSessions(
