@@ -33,7 +33,7 @@ from sagaguard.saga.agent import (
     resume_signal,
 )
 from sagaguard.saga.journal import SagaJournal
-from sagaguard.saga.records import SagaSnapshot
+from sagaguard.saga.records import Phase, SagaRecord, SagaSnapshot, StepKind
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -399,6 +399,50 @@ def test_a_cancellation_during_the_last_tool_call_after_the_pivot_is_too_late(
     saga = load(journal, "thread-1").saga
     assert saga.state is SagaState.COMPLETED and not saga.cancel_requested
     assert world.did("refund") == [] and world.did("cancel_booking") == []
+
+
+class _CancelBeforeThePivot:
+    """A journal on which an operator's cancel lands just before the commit that registers a pivot
+    (after the run's own look at the saga, before its write): the cancel answers REQUESTED."""
+
+    def __init__(self, journal: SagaJournal) -> None:
+        self._journal = journal
+        self.answers: list[CancelOutcome] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._journal, name)
+
+    def commit(self, saga_id: str, token: int, phase: Phase) -> SagaRecord:
+        if not self.answers and any(row.kind is StepKind.PIVOT for row in phase.steps):
+            self.answers.append(cancel(self._journal, saga_id, reason="customer withdrew"))
+        return self._journal.commit(saga_id, token, phase)
+
+
+def test_a_cancellation_that_lands_just_before_the_pivot_is_registered_stops_the_pivot(
+    journal: SagaJournal, guard: Guard, agent: AgentSaga, world: World
+) -> None:
+    """The cancel is recorded between the run's look at the saga and its commit of the pivot's row,
+    so it answers REQUESTED: the commit returns it, the pivot never runs (its row is written not
+    applied) and the calls before it are undone."""
+    from sagaguard.saga.agent import current_run
+
+    racing = _CancelBeforeThePivot(journal)
+    runner = AgentRunner(racing, guard, lease=LEASE, sleep=lambda _s: None)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(AgentRunCancelled), runner.run(agent, "thread-1"):
+            book(world, runner)
+            current_run().call("sign", world.sign, {}, pivot=True)
+    finally:
+        runner.close()
+    assert racing.answers == [CancelOutcome.REQUESTED]
+    assert world.did("sign") == []
+    snapshot = load(journal, "thread-1")
+    assert snapshot.saga.state is SagaState.COMPENSATED
+    assert [(r.state, r.not_applied) for r in snapshot.steps[:2]] == [
+        (StepState.COMPENSATED, False),
+        (StepState.FAILED, True),
+    ]
+    assert world.did("cancel_booking") == [("ritz", {"booking": "bk-ritz"})]
 
 
 def test_a_cancellation_of_a_run_whose_process_is_gone_is_carried_out_by_the_worker(

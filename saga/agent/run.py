@@ -588,8 +588,17 @@ class AgentRun:
             record = self._write(Phase(steps=(row,), lease=self.runner.lease))
             self._next += 1
             self._rows[call.key] = row
-        if record.cancel_requested and not pivot_started(self._load()):
-            # Cancelled meanwhile: this call must not run (its undo will find no claim and skip).
+            # Cancelled meanwhile (the commit returns a cancel recorded since the look in _live()):
+            # this call must not run. Its own row does not count as a started pivot, since it never
+            # ran; a pivot's (or a later call's) is written not applied, or its STARTED row would
+            # stop the undo of the calls before it. A compensatable call's undo finds no claim and
+            # skips.
+            cancelled = record.cancel_requested and not pivot_started(self._load(), fresh=index)
+            if cancelled and step.kind is not StepKind.COMPENSATABLE:
+                row = row.evolve(state=StepState.FAILED, error=record.error, not_applied=True)
+                self._write(Phase(steps=(row,), lease=self.runner.lease))
+                self._rows[call.key] = row
+        if cancelled:
             if span is not None:
                 span.end()
             raise AgentRunCancelled(self.run_id)
