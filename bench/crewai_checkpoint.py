@@ -36,13 +36,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = ROOT / "tests" / "_crewaifirstcheckpoint.py"
 CREW_PYTHON = ROOT / ".venv-crewai" / "bin" / "python"
-OFFLINE = {
-    "CREWAI_DISABLE_TELEMETRY": "true",
-    "CREWAI_DISABLE_TRACKING": "true",
-    "CREWAI_DISABLE_VERSION_CHECK": "true",
-    "CREWAI_TRACING_ENABLED": "false",
-    "OTEL_SDK_DISABLED": "true",
-}
+sys.path.insert(0, str(ROOT / "tests"))  # the children's environment
+
+from _crewenv import OFFLINE, busy_cores  # noqa: E402
 
 
 def runs(count: int, hogs: int) -> None:
@@ -58,16 +54,11 @@ def runs(count: int, hogs: int) -> None:
             plan = [{"dir": str(folder), "run": run, "action": "start", "crash": "after_effect"},
                     {"dir": str(folder), "run": run, "action": "resume"}]  # fmt: skip
             config = {"service": service.url, "model": model.base_url, "steps": plan}
-            busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
-            try:
+            with busy_cores(hogs):
                 done = subprocess.run(
                     [str(CREW_PYTHON), str(CHILD), json.dumps(config)], env=env, stdin=subprocess.DEVNULL,
                     capture_output=True, text=True, timeout=900, check=False,
                 )  # fmt: skip
-            finally:
-                for hog in busy:
-                    hog.kill()
-                    hog.wait()
             printed = done.stdout.splitlines()
             lines: list[dict[str, Any]] = [json.loads(x) for x in printed if x.startswith("{")]
             looks = [(x["step"], x["look"], x["task"], x["on_disk"]) for x in lines if "look" in x]

@@ -28,7 +28,8 @@ from typing import Any
 
 import httpx
 import pytest
-from test_crewai import OFFLINE, crew_python  # noqa: F401 - the fixture, shared
+from _crewenv import OFFLINE
+from test_crewai import crew_python  # noqa: F401 - the fixture, shared
 from test_temporal_saga import temporal  # noqa: F401 - the fixture (a dev server), shared
 
 from sagaguard.connectors.testing import LocalChatModel

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _crewenv import OFFLINE
 from conftest import require_service
 
 from sagaguard.connectors.testing import LocalChatModel
@@ -52,16 +53,6 @@ def crewai_problem() -> str | None:
 def crew_python() -> Path:
     require_service("The CrewAI environment", crewai_problem())
     return CREW_PYTHON
-
-
-OFFLINE = {
-    "CREWAI_DISABLE_TELEMETRY": "true",
-    "CREWAI_DISABLE_TRACKING": "true",
-    "CREWAI_DISABLE_VERSION_CHECK": "true",
-    "CREWAI_TRACING_ENABLED": "false",
-    "OTEL_SDK_DISABLED": "true",
-}
-"""CrewAI's telemetry, tracing and version check off: the children reach nothing but local servers."""
 
 
 def child_env(crash: str | None = None) -> dict[str, str]:

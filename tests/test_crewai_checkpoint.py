@@ -23,7 +23,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _crewenv import busy_cores
 from test_crewai import ChildLines, child_env, crew_python  # noqa: F401 - the fixture, shared
 
 from sagaguard.connectors.testing import LocalChatModel
@@ -84,18 +84,12 @@ def played(crew_python: Path, service: CounterService, tmp_path_factory: pytest.
         spec("start", "async", crash="after_effect", **{"async": True}),
         spec("resume", "async", **{"async": True}),
     ]
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs())]
-    try:
-        with LocalChatModel() as model:  # one server: a crew's checkpoint keeps its base_url
-            config = {"service": service.url, "model": model.base_url, "steps": plan}
-            done = subprocess.run(
-                [str(crew_python), str(CHILD), json.dumps(config)], env=child_env(), stdin=subprocess.DEVNULL,
-                capture_output=True, text=True, timeout=360, check=False,
-            )  # fmt: skip
-    finally:
-        for hog in busy:
-            hog.kill()
-            hog.wait()
+    with busy_cores(hogs()), LocalChatModel() as model:  # one server: a checkpoint keeps its base_url
+        config = {"service": service.url, "model": model.base_url, "steps": plan}
+        done = subprocess.run(
+            [str(crew_python), str(CHILD), json.dumps(config)], env=child_env(), stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=360, check=False,
+        )  # fmt: skip
     return Played(run=run, folder=folder, done=done)
 
 
