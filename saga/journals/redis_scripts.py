@@ -57,15 +57,20 @@ START = (
     _PRELUDE
     + """
 if not r[5] then
-  local timeout = tonumber(ARGV[7])
+  local timeout, at, steps = tonumber(ARGV[7]), f(now), {}
+  local lease_until, deadline = f(now + tonumber(ARGV[6])), timeout > 0 and f(now + timeout) or '0'
   redis.call('HSET', KEYS[1], 'name', ARGV[2], 'version', ARGV[3], 'fingerprint', ARGV[4],
-    'input', ARGV[5], 'state', 'running', 'token', 1, 'lease_until', f(now + tonumber(ARGV[6])),
-    'created_at', f(now), 'updated_at', f(now), 'deadline', timeout > 0 and f(now + timeout) or '0',
-    'recoveries', 0, 'wait_until', '0', 'cancel', '0', 'holder', ARGV[8])
+    'input', ARGV[5], 'state', 'running', 'token', '1', 'lease_until', lease_until,
+    'created_at', at, 'updated_at', at, 'deadline', deadline, 'recoveries', '0', 'wait_until', '0',
+    'cancel', '0', 'holder', ARGV[8])
   if ARGV[9] then
-    redis.call('HSET', KEYS[2], ARGV[9], ARGV[10], ARGV[9] .. ':s', f(now), ARGV[9] .. ':u', f(now))
+    steps = {ARGV[9], ARGV[10], ARGV[9] .. ':s', at, ARGV[9] .. ':u', at}
+    redis.call('HSET', KEYS[2], unpack(steps))
   end
-  return snapshot('created')
+  -- What snapshot('created') would read back, without reading it: the fields just written in
+  -- FIELDS order, this step, and no signal (a signal to a saga that does not exist is refused).
+  return {'created', {ARGV[2], ARGV[3], ARGV[4], ARGV[5], 'running', '1', lease_until, at, at,
+    false, deadline, '0', false, '0', '0', ARGV[8]}, steps, {}}
 end
 if resumable(r[5]) and tonumber(r[7]) <= now and r[1] == ARGV[2] and r[2] == ARGV[3]
     and r[3] == ARGV[4] then
@@ -133,24 +138,29 @@ if state == 'waiting' then
   else
     lease_until = ARGV[9]
   end
+  r[13], r[14] = ARGV[7], ARGV[8]
   redis.call('HSET', KEYS[1], 'waiting_for', ARGV[7], 'wait_until', ARGV[8])
 end
-redis.call('HSET', KEYS[1], 'lease_until', lease_until, 'updated_at', f(now))
-if state ~= '' then
-  redis.call('HSET', KEYS[1], 'state', state)
-  if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'error', ARGV[6])
-  else redis.call('HDEL', KEYS[1], 'error') end
+local at = f(now)
+r[7], r[9] = lease_until, at
+if state == '' then
+  redis.call('HSET', KEYS[1], 'lease_until', lease_until, 'updated_at', at)
+elseif ARGV[5] == '1' then
+  r[5], r[10] = state, ARGV[6]
+  redis.call('HSET', KEYS[1], 'lease_until', lease_until, 'updated_at', at, 'state', state,
+    'error', ARGV[6])
+else
+  r[5] = state
+  redis.call('HSET', KEYS[1], 'lease_until', lease_until, 'updated_at', at, 'state', state)
+  if r[10] then r[10] = false; redis.call('HDEL', KEYS[1], 'error') end
 end
 for i = 12, #ARGV, 2 do
   local idx = ARGV[i]
-  if redis.call('HEXISTS', KEYS[2], idx .. ':s') == 0 then
-    redis.call('HSET', KEYS[2], idx .. ':s', f(now))
-  end
-  redis.call('HSET', KEYS[2], idx, ARGV[i + 1], idx .. ':u', f(now))
+  redis.call('HSETNX', KEYS[2], idx .. ':s', at)
+  redis.call('HSET', KEYS[2], idx, ARGV[i + 1], idx .. ':u', at)
 end
-return {'ok', """
-    + _HMGET
-    + """}
+-- the saga's fields as this script left them: r, read above and kept up to date with each write
+return {'ok', r}
 """
 )
 
