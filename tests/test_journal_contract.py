@@ -109,6 +109,43 @@ def test_start_creates_once(journal: SagaJournal) -> None:
     assert again.outcome is StartOutcome.EXISTING and again.snapshot.saga == saga
 
 
+def test_every_start_and_commit_answers_what_a_load_reads_back(
+    journal: SagaJournal, clock: FakeClock
+) -> None:
+    """The record a start or a commit answers with is the one the journal now holds, field for
+    field, whatever the phase: a start with its first step and a deadline, a commit that only
+    renews the lease, one that moves the state with an error, one that clears it, one that parks
+    the saga waiting, one that completes it. A journal may build its answer from what it wrote
+    instead of reading it back (the Redis scripts do), so this is what keeps the two the same."""
+    started = journal.start(
+        "s-1", name="trip", version=3, input='{"id":"o1"}', fingerprint="fp1", lease=30, timeout=600,
+        first=_row(0), holder="host:1",
+    )  # fmt: skip
+    assert started.outcome is StartOutcome.CREATED
+    assert journal.load("s-1") == started.snapshot
+    assert [row.index for row in started.snapshot.steps] == [0]
+    phases = [
+        Phase(steps=(_row(0, StepState.SUCCEEDED, result="1"), _row(1)), lease=30),
+        Phase(lease=30),
+        Phase(
+            steps=(_row(1, StepState.FAILED, error="boom"),),
+            state=SagaState.COMPENSATING,
+            error="boom",
+            lease=30,
+        ),
+        Phase(state=SagaState.COMPENSATING, lease=30),
+        Phase(state=SagaState.WAITING, waiting_for="approval", wait_until=T0 + 500, wake_at=T0 + 500),
+    ]
+    for phase in phases:
+        clock.advance(7)
+        answered = journal.commit("s-1", 1, phase)
+        assert _saga(journal) == answered, phase
+    _start(journal, "s-2")
+    clock.advance(3)
+    done = journal.commit("s-2", 1, Phase(steps=(_row(0, StepState.SUCCEEDED),), state=SagaState.COMPLETED))
+    assert _saga(journal, "s-2") == done and done.state is SagaState.COMPLETED and done.lease_until == 0
+
+
 def test_start_with_a_timeout_records_the_deadline(journal: SagaJournal) -> None:
     _start(journal, timeout=3600.0)
     snapshot = journal.load("s-1")
