@@ -20,7 +20,9 @@ FIELDS = (
     "updated_at", "error", "deadline", "recoveries", "waiting_for", "wait_until", "cancel", "holder",
 )  # fmt: skip
 """Saga hash fields in reply order; the Lua below indexes them from 1 (state is r[5]). A hash
-written before holders were recorded has no ``holder``: it reads as None (unknown)."""
+written before holders were recorded has no ``holder``: it reads as None (unknown). START's answer
+for a saga it creates lists them by hand: a field added here is added there too (the journal
+contract's ``test_every_start_and_commit_answers_what_a_load_reads_back`` fails otherwise)."""
 
 ORPHAN_GRACE = 60.0
 """Seconds an index entry of a saga that does not exist (yet) is kept: a start lowers the entry a
