@@ -8,9 +8,10 @@ in the dead primary's place. Three threads run sagas of three steps (two compens
 counter service, through the guard with a reconciler; a confirmation that one saga in three
 declines, so its charges are refunded and released); the primary of one third of the slots is
 SIGKILLed once a few sagas went through (each thread's last two sagas wait for it, so some always
-run into it), its replica is promoted, the killed node is started again and rejoins as a replica. Runs in flight fail closed with sagaguard's typed errors and are run
-again (resuming where the journal stands); at the end every saga has its outcome in the journal and
-the service counts each charge, refund and release once. Runs with ``-m cluster`` (its own
+run into it), its replica is promoted, the killed node is started again and rejoins as a replica.
+Runs in flight fail closed with sagaguard's typed errors and are run again (resuming where the
+journal stands); at the end every saga has its outcome in the journal and the service counts each
+charge, refund and release once. Runs with ``-m cluster`` (its own
 cluster: it kills a node).
 """
 
